@@ -1,0 +1,3 @@
+"""posttrain: post-training generative models with reinforcement learning."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,124 @@
+"""`posttrain <stage> --params params.yaml --set section.key=value --in name=DIR --out DIR`.
+
+One command per registered stage, plus `registry` (every registry and its names) and `summary` (the
+end-of-pipeline report). Mistakes a user can make end with one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import click
+import typer
+
+from posttrain.errors import UserError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, help=__doc__)
+
+Params = Annotated[Path, typer.Option("--params", help="YAML file with every section's settings.")]
+Overrides = Annotated[list[str], typer.Option("--set", help="Override one setting: section.key=value (repeatable).")]
+Inputs = Annotated[list[str], typer.Option("--in", help="Input directory: name=DIR (repeatable); defaults to outputs/<upstream>.")]
+
+
+def _parse_inputs(items: list[str]) -> dict[str, Path]:
+    parsed = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise UserError(f"--in expects name=DIR, got {item!r}")
+        parsed[name] = Path(path)
+    return parsed
+
+
+def _stage_command(name: str, doc: str):
+    def command(
+        params: Params = Path("params.yaml"),
+        overrides: Overrides = [],  # noqa: B006  (typer reads the default)
+        inputs: Inputs = [],  # noqa: B006
+        out: Annotated[Path | None, typer.Option("--out", help="Output directory (default outputs/<stage>).")] = None,
+        resume: Annotated[bool, typer.Option("--resume", help="Continue from the last checkpoint, if any.")] = False,
+        launcher: Annotated[str, typer.Option("--launcher", help="Recorded in the MLflow run's tags.")] = "cli",
+    ) -> None:
+        from posttrain import config, stages
+
+        cfg = config.load(params, overrides)
+        metrics = stages.execute(name, cfg, _parse_inputs(inputs), out or Path("outputs") / name, launcher=launcher, resume=resume)
+        typer.echo(json.dumps(metrics, sort_keys=True))
+
+    app.command(name, help=doc)(command)
+
+
+def _register_stage_commands() -> None:
+    from posttrain.stages import stages
+
+    for entry in stages:
+        doc = (sys.modules[entry.obj.__module__].__doc__ or "").strip().split("\n\n")[0]
+        _stage_command(entry.name, doc)
+
+
+@app.command("registry")
+def registry(as_json: Annotated[bool, typer.Option("--json", help="Print {registry: [names]} as JSON.")] = False) -> None:
+    """Print every registry and the names registered in it."""
+    from posttrain.registry import all_registries
+
+    listing = {kind: reg.names() for kind, reg in all_registries().items()}
+    if as_json:
+        typer.echo(json.dumps(listing, indent=2))
+        return
+    for kind, names in listing.items():
+        typer.echo(f"{kind}: {', '.join(names)}")
+
+
+@app.command("summary")
+def summary(
+    eval_dir: Annotated[Path, typer.Option("--eval-dir")] = Path("outputs/eval"),
+    wall_seconds: Annotated[float, typer.Option("--wall-seconds")] = 0.0,
+    out: Annotated[Path, typer.Option("--out")] = Path("outputs/summary.json"),
+    params: Params = Path("params.yaml"),
+) -> None:
+    """Print SFT vs RL held-out accuracy and write summary.json."""
+    from posttrain import config
+    from posttrain.tracking import resolve_uri
+
+    cfg = config.load(params)
+    result: dict[str, object] = {}
+    for name in ("sft", "rl"):
+        path = eval_dir / name / "metrics.json"
+        if not path.is_file():
+            raise UserError(f"missing {path}: run the pipeline first (dvc repro)")
+        metrics = json.loads(path.read_text())
+        result[f"{name}_accuracy"] = metrics["greedy_accuracy"]
+        result[f"{name}_sampled_accuracy"] = metrics["sampled_accuracy"]
+    result["wall_seconds"] = wall_seconds
+    result["outputs"] = str(eval_dir.parent.resolve())
+    uri = resolve_uri(cfg.tracking.uri)
+    result["mlflow_ui"] = f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    gain = 100 * (result["rl_accuracy"] - result["sft_accuracy"])  # type: ignore[operator]
+    typer.echo(
+        f"held-out greedy accuracy: SFT {result['sft_accuracy']:.1%} -> RL {result['rl_accuracy']:.1%} ({gain:+.1f} points)\n"
+        f"wall time: {wall_seconds:.0f} s\noutputs: {result['outputs']}  (summary: {out})\n"
+        f"view the runs: {result['mlflow_ui']}  then open http://127.0.0.1:5000"
+    )
+
+
+def main() -> None:
+    _register_stage_commands()
+    try:
+        app(standalone_mode=False)
+    except UserError as e:
+        typer.echo(f"posttrain: error: {e}", err=True)
+        sys.exit(e.exit_code)
+    except click.exceptions.ClickException as e:
+        typer.echo(f"posttrain: error: {e.format_message()}", err=True)
+        sys.exit(2)
+    except click.exceptions.Abort:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

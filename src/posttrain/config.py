@@ -1,0 +1,257 @@
+"""Settings: one pydantic model per `params.yaml` section, frozen, unknown keys rejected.
+
+`load(params, overrides)` is the only way settings enter a run. A bad key or value raises `UserError`
+with one line that names the key, before any work is done.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from posttrain.errors import UserError
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_registered(registry_name: str, name: str) -> str:
+    from posttrain.registry import all_registries
+
+    registry = all_registries()[registry_name]
+    if name not in registry:
+        raise ValueError(registry.unknown_message(name))
+    return name
+
+
+class PipelineConfig(Section):
+    name: str = "posttrain"  # the MLflow experiment
+    seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    threads: int = Field(default=0, ge=0)  # 0: leave torch's default
+
+
+class TrackingConfig(Section):
+    uri: str = "sqlite:///mlflow.db"  # relative sqlite paths resolve against the working directory
+    artifact_root: str = "mlartifacts"
+    enabled: bool = True
+
+
+class TaskConfig(Section):
+    name: str = "arithmetic"
+    digits: int = Field(default=2, ge=1, le=6)
+    operations: tuple[Literal["+", "-", "*"], ...] = ("+",)
+    n_train: int = Field(default=4000, gt=0)
+    n_heldout: int = Field(default=500, gt=0)
+
+    @field_validator("name")
+    @classmethod
+    def _known_task(cls, v: str) -> str:
+        return _check_registered("tasks", v)
+
+    @field_validator("operations")
+    @classmethod
+    def _nonempty(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if not v:
+            raise ValueError("needs at least one operation")
+        return v
+
+
+class LoraConfig(Section):
+    r: int = Field(default=0, ge=0)  # 0 disables LoRA
+    alpha: int = Field(default=16, gt=0)
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+class ModelConfig(Section):
+    path: str | None = None  # a local directory or hub id; None builds a tiny model from the sizes below
+    arch: Literal["qwen2", "llama"] = "qwen2"
+    hidden_size: int = Field(default=64, gt=0)
+    layers: int = Field(default=2, gt=0)
+    heads: int = Field(default=4, gt=0)
+    kv_heads: int = Field(default=2, gt=0)
+    intermediate_size: int = Field(default=256, gt=0)
+    max_positions: int = Field(default=64, gt=0)
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    lora: LoraConfig = LoraConfig()
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> "ModelConfig":
+        if self.hidden_size % self.heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by heads {self.heads}")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads {self.heads} is not divisible by kv_heads {self.kv_heads}")
+        return self
+
+
+class SFTConfig(Section):
+    steps: int = Field(default=2000, gt=0)
+    batch_size: int = Field(default=64, gt=0)
+    lr: float = Field(default=3e-3, gt=0)
+    warmup_steps: int = Field(default=20, ge=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    n_examples: int = Field(default=0, ge=0)  # 0: every training example
+    log_every: int = Field(default=20, gt=0)
+
+
+class RewardSpec(Section):
+    name: str
+    weight: float = 1.0
+
+    @field_validator("name")
+    @classmethod
+    def _known_reward(cls, v: str) -> str:
+        return _check_registered("rewards", v)
+
+
+class RLConfig(Section):
+    advantage: str = "grpo"
+    loss: str = "clip"
+    loss_agg: str = "token_mean"
+    rewards: tuple[RewardSpec, ...] = (
+        RewardSpec.model_construct(name="correctness", weight=1.0),
+        RewardSpec.model_construct(name="format", weight=0.1),
+    )
+    steps: int = Field(default=300, gt=0)
+    prompts_per_step: int = Field(default=16, gt=0)
+    group_size: int = Field(default=8, ge=2)
+    max_new_tokens: int = Field(default=6, gt=0)
+    temperature: float = Field(default=1.0, gt=0)
+    lr: float = Field(default=3e-4, gt=0)
+    warmup_steps: int = Field(default=0, ge=0)
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    epochs_per_batch: int = Field(default=1, gt=0)  # >1 reuses a rollout batch; the ratio then moves off 1
+    clip_eps_low: float = Field(default=0.2, ge=0)
+    clip_eps_high: float = Field(default=0.2, ge=0)
+    std_scaling: Literal["group", "batch", "none"] = "group"
+    std_eps: float = Field(default=1e-4, gt=0)
+    beta: float = Field(default=0.0, ge=0)  # k3 KL weight; 0 skips the reference forward pass entirely
+    checkpoint_every: int = Field(default=25, ge=0)  # 0: no checkpoints
+    log_every: int = Field(default=1, gt=0)
+
+    @field_validator("advantage")
+    @classmethod
+    def _known_advantage(cls, v: str) -> str:
+        return _check_registered("advantages", v)
+
+    @field_validator("loss")
+    @classmethod
+    def _known_loss(cls, v: str) -> str:
+        return _check_registered("losses", v)
+
+    @field_validator("loss_agg")
+    @classmethod
+    def _known_agg(cls, v: str) -> str:
+        return _check_registered("loss_aggregations", v)
+
+    @field_validator("rewards")
+    @classmethod
+    def _some_rewards(cls, v: tuple[RewardSpec, ...]) -> tuple[RewardSpec, ...]:
+        if not v:
+            raise ValueError("needs at least one reward")
+        names = [r.name for r in v]
+        if len(set(names)) != len(names):
+            raise ValueError(f"reward listed twice: {names}")
+        return v
+
+
+class EvalConfig(Section):
+    n_prompts: int = Field(default=500, gt=0)
+    samples_per_prompt: int = Field(default=1, gt=0)
+    temperature: float = Field(default=1.0, gt=0)
+    max_new_tokens: int = Field(default=6, gt=0)
+    batch_size: int = Field(default=500, gt=0)
+    n_table: int = Field(default=20, ge=0)
+
+
+class Config(Section):
+    pipeline: PipelineConfig = PipelineConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    task: TaskConfig = TaskConfig()
+    model: ModelConfig = ModelConfig()
+    sft: SFTConfig = SFTConfig()
+    rl: RLConfig = RLConfig()
+    eval: EvalConfig = EvalConfig()
+
+    def section_hash(self, *sections: str) -> str:
+        """A stable digest of the named sections (used to refuse resuming under changed settings)."""
+        dump = {s: getattr(self, s).model_dump(mode="json") for s in sections}
+        return hashlib.sha256(json.dumps(dump, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def load(params: Path | str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read `params` (YAML), apply `section.key=value` overrides (values parsed as YAML), validate."""
+    raw: dict[str, Any] = {}
+    if params is not None:
+        path = Path(params)
+        if not path.is_file():
+            raise UserError(f"params file not found: {path}")
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise UserError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+        if not isinstance(raw, dict):
+            raise UserError(f"{path}: expected a mapping of sections at the top level")
+    for item in overrides:
+        _apply_override(raw, item)
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as e:
+        raise UserError(_one_line(e)) from None
+
+
+def _apply_override(raw: dict[str, Any], item: str) -> None:
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise UserError(f"--set expects section.key=value, got {item!r}")
+    parts = key.strip().split(".")
+    node: dict[str, Any] = raw
+    model: type[BaseModel] = Config
+    for i, part in enumerate(parts):
+        fields = model.model_fields
+        if part not in fields:
+            where = ".".join(parts[:i]) or "params"
+            close = difflib.get_close_matches(part, list(fields), n=1)
+            hint = f" (did you mean {'.'.join(parts[:i] + close)!r}?)" if close else ""
+            raise UserError(f"unknown key {key!r}: {where} has no {part!r}{hint}")
+        annotation = fields[part].annotation
+        last = i == len(parts) - 1
+        if last:
+            try:
+                node[part] = yaml.safe_load(value)
+            except yaml.YAMLError:
+                raise UserError(f"{key}: cannot parse value {value!r}") from None
+        else:
+            if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+                raise UserError(f"unknown key {key!r}: {'.'.join(parts[: i + 1])} is not a section")
+            child = node.get(part)
+            if not isinstance(child, dict):
+                child = node[part] = {}
+            node, model = child, annotation
+
+
+def _one_line(e: ValidationError) -> str:
+    err = e.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        parent = err["loc"][:-1]
+        model: Any = Config
+        for p in parent:
+            f = getattr(model, "model_fields", {}).get(p) if isinstance(p, str) else None
+            model = f.annotation if f is not None else None
+        options = list(getattr(model, "model_fields", {}) or {})
+        close = difflib.get_close_matches(str(err["loc"][-1]), options, n=1)
+        hint = f" (did you mean {'.'.join([*map(str, parent), close[0]])!r}?)" if close else ""
+        return f"unknown key {loc!r}{hint}"
+    shown = err.get("input")
+    got = f" (got {shown!r})" if shown is not None and not isinstance(shown, dict) and len(repr(shown)) < 80 else ""
+    more = f" [+{len(e.errors()) - 1} more]" if len(e.errors()) > 1 else ""
+    return f"{loc}: {msg}{got}{more}"

@@ -1,0 +1,52 @@
+"""Great Expectations suite for task datasets: run before anything trains on the data."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pandas as pd
+
+from posttrain.tasks import Task
+
+
+def validate_examples(frame: pd.DataFrame, task: Task, expected_rows: dict[str, int]) -> dict[str, Any]:
+    """Validate the concatenated splits (`split` column) and return a JSON-able report with `success`."""
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    context = gx.get_context(mode="ephemeral")
+    context.variables.progress_bars = ProgressBarsConfig(globally=False)
+    asset = context.data_sources.add_pandas("posttrain").add_dataframe_asset(name="examples")
+    batch = asset.add_batch_definition_whole_dataframe("all").get_batch(batch_parameters={"dataframe": frame})
+
+    e = gx.expectations
+    answer_format = r"^-?(0|[1-9][0-9]*)$"
+    suite = gx.ExpectationSuite(name="task_examples")
+    for column in ("prompt", "completion", "answer", "split"):
+        suite.add_expectation(e.ExpectColumnValuesToNotBeNull(column=column))
+    suite.add_expectation(e.ExpectColumnValuesToBeInSet(column="split", value_set=sorted(expected_rows)))
+    suite.add_expectation(e.ExpectTableRowCountToEqual(value=sum(expected_rows.values())))
+    # one row per prompt across all splits: train and held-out are disjoint
+    suite.add_expectation(e.ExpectColumnValuesToBeUnique(column="prompt"))
+    suite.add_expectation(e.ExpectColumnValuesToMatchRegex(column="answer", regex=answer_format))
+    suite.add_expectation(e.ExpectColumnPairValuesToBeEqual(column_A="completion", column_B="answer"))
+    alphabet = "".join(sorted(set(task.alphabet())))
+    suite.add_expectation(e.ExpectColumnValuesToMatchRegex(column="prompt", regex=f"^[{_escape(alphabet)}]+$"))
+    result = batch.validate(suite, result_format="SUMMARY")
+    checks = [
+        {
+            "expectation": r.expectation_config.type,
+            "column": r.expectation_config.kwargs.get("column") or r.expectation_config.kwargs.get("column_A"),
+            "success": bool(r.success),
+            "unexpected_count": (r.result or {}).get("unexpected_count"),
+            "examples": [str(v) for v in (r.result or {}).get("partial_unexpected_list", [])[:5]],
+        }
+        for r in result.results
+    ]
+    return {"success": bool(result.success), "checks": checks}
+
+
+def _escape(chars: str) -> str:
+    return "".join("\\" + c if c in r"\]^-[" else c for c in chars)

@@ -1,0 +1,1 @@
+"""Evaluation harness: greedy and sampled accuracy of a checkpoint on held-out prompts."""

@@ -1,0 +1,84 @@
+"""Build a tiny causal LM from a config, or load any causal LM through `from_pretrained`.
+
+Nothing here downloads at run time in tests: tiny models are built from `ModelConfig` sizes and saved
+with `save_pretrained`; real users give `model.path` (a local directory or hub id) and get the same
+loading code.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedModel, PreTrainedTokenizerBase, Qwen2Config
+
+from posttrain.config import LoraConfig, ModelConfig
+from posttrain.errors import UserError
+
+_ARCH = {"qwen2": Qwen2Config, "llama": LlamaConfig}
+
+
+def select_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError("pipeline.device is 'cuda' but no CUDA device is available")
+    return torch.device(name)
+
+
+def build_tiny(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+    """A freshly initialised Qwen2/Llama-shaped model sized by `cfg`, with the tokenizer's vocabulary."""
+    config = _ARCH[cfg.arch](
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.layers,
+        num_attention_heads=cfg.heads,
+        num_key_value_heads=cfg.kv_heads,
+        max_position_embeddings=cfg.max_positions,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=True,
+        dtype=cfg.dtype,
+    )
+    return AutoModelForCausalLM.from_config(config, dtype=getattr(torch, cfg.dtype))
+
+
+def load_pretrained(path: str | Path, dtype: str = "float32") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a causal LM and its tokenizer from a local directory or a hub id."""
+    local = Path(path)
+    if not local.exists() and (str(path).startswith((".", "/")) or local.suffix or "/" not in str(path)):
+        raise UserError(f"model path not found: {path}")
+    if local.exists() and not (local / "config.json").is_file():
+        raise UserError(f"not a model directory (no config.json): {path}")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    except OSError as e:
+        raise UserError(f"cannot load model from {path}: {str(e).splitlines()[0]}") from None
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return model, tokenizer
+
+
+def maybe_lora(model: PreTrainedModel, cfg: LoraConfig) -> PreTrainedModel:
+    """Wrap `model` with LoRA adapters when `cfg.r > 0`; otherwise return it unchanged."""
+    if cfg.r == 0:
+        return model
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
+    peft_cfg = PeftLoraConfig(
+        r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules), task_type="CAUSAL_LM"
+    )
+    return get_peft_model(model, peft_cfg)
+
+
+def save_pretrained(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out: Path) -> None:
+    """Save a plain `from_pretrained`-loadable model: LoRA adapters are merged first."""
+    if hasattr(model, "merge_and_unload"):
+        model = model.merge_and_unload()
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)

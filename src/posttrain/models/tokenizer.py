@@ -1,0 +1,27 @@
+"""A character-level tokenizer trained offline with the `tokenizers` library.
+
+Tiny task models need no subword vocabulary: one token per character keeps the softmax small and makes
+every answer digit its own decision. The result is a `PreTrainedTokenizerFast` that round-trips through
+`save_pretrained` / `AutoTokenizer.from_pretrained` like any hub tokenizer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
+
+
+def train_char_tokenizer(corpus: Iterable[str]) -> PreTrainedTokenizerFast:
+    """Learn the character vocabulary of `corpus`; special tokens come first (pad=0, eos=1, unk=2)."""
+    core = Tokenizer(models.WordLevel(unk_token=UNK))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    trainer = trainers.WordLevelTrainer(special_tokens=[PAD, EOS, UNK], min_frequency=1, show_progress=False)
+    core.train_from_iterator(corpus, trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token=PAD, eos_token=EOS, unk_token=UNK)
+    tokenizer.padding_side = "left"  # prompts are left-padded so every completion starts at the same column
+    return tokenizer

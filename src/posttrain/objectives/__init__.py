@@ -1,0 +1,28 @@
+"""Objectives = an advantage estimator + a policy loss (+ loss aggregation and auxiliary terms).
+
+Each part is registered by name with the extra tensors it `needs` (e.g. "ref_logp"); `params.yaml`
+selects parts by these names and the trainer computes exactly what the selected parts need.
+
+    AdvantageEstimator(batch, cfg) -> Tensor [B] or [B, T]
+    PolicyLoss(logp, old_logp, advantages, mask, cfg) -> (loss, metrics)
+    Aggregation(values [B, T], mask [B, T]) -> scalar
+"""
+
+from posttrain.registry import Registry
+
+advantages: Registry = Registry("advantage estimator")
+losses: Registry = Registry("policy loss")
+aggregations: Registry = Registry("loss aggregation")
+
+from posttrain.objectives import aggregation, grpo, kl, policy_losses  # noqa: E402,F401  (registers)
+
+__all__ = ["advantages", "losses", "aggregations", "needs_of"]
+
+
+def needs_of(cfg) -> frozenset[str]:
+    """The extra tensors the configured objective needs from the trainer."""
+    needed = set(advantages.entry(cfg.advantage).meta.get("needs", ()))
+    needed |= set(losses.entry(cfg.loss).meta.get("needs", ()))
+    if cfg.beta > 0:
+        needed.add("ref_logp")
+    return frozenset(needed)

@@ -1,0 +1,84 @@
+"""Pipeline stages: `run(cfg, inputs, out_dir, tracker, resume) -> metrics`, registered by name.
+
+`execute` is what every launcher ends up calling (through the CLI). It checks the inputs, runs the stage
+into a staging directory next to `out_dir`, writes `metrics.json`, and only then swaps the staging
+directory into place, so an interrupted or failed stage never leaves a half-written output and never
+damages the previous one. A resumable stage keeps its staging directory (with its checkpoints) when it
+fails, so `--resume` can continue from it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from posttrain.config import Config
+from posttrain.errors import UserError
+from posttrain.registry import Registry
+
+stages: Registry = Registry("stage")
+
+from posttrain.stages import data, eval, rl, sft  # noqa: E402,F401,A004  (registers)
+
+
+def staging_dir(out_dir: Path) -> Path:
+    return out_dir.parent / f".{out_dir.name}.partial"
+
+
+def write_json_atomic(path: Path, payload) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)
+
+
+def check_inputs(name: str, inputs: dict[str, Path]) -> dict[str, Path]:
+    wanted = stages.entry(name).meta.get("inputs", {})
+    unknown = set(inputs) - set(wanted)
+    if unknown:
+        raise UserError(f"stage {name!r} takes no input {sorted(unknown)[0]!r}; it takes {', '.join(wanted) or 'none'}")
+    resolved = {key: Path(inputs.get(key, default)) for key, default in wanted.items()}
+    for key, path in resolved.items():
+        if not path.is_dir():
+            raise UserError(f"input {key!r} not found: {path} (run the upstream stage or pass --in {key}=DIR)")
+    return resolved
+
+
+def execute(name: str, cfg: Config, inputs: dict[str, Path], out_dir: Path, launcher: str = "cli", resume: bool = False) -> dict[str, float]:
+    from posttrain.tracking import stage_run
+
+    entry = stages.entry(name)
+    resolved = check_inputs(name, inputs)
+    resumable = entry.meta.get("resumable", False)
+    if resume and not resumable:
+        raise UserError(f"stage {name!r} cannot --resume; only {', '.join(e.name for e in stages if e.meta.get('resumable'))} can")
+    out_dir = Path(out_dir)
+    staging = staging_dir(out_dir)
+    if staging.exists() and not (resume and resumable):
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True, exist_ok=True)
+    run_id_file = staging / "mlflow_run_id"
+    run_id = run_id_file.read_text().strip() if resume and run_id_file.is_file() else None
+    try:
+        with stage_run(cfg, name, launcher, run_id) as tracker:
+            if tracker.run_id:
+                run_id_file.write_text(tracker.run_id)
+            metrics = entry.obj(cfg, resolved, staging, tracker=tracker, resume=resume)
+            write_json_atomic(staging / "metrics.json", metrics)
+    except BaseException:
+        if not (resumable and any((staging / "checkpoints").glob("step-*"))):
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
+    run_id_file.unlink(missing_ok=True)
+    _swap_into_place(staging, out_dir)
+    return metrics
+
+
+def _swap_into_place(staging: Path, out_dir: Path) -> None:
+    shutil.rmtree(staging / "checkpoints", ignore_errors=True)
+    old = out_dir.parent / f".{out_dir.name}.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if out_dir.exists():
+        out_dir.rename(old)
+    staging.rename(out_dir)
+    shutil.rmtree(old, ignore_errors=True)

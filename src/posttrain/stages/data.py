@@ -1,0 +1,40 @@
+"""Stage `data`: generate the task's train / held-out examples, then validate them with Great Expectations.
+
+Outputs: train.jsonl, heldout.jsonl, validation.json. A failing suite stops the stage with its report.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from posttrain.config import Config
+from posttrain.data import write_examples
+from posttrain.data.validation import validate_examples
+from posttrain.errors import UserError
+from posttrain.stages import stages
+from posttrain.tasks import build_task
+
+
+@stages.register("data", inputs={})
+def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
+    task = build_task(cfg.task)
+    splits = task.splits(cfg.pipeline.seed)
+    frame = pd.DataFrame(
+        [{"prompt": e.prompt, "completion": e.completion, "answer": e.answer, "split": name} for name, rows in splits.items() for e in rows]
+    )
+    report = validate_examples(frame, task, {"train": cfg.task.n_train, "heldout": cfg.task.n_heldout})
+    (out_dir / "validation.json").write_text(json.dumps(report, indent=2) + "\n")
+    if not report["success"]:
+        failed = [c for c in report["checks"] if not c["success"]]
+        summary = "; ".join(f"{c['expectation']}({c['column']}): {c['unexpected_count']} bad, e.g. {c['examples'][:2]}" for c in failed)
+        raise UserError(f"data validation failed: {summary}")
+    for name, rows in splits.items():
+        write_examples(out_dir / f"{name}.jsonl", rows)
+    tracker.log_artifacts(out_dir, "data")
+    metrics = {f"n_{name}": float(len(rows)) for name, rows in splits.items()}
+    metrics["checks_passed"] = float(sum(c["success"] for c in report["checks"]))
+    tracker.log_metrics(metrics)
+    return metrics

@@ -1,0 +1,31 @@
+"""Stage `eval`: held-out greedy and sampled accuracy of any checkpoint, plus a table of completions.
+
+Inputs: `data` (heldout.jsonl) and `model` (a directory with `model/`). Outputs: metrics.json,
+samples.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from posttrain.config import Config
+from posttrain.data import read_examples
+from posttrain.eval.harness import evaluate
+from posttrain.models import load_pretrained, select_device
+from posttrain.stages import stages
+from posttrain.tasks import build_task
+
+
+@stages.register("eval", inputs={"data": "outputs/data", "model": "outputs/rl"})
+def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
+    examples = read_examples(inputs["data"] / "heldout.jsonl")
+    model, tokenizer = load_pretrained(inputs["model"] / "model", cfg.model.dtype)
+    model = model.to(select_device(cfg.pipeline.device))
+    metrics, rows = evaluate(model, tokenizer, build_task(cfg.task), examples, cfg.eval, cfg.pipeline.seed)
+    with (out_dir / "samples.jsonl").open("w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    tracker.log_metrics(metrics)
+    tracker.log_table(rows, "heldout_samples.json")
+    return metrics

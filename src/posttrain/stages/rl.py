@@ -1,0 +1,61 @@
+"""Stage `rl`: online RL (GRPO by default) from the SFT checkpoint.
+
+Inputs: `data` (train.jsonl) and `policy` (a directory with `model/`). Output: `model/`, `history.json`
+(per-step metrics), `reward_curve.png`. With `--resume` a stopped run continues from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from posttrain.config import Config
+from posttrain.data import read_examples
+from posttrain.models import load_pretrained, maybe_lora, save_pretrained, select_device
+from posttrain.stages import stages
+from posttrain.tasks import build_task
+from posttrain.trainers.common import seed_everything
+from posttrain.trainers.online_rl import RLRun, train_online_rl
+
+
+def reward_curve(history: list[dict[str, float]]):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    steps = range(1, len(history) + 1)
+    for key in sorted({k for h in history for k in h if k.startswith("reward/") and k.endswith("_mean")}):
+        ax.plot(steps, [h.get(key, float("nan")) for h in history], label=key.removeprefix("reward/").removesuffix("_mean"))
+    ax.set_xlabel("step")
+    ax.set_ylabel("mean reward")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+@stages.register("rl", inputs={"data": "outputs/data", "policy": "outputs/sft"}, resumable=True)
+def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
+    examples = read_examples(inputs["data"] / "train.jsonl")
+    seed_everything(cfg.pipeline.seed)
+    policy, tokenizer = load_pretrained(inputs["policy"] / "model", cfg.model.dtype)
+    policy = maybe_lora(policy.to(select_device(cfg.pipeline.device)), cfg.model.lora)
+    rl_run = RLRun(
+        policy=policy, tokenizer=tokenizer, task=build_task(cfg.task), examples=examples, cfg=cfg.rl, seed=cfg.pipeline.seed,
+        checkpoint_dir=out_dir / "checkpoints", config_hash=cfg.section_hash("pipeline", "task", "model", "rl"),
+    )
+    history, table = train_online_rl(rl_run, resume, on_log=lambda step, m: tracker.log_metrics(m, step))
+    save_pretrained(policy, tokenizer, out_dir / "model")
+    (out_dir / "history.json").write_text(json.dumps(history) + "\n")
+    figure = reward_curve(history)
+    figure.savefig(out_dir / "reward_curve.png", dpi=100)
+    tracker.log_figure(figure, "reward_curve.png")
+    tracker.log_table(table, "rollout_samples.json")
+    tracker.log_artifacts(out_dir / "model", "model")
+    last = history[-10:]
+    return {
+        "final_train_accuracy": sum(h.get("accuracy", 0.0) for h in last) / len(last),
+        "final_reward": sum(h["reward/total_mean"] for h in last) / len(last),
+        "steps": float(len(history)),
+    }

@@ -1,0 +1,41 @@
+"""Stage `sft`: supervised fine-tuning on solved training examples.
+
+With `model.path` unset the policy is a tiny model built from `model.*` sizes, with a character
+tokenizer trained on the task's alphabet; otherwise the model at `model.path` is fine-tuned (optionally
+with LoRA). Output: `model/` (a `from_pretrained` directory).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from posttrain.config import Config
+from posttrain.data import read_examples
+from posttrain.models import build_tiny, load_pretrained, maybe_lora, save_pretrained, select_device, train_char_tokenizer
+from posttrain.stages import stages
+from posttrain.tasks import build_task
+from posttrain.trainers.common import seed_everything
+from posttrain.trainers.sft import train_sft
+
+
+@stages.register("sft", inputs={"data": "outputs/data"})
+def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
+    examples = read_examples(inputs["data"] / "train.jsonl")
+    if cfg.sft.n_examples:
+        examples = examples[: cfg.sft.n_examples]
+    seed_everything(cfg.pipeline.seed)
+    device = select_device(cfg.pipeline.device)
+    if cfg.model.path is None:
+        tokenizer = train_char_tokenizer([build_task(cfg.task).alphabet()])
+        model = build_tiny(cfg.model, tokenizer)
+    else:
+        model, tokenizer = load_pretrained(cfg.model.path, cfg.model.dtype)
+    model = maybe_lora(model.to(device), cfg.model.lora)
+    metrics = train_sft(model, tokenizer, examples, cfg.sft, cfg.pipeline.seed, on_log=lambda step, m: tracker.log_metrics(m, step))
+    save_pretrained(model, tokenizer, out_dir / "model")
+    tracker.log_artifacts(out_dir / "model", "model")
+    metrics["n_examples"] = float(len(examples))
+    metrics["parameters"] = float(sum(p.numel() for p in model.parameters()))
+    return metrics

@@ -1,0 +1,14 @@
+"""Verifiable tasks: seeded prompt generators with a verifier, registered by name."""
+
+from posttrain.registry import Registry
+from posttrain.tasks.base import Example, Task
+
+tasks: Registry[type[Task]] = Registry("task")
+
+from posttrain.tasks import arithmetic  # noqa: E402,F401  (registers)
+
+__all__ = ["Example", "Task", "tasks", "build_task"]
+
+
+def build_task(cfg) -> Task:
+    return tasks.get(cfg.name)(cfg)

@@ -1,0 +1,40 @@
+"""The task interface: prompts with known answers, and a verifier that scores completions."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Example:
+    prompt: str
+    completion: str  # a reference solution in the task's answer format (used by SFT)
+    answer: str  # the value the verifier compares against
+
+
+class Task(ABC):
+    """A verifiable task. `splits()` must be deterministic in the seed and its splits disjoint."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    @abstractmethod
+    def splits(self, seed: int) -> dict[str, list[Example]]:
+        """{"train": [...], "heldout": [...]}, no prompt in both."""
+
+    @abstractmethod
+    def parse(self, completion: str) -> str | None:
+        """The answer in `completion` if it follows the answer format, else None."""
+
+    def format_reward(self, completion: str, finished: bool) -> float:
+        """1.0 when the completion is exactly one well-formed answer ended by EOS."""
+        return float(finished and self.parse(completion) is not None)
+
+    def correctness_reward(self, completion: str, finished: bool, example: Example) -> float:
+        """1.0 when the parsed answer equals the reference answer."""
+        return float(self.parse(completion) == example.answer)
+
+    @abstractmethod
+    def alphabet(self) -> str:
+        """Every character a prompt or completion of this task can contain (for the tokenizer)."""

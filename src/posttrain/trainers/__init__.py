@@ -1,0 +1,1 @@
+"""Training loops. Each loop is plain PyTorch and reads top to bottom."""

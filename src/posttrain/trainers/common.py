@@ -1,0 +1,33 @@
+"""Small pieces the training loops share: seeding, tokenising prompts, progress, the LR schedule."""
+
+from __future__ import annotations
+
+import random
+import sys
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+from transformers import PreTrainedTokenizerBase, get_cosine_schedule_with_warmup
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def encode_prompts(tokenizer: PreTrainedTokenizerBase, prompts: list[str], device: torch.device) -> tuple[Tensor, Tensor]:
+    """Left-padded prompt ids and attention mask."""
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    return enc.input_ids.to(device), enc.attention_mask.to(device)
+
+
+def progress(total: int, desc: str, initial: int = 0) -> tqdm:
+    return tqdm(total=total, initial=initial, desc=desc, file=sys.stderr, mininterval=1.0, dynamic_ncols=True, leave=False)
+
+
+def optimizer_and_schedule(params, lr: float, weight_decay: float, warmup: int, total: int):
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    return optimizer, get_cosine_schedule_with_warmup(optimizer, warmup, total)

@@ -1,0 +1,72 @@
+"""Supervised fine-tuning on (prompt, completion) pairs: next-token cross-entropy on completion tokens
+(and the EOS that ends them) only; prompt tokens are context."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from posttrain.config import SFTConfig
+from posttrain.tasks import Example
+from posttrain.trainers.common import optimizer_and_schedule, progress
+
+
+def encode_pairs(tokenizer: PreTrainedTokenizerBase, examples: list[Example]) -> tuple[Tensor, Tensor, Tensor]:
+    """Right-padded `prompt + completion + EOS` ids, attention mask, and labels (-100 outside the completion)."""
+    rows, targets = [], []
+    for e in examples:
+        prompt = tokenizer.encode(e.prompt, add_special_tokens=False)
+        completion = tokenizer.encode(e.completion, add_special_tokens=False) + [tokenizer.eos_token_id]
+        rows.append(prompt + completion)
+        targets.append([-100] * len(prompt) + completion)
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (row, target) in enumerate(zip(rows, targets)):
+        ids[i, : len(row)] = torch.tensor(row)
+        labels[i, : len(row)] = torch.tensor(target)
+        mask[i, : len(row)] = 1
+    return ids, mask, labels
+
+
+def train_sft(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    examples: list[Example],
+    cfg: SFTConfig,
+    seed: int,
+    on_log: Callable[[int, dict[str, float]], None],
+) -> dict[str, float]:
+    device = next(model.parameters()).device
+    ids, mask, labels = (t.to(device) for t in encode_pairs(tokenizer, examples))
+    optimizer, schedule = optimizer_and_schedule(
+        [p for p in model.parameters() if p.requires_grad], cfg.lr, cfg.weight_decay, cfg.warmup_steps, cfg.steps
+    )
+    generator = torch.Generator().manual_seed(seed)
+    model.train()
+    metrics: dict[str, float] = {}
+    bar = progress(cfg.steps, "sft")
+    for step in range(1, cfg.steps + 1):
+        rows = torch.randint(len(examples), (min(cfg.batch_size, len(examples)),), generator=generator).to(device)
+        out = model(input_ids=ids[rows], attention_mask=mask[rows], labels=labels[rows])
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        bar.update()
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            with torch.no_grad():
+                predicted = out.logits[:, :-1].argmax(-1)
+                target = labels[rows][:, 1:]
+                valid = target != -100
+                token_acc = float((predicted[valid] == target[valid]).float().mean())
+            metrics = {"sft_loss": float(out.loss), "sft_token_accuracy": token_acc, "lr": schedule.get_last_lr()[0]}
+            on_log(step, metrics)
+            bar.set_postfix(loss=f"{metrics['sft_loss']:.3f}")
+    bar.close()
+    return metrics
