@@ -1,5 +1,6 @@
 """Settings: one pydantic model per `params.yaml` section, frozen, unknown keys rejected.
 
+`params.yaml` is the only source of defaults: the models here declare types and bounds, not values.
 `load(params, overrides)` is the only way settings enter a run. A bad key or value raises `UserError`
 with one line that names the key, before any work is done.
 """
@@ -17,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from posttrain.errors import UserError
 
+
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -31,24 +33,24 @@ def _check_registered(registry_name: str, name: str) -> str:
 
 
 class PipelineConfig(Section):
-    name: str = "posttrain"  # the MLflow experiment
-    seed: int = 0
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    threads: int = Field(default=0, ge=0)  # 0: leave torch's default
+    name: str  # the MLflow experiment
+    seed: int
+    device: Literal["auto", "cpu", "cuda"]
+    threads: int = Field(ge=0)  # 0: leave torch's default
 
 
 class TrackingConfig(Section):
-    uri: str = "sqlite:///mlflow.db"  # relative sqlite paths resolve against the working directory
-    artifact_root: str = "mlartifacts"
-    enabled: bool = True
+    uri: str  # relative sqlite paths resolve against the working directory
+    artifact_root: str
+    enabled: bool
 
 
 class TaskConfig(Section):
-    name: str = "arithmetic"
-    digits: int = Field(default=2, ge=1, le=6)
-    operations: tuple[Literal["+", "-", "*"], ...] = ("+",)
-    n_train: int = Field(default=4000, gt=0)
-    n_heldout: int = Field(default=500, gt=0)
+    name: str
+    digits: int = Field(ge=1, le=6)
+    operations: tuple[Literal["+", "-", "*"], ...]
+    n_train: int = Field(gt=0)
+    n_heldout: int = Field(gt=0)
 
     @field_validator("name")
     @classmethod
@@ -64,23 +66,23 @@ class TaskConfig(Section):
 
 
 class LoraConfig(Section):
-    r: int = Field(default=0, ge=0)  # 0 disables LoRA
-    alpha: int = Field(default=16, gt=0)
-    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
-    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    r: int = Field(ge=0)  # 0 disables LoRA
+    alpha: int = Field(gt=0)
+    dropout: float = Field(ge=0.0, lt=1.0)
+    target_modules: tuple[str, ...]
 
 
 class ModelConfig(Section):
-    path: str | None = None  # a local directory or hub id; None builds a tiny model from the sizes below
-    arch: Literal["qwen2", "llama"] = "qwen2"
-    hidden_size: int = Field(default=64, gt=0)
-    layers: int = Field(default=2, gt=0)
-    heads: int = Field(default=4, gt=0)
-    kv_heads: int = Field(default=2, gt=0)
-    intermediate_size: int = Field(default=256, gt=0)
-    max_positions: int = Field(default=64, gt=0)
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    lora: LoraConfig = LoraConfig()
+    path: str | None  # a local directory or hub id; None builds a tiny model from the sizes below
+    arch: Literal["qwen2", "llama"]
+    hidden_size: int = Field(gt=0)
+    layers: int = Field(gt=0)
+    heads: int = Field(gt=0)
+    kv_heads: int = Field(gt=0)
+    intermediate_size: int = Field(gt=0)
+    max_positions: int = Field(gt=0)
+    dtype: Literal["float32", "bfloat16", "float16"]
+    lora: LoraConfig
 
     @model_validator(mode="after")
     def _heads_divide(self) -> "ModelConfig":
@@ -92,13 +94,13 @@ class ModelConfig(Section):
 
 
 class SFTConfig(Section):
-    steps: int = Field(default=2000, gt=0)
-    batch_size: int = Field(default=64, gt=0)
-    lr: float = Field(default=3e-3, gt=0)
-    warmup_steps: int = Field(default=20, ge=0)
-    weight_decay: float = Field(default=0.0, ge=0)
-    n_examples: int = Field(default=0, ge=0)  # 0: every training example
-    log_every: int = Field(default=20, gt=0)
+    steps: int = Field(gt=0)
+    batch_size: int = Field(gt=0)
+    lr: float = Field(gt=0)
+    warmup_steps: int = Field(ge=0)
+    weight_decay: float = Field(ge=0)
+    n_examples: int = Field(ge=0)  # 0: every training example
+    log_every: int = Field(gt=0)
 
 
 class RewardSpec(Section):
@@ -112,29 +114,26 @@ class RewardSpec(Section):
 
 
 class RLConfig(Section):
-    advantage: str = "grpo"
-    loss: str = "clip"
-    loss_agg: str = "token_mean"
-    rewards: tuple[RewardSpec, ...] = (
-        RewardSpec.model_construct(name="correctness", weight=1.0),
-        RewardSpec.model_construct(name="format", weight=0.1),
-    )
-    steps: int = Field(default=300, gt=0)
-    prompts_per_step: int = Field(default=16, gt=0)
-    group_size: int = Field(default=8, ge=2)
-    max_new_tokens: int = Field(default=6, gt=0)
-    temperature: float = Field(default=1.0, gt=0)
-    lr: float = Field(default=3e-4, gt=0)
-    warmup_steps: int = Field(default=0, ge=0)
-    max_grad_norm: float = Field(default=1.0, gt=0)
-    epochs_per_batch: int = Field(default=1, gt=0)  # >1 reuses a rollout batch; the ratio then moves off 1
-    clip_eps_low: float = Field(default=0.2, ge=0)
-    clip_eps_high: float = Field(default=0.2, ge=0)
-    std_scaling: Literal["group", "batch", "none"] = "group"
-    std_eps: float = Field(default=1e-4, gt=0)
-    beta: float = Field(default=0.0, ge=0)  # k3 KL weight; 0 skips the reference forward pass entirely
-    checkpoint_every: int = Field(default=25, ge=0)  # 0: no checkpoints
-    log_every: int = Field(default=1, gt=0)
+    advantage: str
+    loss: str
+    loss_agg: str
+    rewards: tuple[RewardSpec, ...]
+    steps: int = Field(gt=0)
+    prompts_per_step: int = Field(gt=0)
+    group_size: int = Field(ge=2)
+    max_new_tokens: int = Field(gt=0)
+    temperature: float = Field(gt=0)
+    lr: float = Field(gt=0)
+    warmup_steps: int = Field(ge=0)
+    max_grad_norm: float = Field(gt=0)
+    epochs_per_batch: int = Field(gt=0)  # >1 reuses a rollout batch; the ratio then moves off 1
+    clip_eps_low: float = Field(ge=0)
+    clip_eps_high: float = Field(ge=0)
+    std_scaling: Literal["group", "batch", "none"]
+    std_eps: float = Field(gt=0)
+    beta: float = Field(ge=0)  # k3 KL weight; 0 skips the reference forward pass entirely
+    checkpoint_every: int = Field(ge=0)  # 0: no checkpoints
+    log_every: int = Field(gt=0)
 
     @field_validator("advantage")
     @classmethod
@@ -163,22 +162,22 @@ class RLConfig(Section):
 
 
 class EvalConfig(Section):
-    n_prompts: int = Field(default=500, gt=0)
-    samples_per_prompt: int = Field(default=1, gt=0)
-    temperature: float = Field(default=1.0, gt=0)
-    max_new_tokens: int = Field(default=6, gt=0)
-    batch_size: int = Field(default=500, gt=0)
-    n_table: int = Field(default=20, ge=0)
+    n_prompts: int = Field(gt=0)
+    samples_per_prompt: int = Field(gt=0)
+    temperature: float = Field(gt=0)
+    max_new_tokens: int = Field(gt=0)
+    batch_size: int = Field(gt=0)
+    n_table: int = Field(ge=0)
 
 
 class Config(Section):
-    pipeline: PipelineConfig = PipelineConfig()
-    tracking: TrackingConfig = TrackingConfig()
-    task: TaskConfig = TaskConfig()
-    model: ModelConfig = ModelConfig()
-    sft: SFTConfig = SFTConfig()
-    rl: RLConfig = RLConfig()
-    eval: EvalConfig = EvalConfig()
+    pipeline: PipelineConfig
+    tracking: TrackingConfig
+    task: TaskConfig
+    model: ModelConfig
+    sft: SFTConfig
+    rl: RLConfig
+    eval: EvalConfig
 
     def section_hash(self, *sections: str) -> str:
         """A stable digest of the named sections (used to refuse resuming under changed settings)."""
@@ -186,19 +185,17 @@ class Config(Section):
         return hashlib.sha256(json.dumps(dump, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def load(params: Path | str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+def load(params: Path | str, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Read `params` (YAML), apply `section.key=value` overrides (values parsed as YAML), validate."""
-    raw: dict[str, Any] = {}
-    if params is not None:
-        path = Path(params)
-        if not path.is_file():
-            raise UserError(f"params file not found: {path}")
-        try:
-            raw = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise UserError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
-        if not isinstance(raw, dict):
-            raise UserError(f"{path}: expected a mapping of sections at the top level")
+    path = Path(params)
+    if not path.is_file():
+        raise UserError(f"params file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise UserError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: expected a mapping of sections at the top level")
     for item in overrides:
         _apply_override(raw, item)
     try:

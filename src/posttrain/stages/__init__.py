@@ -44,6 +44,15 @@ def check_inputs(name: str, inputs: dict[str, Path]) -> dict[str, Path]:
     return resolved
 
 
+def _prepare_runtime(cfg: Config) -> None:
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # weight loading/saving bars are noise next to ours
+    if cfg.pipeline.threads:
+        torch.set_num_threads(cfg.pipeline.threads)
+
+
 def execute(name: str, cfg: Config, inputs: dict[str, Path], out_dir: Path, launcher: str = "cli", resume: bool = False) -> dict[str, float]:
     from posttrain.tracking import stage_run
 
@@ -52,6 +61,7 @@ def execute(name: str, cfg: Config, inputs: dict[str, Path], out_dir: Path, laun
     resumable = entry.meta.get("resumable", False)
     if resume and not resumable:
         raise UserError(f"stage {name!r} cannot --resume; only {', '.join(e.name for e in stages if e.meta.get('resumable'))} can")
+    _prepare_runtime(cfg)
     out_dir = Path(out_dir)
     staging = staging_dir(out_dir)
     if staging.exists() and not (resume and resumable):

@@ -25,7 +25,7 @@ def encode_prompts(tokenizer: PreTrainedTokenizerBase, prompts: list[str], devic
 
 
 def progress(total: int, desc: str, initial: int = 0) -> tqdm:
-    return tqdm(total=total, initial=initial, desc=desc, file=sys.stderr, mininterval=1.0, dynamic_ncols=True, leave=False)
+    return tqdm(total=total, initial=initial, desc=desc, file=sys.stderr, mininterval=1.0, dynamic_ncols=True, leave=False, disable=None)
 
 
 def optimizer_and_schedule(params, lr: float, weight_decay: float, warmup: int, total: int):

@@ -1,0 +1,44 @@
+# posttrain: `make run` runs the embedded default pipeline; `make test` runs the test suite.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export GX_ANALYTICS_ENABLED := false
+export MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR := false
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: run test install install-dev bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# pyproject.toml pins the direct dependencies; constraints.txt pins everything they pull in.
+$(VENV)/.installed-run: pyproject.toml constraints.txt | $(BIN)/python
+	$(BIN)/pip install -q -c constraints.txt -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml constraints.txt | $(BIN)/python
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
+	touch $@ $(VENV)/.installed-run
+
+install: $(VENV)/.installed-run
+install-dev: $(VENV)/.installed-dev
+
+run: install
+	@start=$$(date +%s.%N); \
+	if [ ! -d .dvc ]; then $(BIN)/dvc init -q $$(git rev-parse --git-dir >/dev/null 2>&1 || echo --no-scm); fi; \
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro && \
+	$(BIN)/posttrain summary --wall-seconds $$($(BIN)/python -c "import time; print(round(time.time() - $$start, 1))")
+
+test: install-dev
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: install-dev
+	$(BIN)/python benchmarks/grpo_step.py --json outputs/bench/grpo_step.json
+
+clean:
+	rm -rf outputs mlflow.db mlartifacts .pytest_cache
