@@ -11,8 +11,12 @@ import sys
 from pathlib import Path
 from typing import Annotated
 
-import click
 import typer
+
+try:  # typer vendors its own click since 0.2x
+    from typer._click.exceptions import ClickException
+except ImportError:  # pragma: no cover
+    from click.exceptions import ClickException
 
 from posttrain.errors import UserError
 
@@ -113,10 +117,10 @@ def main() -> None:
     except UserError as e:
         typer.echo(f"posttrain: error: {e}", err=True)
         sys.exit(e.exit_code)
-    except click.exceptions.ClickException as e:
+    except ClickException as e:
         typer.echo(f"posttrain: error: {e.format_message()}", err=True)
         sys.exit(2)
-    except click.exceptions.Abort:
+    except typer.Abort:
         sys.exit(130)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,6 +18,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from posttrain.errors import UserError
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # "org/name"; any other model path must exist on disk
 
 
 class Section(BaseModel):
@@ -83,6 +87,13 @@ class ModelConfig(Section):
     max_positions: int = Field(gt=0)
     dtype: Literal["float32", "bfloat16", "float16"]
     lora: LoraConfig
+
+    @field_validator("path")
+    @classmethod
+    def _path_exists(cls, v: str | None) -> str | None:
+        if v is not None and not Path(v).exists() and not HUB_ID.fullmatch(v):
+            raise ValueError(f"model path not found: {v}")
+        return v
 
     @model_validator(mode="after")
     def _heads_divide(self) -> "ModelConfig":
@@ -249,6 +260,7 @@ def _one_line(e: ValidationError) -> str:
         hint = f" (did you mean {'.'.join([*map(str, parent), close[0]])!r}?)" if close else ""
         return f"unknown key {loc!r}{hint}"
     shown = err.get("input")
-    got = f" (got {shown!r})" if shown is not None and not isinstance(shown, dict) and len(repr(shown)) < 80 else ""
+    shown_ok = shown is not None and not isinstance(shown, dict) and len(repr(shown)) < 80 and repr(shown) not in msg
+    got = f" (got {shown!r})" if shown_ok else ""
     more = f" [+{len(e.errors()) - 1} more]" if len(e.errors()) > 1 else ""
     return f"{loc}: {msg}{got}{more}"

@@ -7,6 +7,7 @@ log per-step metrics, tables, figures and artifacts through the `Tracker` they a
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 from collections.abc import Iterator, Mapping
@@ -77,6 +78,8 @@ def stage_run(cfg: Config, stage: str, launcher: str, run_id: str | None = None)
         return
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     import mlflow
+
+    logging.getLogger("mlflow").setLevel(logging.WARNING)  # table-creation chatter on a new store
 
     mlflow.set_tracking_uri(resolve_uri(cfg.tracking.uri))
     experiment = mlflow.get_experiment_by_name(cfg.pipeline.name)

@@ -8,7 +8,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.config import EvalConfig
-from posttrain.rollout import sample
+from posttrain.rollout.engine import sample
 from posttrain.rollout.text import decode_completions
 from posttrain.tasks import Example, Task
 from posttrain.trainers.common import encode_prompts, progress

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedModel, PreTrainedTokenizerBase, Qwen2Config
 
-from posttrain.config import LoraConfig, ModelConfig
+from posttrain.config import HUB_ID, LoraConfig, ModelConfig
 from posttrain.errors import UserError
 
 _ARCH = {"qwen2": Qwen2Config, "llama": LlamaConfig}
@@ -48,7 +48,7 @@ def build_tiny(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrain
 def load_pretrained(path: str | Path, dtype: str = "float32") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer from a local directory or a hub id."""
     local = Path(path)
-    if not local.exists() and (str(path).startswith((".", "/")) or local.suffix or "/" not in str(path)):
+    if not local.exists() and not HUB_ID.fullmatch(str(path)):
         raise UserError(f"model path not found: {path}")
     if local.exists() and not (local / "config.json").is_file():
         raise UserError(f"not a model directory (no config.json): {path}")

@@ -22,6 +22,6 @@ def train_char_tokenizer(corpus: Iterable[str]) -> PreTrainedTokenizerFast:
     core.decoder = decoders.Fuse()
     trainer = trainers.WordLevelTrainer(special_tokens=[PAD, EOS, UNK], min_frequency=1, show_progress=False)
     core.train_from_iterator(corpus, trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token=PAD, eos_token=EOS, unk_token=UNK)
-    tokenizer.padding_side = "left"  # prompts are left-padded so every completion starts at the same column
-    return tokenizer
+    # prompts are left-padded so every completion starts at the same column; passed to the constructor
+    # (not set afterwards) so that save_pretrained records it and AutoTokenizer reloads it
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token=PAD, eos_token=EOS, unk_token=UNK, padding_side="left")

@@ -1,6 +1,7 @@
-"""Rollouts: batched generation with a KV cache into a `RolloutBatch`."""
+"""Rollouts: batched generation with a KV cache (`engine.sample`) into a `RolloutBatch`.
+
+Only the contract is imported here, so objectives can use it without loading transformers."""
 
 from posttrain.rollout.batch import RolloutBatch
-from posttrain.rollout.engine import Samples, sample
 
-__all__ = ["RolloutBatch", "Samples", "sample"]
+__all__ = ["RolloutBatch"]

@@ -3,16 +3,21 @@
 `FastLlamaDecoder` runs Llama-family models (Llama, Qwen2) with a preallocated KV buffer and one SDPA
 call per layer, calling the model's own submodules (so LoRA-wrapped projections work unchanged) but
 skipping the per-token bookkeeping of `model.forward` (mask construction, cache objects, output
-classes), which dominates decoding time for small models. `HFDecoder` is the generic fallback through
-`model.forward` with a `DynamicCache`. Both share prompt work across a group: the prompt is encoded once
-and its keys/values repeated for the G samples.
+classes), which dominates decoding time for small models. Where the projections are plain `nn.Linear`,
+q/k/v and gate/up are fused into one matmul each for the (gradient-free) decode loop. `HFDecoder` is the
+generic fallback through `model.forward` with a `DynamicCache`. Both share prompt work across a group:
+the prompt is encoded once and its keys/values repeated for the G samples.
+
+`FastLlamaDecoder.completion_logits` applies the same sharing to the training forward pass: when G
+rows share a prompt, the prompt is encoded once (with gradient) and the G completions attend to its
+keys/values, so the prompt tokens cost 1/G of a plain `model.forward` over `prompt + completion`.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 from transformers import DynamicCache, PreTrainedModel
 
 
@@ -50,6 +55,19 @@ class HFDecoder:
         return out.logits[:, -1].float()
 
 
+def _plain(*modules: nn.Module) -> bool:
+    """True when every module is an unwrapped `nn.Linear` (a LoRA wrapper is not), so weights can be fused."""
+    return all(type(m) is nn.Linear for m in modules)
+
+
+def _fuse(*linears: nn.Linear) -> tuple[Tensor, Tensor | None]:
+    weight = torch.cat([m.weight for m in linears], dim=0)
+    if all(m.bias is None for m in linears):
+        return weight, None
+    bias = torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in linears])
+    return weight, bias
+
+
 class FastLlamaDecoder:
     """Llama-family decoding with a static KV buffer; numerically the same as `model.forward`."""
 
@@ -60,7 +78,8 @@ class FastLlamaDecoder:
         cfg = unwrap(model).config
         rope = (getattr(cfg, "rope_parameters", None) or {}).get("rope_type", "default")
         sliding = any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or []))
-        return cfg.model_type in cls.SUPPORTED and rope == "default" and cfg.hidden_act == "silu" and not sliding
+        dropout = getattr(cfg, "attention_dropout", 0.0) or 0.0
+        return cfg.model_type in cls.SUPPORTED and rope == "default" and cfg.hidden_act == "silu" and not sliding and dropout == 0.0
 
     def __init__(self, model: PreTrainedModel):
         lm = unwrap(model)
@@ -68,13 +87,17 @@ class FastLlamaDecoder:
         self.lm, self.body = lm, lm.model
         self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.fused: list[dict[str, Tensor | None]] = []
+
+    # -- shared pieces -------------------------------------------------------------------------------
 
     def _rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """cos/sin [..., 1, D] for `positions` [...], as the model's rotary embedding computes them."""
         rotary = self.body.rotary_emb
         freqs = positions[..., None].float() * rotary.inv_freq.float()
         emb = torch.cat((freqs, freqs), dim=-1)
         scale = rotary.attention_scaling
-        return (emb.cos() * scale).to(dtype)[:, None], (emb.sin() * scale).to(dtype)[:, None]
+        return (emb.cos() * scale).to(dtype)[..., None, :], (emb.sin() * scale).to(dtype)[..., None, :]
 
     @staticmethod
     def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -82,61 +105,168 @@ class FastLlamaDecoder:
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rotated * sin
 
-    def _layers(self, x: Tensor, positions: Tensor, attn_mask: Tensor | None, write_at: int, causal: bool = False) -> Tensor:
-        """Run every decoder layer on `x` [N, L, H]; keys/values are written at [write_at, write_at + L).
-        Attention follows `attn_mask` (True = may attend) or, when it is None, `causal`."""
+    @staticmethod
+    def _norm(module: nn.Module, x: Tensor) -> Tensor:
+        # one fused kernel instead of the module's six ops; the same float32 math
+        if x.dtype == torch.float32 and type(module).__name__.endswith("RMSNorm"):
+            return F.rms_norm(x, module.weight.shape, module.weight, module.variance_epsilon)
+        return module(x)
+
+    def _attention_inputs(self, i: int, layer: nn.Module, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Rotated q [..., Hq, D], k [..., Hkv, D] and v [..., Hkv, D] of layer `i` for its residual input x [..., H]."""
+        h = self._norm(layer.input_layernorm, x)
+        heads = (self.n_heads, self.n_kv, self.n_kv)
+        fused = self.fused[i]["qkv"] if self.fused else None
+        if fused is not None:
+            qkv = F.linear(h, fused, self.fused[i]["qkv_bias"]).unflatten(-1, (sum(heads), self.head_dim))
+            qk, v = qkv[..., : self.n_heads + self.n_kv, :], qkv[..., self.n_heads + self.n_kv :, :]
+        else:
+            attn = layer.self_attn
+            q, k, v = (proj(h).unflatten(-1, (count, self.head_dim)) for proj, count in zip((attn.q_proj, attn.k_proj, attn.v_proj), heads))
+            qk = torch.cat([q, k], dim=-2)
+        qk = self._rotate(qk, cos, sin)  # one rotation covers q and k
+        return qk[..., : self.n_heads, :], qk[..., self.n_heads :, :], v
+
+    def _mlp(self, i: int, layer: nn.Module, x: Tensor) -> Tensor:
+        h = self._norm(layer.post_attention_layernorm, x)
+        fused = self.fused[i]["gate_up"] if self.fused else None
+        if fused is None:
+            return layer.mlp(h)
+        gate, up = F.linear(h, fused).chunk(2, dim=-1)
+        return layer.mlp.down_proj(F.silu(gate) * up)
+
+    def _logits(self, x: Tensor) -> Tensor:
+        return self.lm.lm_head(self._norm(self.body.norm, x)).float()
+
+    # -- decoding (no gradient) ------------------------------------------------------------------------
+
+    def _fuse_weights(self) -> None:
+        """Concatenate q/k/v and gate/up weights of plain `nn.Linear` layers (LoRA-wrapped ones stay as they are)."""
+        self.fused = []
+        for layer in self.body.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            entry: dict[str, Tensor | None] = {"qkv": None, "qkv_bias": None, "gate_up": None}
+            if _plain(attn.q_proj, attn.k_proj, attn.v_proj):
+                entry["qkv"], entry["qkv_bias"] = _fuse(attn.q_proj, attn.k_proj, attn.v_proj)
+            if _plain(mlp.gate_proj, mlp.up_proj) and mlp.gate_proj.bias is None and mlp.up_proj.bias is None:
+                entry["gate_up"] = _fuse(mlp.gate_proj, mlp.up_proj)[0]
+            self.fused.append(entry)
+
+    def _layers(self, x: Tensor, cos: Tensor, sin: Tensor, attn_mask: Tensor | None, write_at: int, causal: bool = False) -> Tensor:
+        """Run every decoder layer on `x` [N, L, H] with rotary cos/sin [N, L, 1, D]; keys/values are written at
+        [write_at, write_at + L). Attention follows `attn_mask` (True = may attend) or, when it is None, `causal`."""
         n, length, _ = x.shape
-        cos, sin = self._rope(positions, x.dtype)
         end = write_at + length
         for i, layer in enumerate(self.body.layers):
             attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            q = attn.q_proj(h).view(n, length, self.n_heads, self.head_dim).transpose(1, 2)
-            k = attn.k_proj(h).view(n, length, self.n_kv, self.head_dim).transpose(1, 2)
-            v = attn.v_proj(h).view(n, length, self.n_kv, self.head_dim).transpose(1, 2)
-            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
-            self.keys[i][:n, :, write_at:end] = k
-            self.values[i][:n, :, write_at:end] = v
+            q, k, v = self._attention_inputs(i, layer, x, cos, sin)
+            self.keys[i][:, :, write_at:end] = k.transpose(1, 2)
+            self.values[i][:, :, write_at:end] = v.transpose(1, 2)
             out = F.scaled_dot_product_attention(
-                q, self.keys[i][:n, :, :end], self.values[i][:n, :, :end], attn_mask=attn_mask, is_causal=causal and attn_mask is None,
-                scale=attn.scaling, enable_gqa=True,
+                q.transpose(1, 2), self.keys[i][:n, :, :end], self.values[i][:n, :, :end], attn_mask=attn_mask,
+                is_causal=causal and attn_mask is None, scale=attn.scaling, enable_gqa=True,
             )
             x = x + attn.o_proj(out.transpose(1, 2).reshape(n, length, -1))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + self._mlp(i, layer, x)
         return x
-
-    def _logits(self, x: Tensor) -> Tensor:
-        return self.lm.lm_head(self.body.norm(x)).float()
 
     def prefill(self, ids: Tensor, mask: Tensor, repeat: int, max_new_tokens: int) -> Tensor:
         b, p = ids.shape
         rows = b * repeat
         capacity = p + max_new_tokens
         dtype, device = self.lm.lm_head.weight.dtype, ids.device
-        self.keys = [torch.empty(rows, self.n_kv, capacity, self.head_dim, dtype=dtype, device=device) for _ in self.body.layers]
-        self.values = [torch.empty_like(k) for k in self.keys]
+        if not torch.is_grad_enabled():
+            self._fuse_weights()
         valid = mask.bool()
         self.padded = not bool(valid.all())
-        causal = torch.ones(p, p, dtype=torch.bool, device=device).tril()
-        # a left-pad query sees no real key; letting it see itself keeps softmax finite (its output is unused)
-        allowed = (causal & valid[:, None, :]) | torch.eye(p, dtype=torch.bool, device=device)
         positions = positions_from_mask(mask)
-        x = self._layers(self.body.embed_tokens(ids), positions, allowed[:, None] if self.padded else None, 0, causal=True)
-        # share the prompt's keys/values across the group: copy rows b -> b*repeat .. b*repeat+repeat-1
-        for cache in (*self.keys, *self.values):
-            cache[:rows, :, :p] = cache[:b, :, :p].repeat_interleave(repeat, 0)
-        self.key_valid = torch.ones(rows, capacity, dtype=torch.bool, device=device)
-        self.key_valid[:, :p] = valid.repeat_interleave(repeat, 0)
-        self.length = p
-        self.position = positions[:, -1:].repeat_interleave(repeat, 0)
+        # the prompt runs once per prompt row, into the first b rows of buffers sized for b * repeat rows
+        self.keys = [torch.empty(rows, self.n_kv, capacity, self.head_dim, dtype=dtype, device=device) for _ in self.body.layers]
+        self.values = [torch.empty_like(k) for k in self.keys]
+        prompt_keys, prompt_values = self.keys, self.values
+        self.keys, self.values = [k[:b] for k in prompt_keys], [v[:b] for v in prompt_values]
+        cos, sin = self._rope(positions, dtype)
+        x = self._layers(self.body.embed_tokens(ids), cos, sin, _prompt_mask(valid)[:, None] if self.padded else None, 0, causal=True)
+        self.keys, self.values = prompt_keys, prompt_values
+        # share the prompt's keys/values across the group: rows b -> b*repeat .. b*repeat+repeat-1
+        if repeat > 1:
+            for cache in (*self.keys, *self.values):
+                cache[:, :, :p] = cache[:b, :, :p].repeat_interleave(repeat, 0)
+        if self.padded:
+            self.key_valid = torch.ones(rows, capacity, dtype=torch.bool, device=device)
+            self.key_valid[:, :p] = valid.repeat_interleave(repeat, 0)
+        # rotary tables for every decode step at once: step t of a row sits at its last prompt position + 1 + t
+        ahead = positions[:, -1:] + 1 + torch.arange(max_new_tokens, device=device)
+        self.step_cos, self.step_sin = (t.repeat_interleave(repeat, 0) for t in self._rope(ahead, dtype))
+        self.prompt_length = self.length = p
         return self._logits(x[:, -1]).repeat_interleave(repeat, 0)
 
     def step(self, token: Tensor) -> Tensor:
-        self.position = self.position + 1
+        t = self.length - self.prompt_length
         mask = self.key_valid[:, None, None, : self.length + 1] if self.padded else None
-        x = self._layers(self.body.embed_tokens(token[:, None]), self.position, mask, self.length)
+        x = self._layers(self.body.embed_tokens(token[:, None]), self.step_cos[:, t : t + 1], self.step_sin[:, t : t + 1], mask, self.length)
         self.length += 1
         return self._logits(x[:, -1])
+
+    # -- training forward (with gradient) ---------------------------------------------------------------
+
+    def completion_logits(self, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, counts: Tensor) -> Tensor:
+        """Logits [N, T, V] predicting each of the T completion tokens, for U distinct left-padded prompts
+        [U, P] where prompt u is shared by `counts[u]` consecutive completion rows (N = counts.sum()).
+
+        Equals `model(prompt + completion).logits[:, P-1 : P+T-1]` on every produced token: each distinct
+        prompt is run once and its keys/values are shared by its completions. Positions after a
+        completion's EOS may differ from `model.forward` (keys there are not masked); they never reach a
+        loss, and they stay finite. Token-wise layers run on prompt and completion tokens in one batch."""
+        (u, p), (n, width) = prompt_ids.shape, completion_ids.shape
+        valid = prompt_mask.bool()
+        positions = positions_from_mask(prompt_mask)
+        real = positions[:, -1:] + 1  # the last prompt column is always a real token (left padding)
+        completion_positions = (real + torch.arange(width, device=real.device)).repeat_interleave(counts, 0)
+        causal = torch.ones(width, width, dtype=torch.bool, device=valid.device).tril()
+        completion_allowed = torch.cat([valid.repeat_interleave(counts, 0)[:, None, :].expand(n, width, p), causal.expand(n, -1, -1)], dim=-1)[:, None]
+        prompt_allowed = _prompt_mask(valid)[:, None] if not bool(valid.all()) else None
+        x = self.body.embed_tokens(torch.cat([prompt_ids.reshape(-1), completion_ids.reshape(-1)]))  # [U*P + N*T, H]
+        cos, sin = self._rope(torch.cat([positions.reshape(-1), completion_positions.reshape(-1)]), x.dtype)
+        split = u * p
+        for i, layer in enumerate(self.body.layers):
+            attn = layer.self_attn
+            q, k, v = self._attention_inputs(i, layer, x, cos, sin)  # [tokens, heads, D]
+            qp, kp, vp = (t[:split].unflatten(0, (u, p)).transpose(1, 2) for t in (q, k, v))
+            qc, kc, vc = (t[split:].unflatten(0, (n, width)).transpose(1, 2) for t in (q, k, v))
+            out_p = F.scaled_dot_product_attention(
+                qp, kp, vp, attn_mask=prompt_allowed, is_causal=prompt_allowed is None, scale=attn.scaling, enable_gqa=True
+            )
+            keys = torch.cat([kp.repeat_interleave(counts, 0), kc], dim=2)
+            values = torch.cat([vp.repeat_interleave(counts, 0), vc], dim=2)
+            out_c = F.scaled_dot_product_attention(qc, keys, values, attn_mask=completion_allowed, scale=attn.scaling, enable_gqa=True)
+            out = torch.cat([out_p.transpose(1, 2).reshape(split, -1), out_c.transpose(1, 2).reshape(n * width, -1)])
+            x = x + attn.o_proj(out)
+            x = x + self._mlp(i, layer, x)
+        last_prompt = x[:split].unflatten(0, (u, p))[:, -1:].repeat_interleave(counts, 0)
+        hidden = torch.cat([last_prompt, x[split:].unflatten(0, (n, width))[:, :-1]], dim=1)
+        return self.lm.lm_head(self._norm(self.body.norm, hidden))
+
+
+def _prompt_mask(valid: Tensor) -> Tensor:
+    """[B, P, P] causal attention over real prompt tokens; a left-pad query sees only itself, which keeps its
+    softmax finite (its output is never used)."""
+    p = valid.shape[1]
+    causal = torch.ones(p, p, dtype=torch.bool, device=valid.device).tril()
+    return (causal & valid[:, None, :]) | torch.eye(p, dtype=torch.bool, device=valid.device)
+
+
+def shared_prompts(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor] | None:
+    """(index of the first row of each run of identical consecutive prompts, run lengths), or None when no
+    two consecutive rows share a prompt."""
+    if prompt_ids.shape[0] < 2:
+        return None
+    same = (prompt_ids[1:] == prompt_ids[:-1]).all(-1) & (prompt_mask[1:] == prompt_mask[:-1]).all(-1)
+    if not bool(same.any()):
+        return None
+    starts = torch.cat([torch.ones(1, dtype=torch.bool, device=same.device), ~same]).nonzero().squeeze(-1)
+    counts = torch.diff(starts, append=torch.tensor([prompt_ids.shape[0]], device=starts.device))
+    return starts, counts
 
 
 def decoder_for(model: PreTrainedModel) -> FastLlamaDecoder | HFDecoder:

@@ -41,10 +41,13 @@ def check_inputs(name: str, inputs: dict[str, Path]) -> dict[str, Path]:
     for key, path in resolved.items():
         if not path.is_dir():
             raise UserError(f"input {key!r} not found: {path} (run the upstream stage or pass --in {key}=DIR)")
+        for needed in stages.entry(name).meta.get("requires", {}).get(key, ()):
+            if not (path / needed).exists():
+                raise UserError(f"input {key!r} has no {needed}: {path / needed} is missing")
     return resolved
 
 
-def _prepare_runtime(cfg: Config) -> None:
+def _prepare_runtime(cfg: Config) -> None:  # heavy imports happen here, after the cheap checks
     import torch
     from transformers.utils import logging as hf_logging
 

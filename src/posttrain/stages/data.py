@@ -8,11 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pandas as pd
-
 from posttrain.config import Config
 from posttrain.data import write_examples
-from posttrain.data.validation import validate_examples
 from posttrain.errors import UserError
 from posttrain.stages import stages
 from posttrain.tasks import build_task
@@ -20,6 +17,10 @@ from posttrain.tasks import build_task
 
 @stages.register("data", inputs={})
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
+    import pandas as pd
+
+    from posttrain.data.validation import validate_examples
+
     task = build_task(cfg.task)
     splits = task.splits(cfg.pipeline.seed)
     frame = pd.DataFrame(

@@ -11,14 +11,17 @@ from pathlib import Path
 
 from posttrain.config import Config
 from posttrain.data import read_examples
-from posttrain.eval.harness import evaluate
-from posttrain.models import load_pretrained, select_device
 from posttrain.stages import stages
 from posttrain.tasks import build_task
 
 
-@stages.register("eval", inputs={"data": "outputs/data", "model": "outputs/rl"})
+@stages.register(
+    "eval", inputs={"data": "outputs/data", "model": "outputs/rl"}, requires={"data": ["heldout.jsonl"], "model": ["model/config.json"]}
+)
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
+    from posttrain.eval.harness import evaluate
+    from posttrain.models import load_pretrained, select_device
+
     examples = read_examples(inputs["data"] / "heldout.jsonl")
     model, tokenizer = load_pretrained(inputs["model"] / "model", cfg.model.dtype)
     model = model.to(select_device(cfg.pipeline.device))

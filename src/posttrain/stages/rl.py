@@ -11,11 +11,8 @@ from pathlib import Path
 
 from posttrain.config import Config
 from posttrain.data import read_examples
-from posttrain.models import load_pretrained, maybe_lora, save_pretrained, select_device
 from posttrain.stages import stages
 from posttrain.tasks import build_task
-from posttrain.trainers.common import seed_everything
-from posttrain.trainers.online_rl import RLRun, train_online_rl
 
 
 def reward_curve(history: list[dict[str, float]]):
@@ -35,8 +32,17 @@ def reward_curve(history: list[dict[str, float]]):
     return fig
 
 
-@stages.register("rl", inputs={"data": "outputs/data", "policy": "outputs/sft"}, resumable=True)
+@stages.register(
+    "rl",
+    inputs={"data": "outputs/data", "policy": "outputs/sft"},
+    requires={"data": ["train.jsonl"], "policy": ["model/config.json"]},
+    resumable=True,
+)
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
+    from posttrain.models import load_pretrained, maybe_lora, save_pretrained, select_device
+    from posttrain.trainers.common import seed_everything
+    from posttrain.trainers.online_rl import RLRun, train_online_rl
+
     examples = read_examples(inputs["data"] / "train.jsonl")
     seed_everything(cfg.pipeline.seed)
     policy, tokenizer = load_pretrained(inputs["policy"] / "model", cfg.model.dtype)

@@ -9,19 +9,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from posttrain.config import Config
 from posttrain.data import read_examples
-from posttrain.models import build_tiny, load_pretrained, maybe_lora, save_pretrained, select_device, train_char_tokenizer
 from posttrain.stages import stages
 from posttrain.tasks import build_task
-from posttrain.trainers.common import seed_everything
-from posttrain.trainers.sft import train_sft
 
 
-@stages.register("sft", inputs={"data": "outputs/data"})
+@stages.register("sft", inputs={"data": "outputs/data"}, requires={"data": ["train.jsonl"]})
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
+    from posttrain.models import build_tiny, load_pretrained, maybe_lora, save_pretrained, select_device, train_char_tokenizer
+    from posttrain.trainers.common import seed_everything
+    from posttrain.trainers.sft import train_sft
+
     examples = read_examples(inputs["data"] / "train.jsonl")
     if cfg.sft.n_examples:
         examples = examples[: cfg.sft.n_examples]

@@ -21,7 +21,8 @@ from posttrain.models.logprobs import completion_logprobs
 from posttrain.objectives import advantages, aggregations, losses, needs_of
 from posttrain.objectives.kl import k3_kl
 from posttrain.rewards import reward_matrix
-from posttrain.rollout import RolloutBatch, sample
+from posttrain.rollout import RolloutBatch
+from posttrain.rollout.engine import sample
 from posttrain.rollout.text import decode_completions
 from posttrain.tasks import Example, Task
 from posttrain.trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -109,6 +110,44 @@ def reward_metrics(batch: RolloutBatch) -> dict[str, float]:
     return metrics
 
 
+def policy_step(
+    run: RLRun, prompts: list[Example], generator: torch.Generator, optimizer, schedule, reference: PreTrainedModel | None = None
+) -> tuple[RolloutBatch, list[str], dict[str, float]]:
+    """One update on `prompts`: rollout, rewards, advantages, `epochs_per_batch` policy passes (an optimizer step
+    each) and one schedule step; returns the batch, the completion texts and the step's metrics."""
+    cfg, policy = run.cfg, run.policy
+    estimate = advantages.get(cfg.advantage)
+    policy_loss = losses.get(cfg.loss)
+    aggregate = aggregations.get(cfg.loss_agg)
+    batch, texts, metrics = rollout(run, prompts, generator)
+    if reference is not None:
+        with torch.no_grad():
+            ref_logp, _ = completion_logprobs(reference, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, cfg.temperature)
+        batch = batch.with_extras(ref_logp=ref_logp)
+    adv = estimate(batch, cfg)
+    for _ in range(cfg.epochs_per_batch):
+        logp, entropy = completion_logprobs(
+            policy, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, cfg.temperature, with_entropy=True
+        )
+        loss, loss_metrics = policy_loss(logp, batch.old_logp, adv, batch.completion_mask, cfg)
+        if cfg.beta > 0:
+            kl = aggregate(k3_kl(logp, batch.extras["ref_logp"]), batch.completion_mask)
+            loss = loss + cfg.beta * kl
+            loss_metrics["kl"] = float(kl)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    schedule.step()
+    metrics.update(reward_metrics(batch))
+    metrics.update(loss_metrics)
+    metrics.update(
+        loss=float(loss), grad_norm=float(grad_norm), lr=schedule.get_last_lr()[0],
+        entropy=float(aggregate(entropy, batch.completion_mask)), advantage_abs_mean=float(adv.abs().mean()),
+    )
+    return batch, texts, metrics
+
+
 def train_online_rl(
     run: RLRun, resume: bool, on_log: Callable[[int, dict[str, float]], None]
 ) -> tuple[list[dict[str, float]], list[dict[str, object]]]:
@@ -120,9 +159,6 @@ def train_online_rl(
     reference = None
     if "ref_logp" in needs:  # a frozen copy of the starting policy; never built when beta == 0
         reference = copy.deepcopy(policy).eval().requires_grad_(False)
-    estimate = advantages.get(cfg.advantage)
-    policy_loss = losses.get(cfg.loss)
-    aggregate = aggregations.get(cfg.loss_agg)
     optimizer, schedule = optimizer_and_schedule(
         [p for p in policy.parameters() if p.requires_grad], cfg.lr, 0.0, cfg.warmup_steps, cfg.steps
     )
@@ -146,32 +182,7 @@ def train_online_rl(
     bar = progress(cfg.steps, f"rl ({cfg.advantage}+{cfg.loss})", initial=start_step)
     for step in range(start_step + 1, cfg.steps + 1):
         prompts = stream.take(cfg.prompts_per_step)
-        batch, texts, metrics = rollout(run, prompts, generator)
-        if reference is not None:
-            with torch.no_grad():
-                ref_logp, _ = completion_logprobs(reference, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, cfg.temperature)
-            batch = batch.with_extras(ref_logp=ref_logp)
-        adv = estimate(batch, cfg)
-        for _ in range(cfg.epochs_per_batch):
-            logp, entropy = completion_logprobs(
-                policy, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, cfg.temperature, with_entropy=True
-            )
-            loss, loss_metrics = policy_loss(logp, batch.old_logp, adv, batch.completion_mask, cfg)
-            if cfg.beta > 0:
-                kl = aggregate(k3_kl(logp, batch.extras["ref_logp"]), batch.completion_mask)
-                loss = loss + cfg.beta * kl
-                loss_metrics["kl"] = float(kl)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        schedule.step()
-        metrics.update(reward_metrics(batch))
-        metrics.update(loss_metrics)
-        metrics.update(
-            loss=float(loss), grad_norm=float(grad_norm), lr=schedule.get_last_lr()[0],
-            entropy=float(aggregate(entropy, batch.completion_mask)), advantage_abs_mean=float(adv.abs().mean()),
-        )
+        batch, texts, metrics = policy_step(run, prompts, generator, optimizer, schedule, reference)
         history.append(metrics)
         bar.update()
         bar.set_postfix(acc=f"{metrics.get('accuracy', float('nan')):.2f}")

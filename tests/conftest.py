@@ -1,0 +1,38 @@
+"""Shared test set-up: offline, quiet, and a micro config that runs every stage in seconds."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+for key, value in {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "GX_ANALYTICS_ENABLED": "false",
+    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+    "TOKENIZERS_PARALLELISM": "false",
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}.items():
+    os.environ[key] = value
+
+from helpers import micro_params, posttrain  # noqa: E402
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    micro_params(tmp_path)
+    return tmp_path
+
+
+@pytest.fixture(scope="session")
+def pipeline_outputs(tmp_path_factory) -> Path:
+    """data -> sft -> rl run once on the micro config, shared read-only by tests that need checkpoints."""
+    root = tmp_path_factory.mktemp("pipeline")
+    micro_params(root)
+    for stage in ("data", "sft", "rl"):
+        posttrain(stage, cwd=root)
+    return root

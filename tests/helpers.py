@@ -1,0 +1,45 @@
+"""Helpers shared by the smoke, integration and orchestration tests."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+POSTTRAIN = str(Path(sys.executable).with_name("posttrain"))
+
+MICRO = {
+    "task": {"n_train": 200, "n_heldout": 40},
+    "model": {"hidden_size": 32, "intermediate_size": 64, "layers": 1},
+    "sft": {"steps": 30, "batch_size": 32, "n_examples": 0, "log_every": 10, "warmup_steps": 2},
+    "rl": {"steps": 4, "prompts_per_step": 4, "group_size": 4, "checkpoint_every": 2, "warmup_steps": 0},
+    "eval": {"n_prompts": 40, "batch_size": 40, "n_table": 5},
+}
+
+
+def micro_params(directory: Path, **sections: dict) -> Path:
+    """Write the repo's params.yaml, shrunk to micro sizes (plus `sections` overrides), into `directory`."""
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    for name, values in [*MICRO.items(), *sections.items()]:
+        params[name] = {**params[name], **values}
+    params["tracking"]["uri"] = f"sqlite:///{directory / 'mlflow.db'}"
+    params["tracking"]["artifact_root"] = str(directory / "mlartifacts")
+    path = directory / "params.yaml"
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    return path
+
+
+def posttrain(*args: str, cwd: Path, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the installed `posttrain` CLI as a user would."""
+    result = subprocess.run([POSTTRAIN, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(f"posttrain {' '.join(args)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
+    return result
+
+
+def copy_outputs(source: Path, target: Path) -> None:
+    shutil.copytree(source / "outputs", target / "outputs")
