@@ -1,0 +1,55 @@
+"""dvc.yaml only maps paths and params onto real CLI stages: every command, input and params key exists."""
+
+from __future__ import annotations
+
+import shlex
+
+import yaml
+
+from helpers import REPO
+from posttrain.config import Config
+from posttrain.stages import stages
+
+
+def expanded_stages() -> dict[str, dict]:
+    spec = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    out = {}
+    for name, stage in spec.items():
+        matrix = stage.get("matrix")
+        if not matrix:
+            out[name] = stage
+            continue
+        (key, values), = matrix.items()
+        for value in values:
+            text = yaml.safe_dump(stage).replace(f"${{item.{key}}}", value)
+            out[f"{name}@{value}"] = yaml.safe_load(text)
+    return out
+
+
+def test_every_command_is_a_registered_stage_with_valid_inputs():
+    for name, stage in expanded_stages().items():
+        argv = shlex.split(stage["cmd"])
+        assert argv[0] == "posttrain" and argv[1] in stages, name
+        entry = stages.entry(argv[1])
+        inputs = [argv[i + 1].split("=")[0] for i, a in enumerate(argv) if a == "--in"]
+        assert set(inputs) <= set(entry.meta["inputs"]), (name, inputs)
+        assert "--launcher" in argv and argv[argv.index("--launcher") + 1] == "dvc"
+        out = argv[argv.index("--out") + 1]
+        for declared in stage.get("outs", []) + [next(iter(m)) if isinstance(m, dict) else m for m in stage.get("metrics", [])]:
+            declared = next(iter(declared)) if isinstance(declared, dict) else declared
+            assert declared.startswith(out + "/"), (name, declared, out)
+
+
+def test_params_sections_exist_and_inputs_come_from_upstream_outs():
+    sections = set(Config.model_fields)
+    every_stage = expanded_stages()
+    produced = {o for s in every_stage.values() for o in s.get("outs", [])}
+    for name, stage in every_stage.items():
+        assert set(stage.get("params", [])) <= sections, name
+        for dep in stage.get("deps", []):
+            if dep.startswith("outputs/"):
+                assert dep in produced, (name, dep)
+
+
+def test_rl_stage_resumes_under_dvc():
+    assert "--resume" in shlex.split(expanded_stages()["rl"]["cmd"])
