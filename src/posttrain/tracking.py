@@ -54,7 +54,8 @@ class Tracker:
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         if self._mlflow:
-            self._mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, step=step)
+            # asynchronous: MLflow batches per-step metrics in a background thread and flushes at end_run
+            self._mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, step=step, synchronous=False)
 
     def log_table(self, rows: list[dict[str, Any]], artifact_file: str) -> None:
         if self._mlflow and rows:

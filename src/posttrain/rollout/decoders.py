@@ -204,7 +204,8 @@ class FastLlamaDecoder:
     def step(self, token: Tensor) -> Tensor:
         t = self.length - self.prompt_length
         mask = self.key_valid[:, None, None, : self.length + 1] if self.padded else None
-        x = self._layers(self.body.embed_tokens(token[:, None]), self.step_cos[:, t : t + 1], self.step_sin[:, t : t + 1], mask, self.length)
+        cos, sin = self.step_cos[:, t : t + 1], self.step_sin[:, t : t + 1]
+        x = self._layers(self.body.embed_tokens(token[:, None]), cos, sin, mask, self.length)
         self.length += 1
         return self._logits(x[:, -1])
 
@@ -224,7 +225,8 @@ class FastLlamaDecoder:
         real = positions[:, -1:] + 1  # the last prompt column is always a real token (left padding)
         completion_positions = (real + torch.arange(width, device=real.device)).repeat_interleave(counts, 0)
         causal = torch.ones(width, width, dtype=torch.bool, device=valid.device).tril()
-        completion_allowed = torch.cat([valid.repeat_interleave(counts, 0)[:, None, :].expand(n, width, p), causal.expand(n, -1, -1)], dim=-1)[:, None]
+        prompt_keys_ok = valid.repeat_interleave(counts, 0)[:, None, :].expand(n, width, p)
+        completion_allowed = torch.cat([prompt_keys_ok, causal.expand(n, -1, -1)], dim=-1)[:, None]
         prompt_allowed = _prompt_mask(valid)[:, None] if not bool(valid.all()) else None
         x = self.body.embed_tokens(torch.cat([prompt_ids.reshape(-1), completion_ids.reshape(-1)]))  # [U*P + N*T, H]
         cos, sin = self._rope(torch.cat([positions.reshape(-1), completion_positions.reshape(-1)]), x.dtype)

@@ -44,21 +44,19 @@ def sample(
     logits = decoder.prefill(prompt_ids, prompt_mask, group_size, max_new_tokens)
     n = logits.shape[0]
     device = prompt_ids.device
-    tokens = torch.full((n, max_new_tokens), pad_id, dtype=torch.long, device=device)
-    logps = torch.zeros(n, max_new_tokens, dtype=torch.float32, device=device)
-    alive = torch.ones(n, dtype=torch.bool, device=device)
+    tokens = torch.empty(n, max_new_tokens, dtype=torch.long, device=device)
+    logps = torch.empty(n, max_new_tokens, dtype=torch.float32, device=device)
+    ended = torch.zeros(n, dtype=torch.bool, device=device)
     steps = 0
+    # the loop only samples and records; masking after EOS happens once, at the end
     for t in range(max_new_tokens):
-        logp_all = torch.log_softmax(logits / temperature, dim=-1)
-        if greedy:
-            token = logp_all.argmax(-1)
-        else:
-            token = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(-1)
-        tokens[:, t] = torch.where(alive, token, pad_id)
-        logps[:, t] = torch.where(alive, logp_all.gather(-1, token[:, None]).squeeze(-1), 0.0)
+        logp_all = torch.log_softmax(logits if temperature == 1.0 else logits / temperature, dim=-1)
+        token = logp_all.argmax(-1) if greedy else categorical(logp_all, generator)
+        tokens[:, t] = token
+        logps[:, t] = logp_all.gather(-1, token[:, None]).squeeze(-1)
         steps = t + 1
-        alive = alive & (token != eos_id)
-        if t + 1 == max_new_tokens or not bool(alive.any()):
+        ended |= token == eos_id
+        if steps == max_new_tokens or bool(ended.all()):
             break
         logits = decoder.step(token)
     model.train(was_training)
@@ -67,4 +65,14 @@ def sample(
     produced = torch.ones_like(tokens, dtype=torch.bool)
     produced[:, 1:] = (tokens[:, :-1] != eos_id).cumprod(-1).bool()
     finished = ((tokens == eos_id) & produced).any(-1)
+    tokens = tokens.masked_fill(~produced, pad_id)
+    logps = logps.masked_fill(~produced, 0.0)
     return Samples(tokens, produced.long(), logps, finished)
+
+
+def categorical(logp: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """One draw per row from the distribution with log-probs `logp` [N, V], by inverting its CDF with one
+    uniform number per row (`torch.multinomial` draws V exponentials per row)."""
+    cdf = logp.exp().cumsum(-1)
+    u = torch.rand(logp.shape[0], 1, generator=generator, device=logp.device, dtype=cdf.dtype) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=logp.shape[-1] - 1)
