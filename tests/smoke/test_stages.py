@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 
 import mlflow
+import pytest
 
-from helpers import copy_outputs, posttrain
+from helpers import copy_outputs, micro_params, posttrain
 
 
 def test_data_stage_writes_validated_disjoint_splits(workdir):
@@ -63,3 +64,23 @@ def test_registry_lists_every_registry(workdir):
     assert set(listing["stages"]) >= {"data", "sft", "rl", "eval"}
     text = posttrain("registry", cwd=workdir).stdout
     assert "advantages: grpo" in text
+
+
+VARIANTS = {
+    "k3 KL to the reference, sequence-mean": ["--set", "rl.beta=0.04", "--set", "rl.loss_agg=seq_mean"],
+    "LoRA, batch std, two epochs per batch": ["--set", "model.lora.r=4", "--set", "rl.std_scaling=batch", "--set", "rl.epochs_per_batch=2"],
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_rl_variants_run_and_report_their_terms(variant, pipeline_outputs, tmp_path):
+    copy_outputs(pipeline_outputs, tmp_path)
+    micro_params(tmp_path)
+    posttrain("rl", *VARIANTS[variant], cwd=tmp_path)
+    history = json.loads((tmp_path / "outputs" / "rl" / "history.json").read_text())
+    assert len(history) == 4
+    if "beta" in " ".join(VARIANTS[variant]):
+        assert all(step["kl"] >= 0 for step in history)
+        assert history[0]["kl"] == pytest.approx(0.0, abs=1e-6), "the policy starts equal to its reference"
+    else:
+        assert "kl" not in history[0], "no reference model without a KL term"
