@@ -65,7 +65,7 @@ def train_sft(
                 target = labels[rows][:, 1:]
                 valid = target != -100
                 token_acc = float((predicted[valid] == target[valid]).float().mean())
-            metrics = {"sft_loss": float(out.loss), "sft_token_accuracy": token_acc, "lr": schedule.get_last_lr()[0]}
+            metrics = {"sft_loss": out.loss.item(), "sft_token_accuracy": token_acc, "lr": schedule.get_last_lr()[0]}
             on_log(step, metrics)
             bar.set_postfix(loss=f"{metrics['sft_loss']:.3f}")
     bar.close()
