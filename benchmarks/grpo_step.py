@@ -137,7 +137,7 @@ class OurLoop:
 
         start = time.perf_counter()
         prompts = self.stream.take(self.run.cfg.prompts_per_step)
-        _, _, metrics = policy_step(self.run, prompts, self.generator, self.optimizer, self.schedule, self.reference)
+        metrics = policy_step(self.run, prompts, self.generator, self.optimizer, self.schedule, self.reference).metrics
         seconds = time.perf_counter() - start
         self.completion_lengths.append(metrics["completion_length"])
         return seconds

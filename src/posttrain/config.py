@@ -7,6 +7,7 @@ with one line that names the key, before any work is done.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import hashlib
 import json
@@ -125,6 +126,7 @@ class RewardSpec(Section):
 
 
 class RLConfig(Section):
+    preset: str | None  # a named method (objectives/presets.py), expanded by `load` below explicit overrides
     advantage: str
     loss: str
     loss_agg: str
@@ -143,8 +145,16 @@ class RLConfig(Section):
     std_scaling: Literal["group", "batch", "none"]
     std_eps: float = Field(gt=0)
     beta: float = Field(ge=0)  # k3 KL weight; 0 skips the reference forward pass entirely
+    dynamic_sampling: bool  # DAPO: drop groups whose rewards are all equal, sample more prompts to refill
+    dynamic_sampling_max_rollouts: int = Field(ge=0)  # bound on the extra rollouts per step
+    overlong_buffer: int = Field(gt=0)  # DAPO's L_cache for the `overlong` reward (tokens before max_new_tokens)
     checkpoint_every: int = Field(ge=0)  # 0: no checkpoints
     log_every: int = Field(gt=0)
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, v: str | None) -> str | None:
+        return v if v is None else _check_registered("presets", v)
 
     @field_validator("advantage")
     @classmethod
@@ -207,12 +217,31 @@ def load(params: Path | str, overrides: list[str] | tuple[str, ...] = ()) -> Con
         raise UserError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(raw, dict):
         raise UserError(f"{path}: expected a mapping of sections at the top level")
+    _apply_preset(raw, overrides)
     for item in overrides:
         _apply_override(raw, item)
     try:
         return Config.model_validate(raw)
     except ValidationError as e:
         raise UserError(_one_line(e)) from None
+
+
+def _apply_preset(raw: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> None:
+    """Expand `rl.preset` (from params.yaml or an override) into its rl keys, in place, so that the explicit
+    overrides applied afterwards win over the preset, and the preset wins over params.yaml."""
+    probe = copy.deepcopy(raw)
+    for item in overrides:
+        _apply_override(probe, item)
+    rl = probe.get("rl")
+    name = rl.get("preset") if isinstance(rl, dict) else None
+    if name is None:
+        return
+    from posttrain.objectives.presets import presets
+
+    if not isinstance(name, str) or name not in presets:
+        raise UserError(f"rl.preset: {presets.unknown_message(str(name))}")
+    section = raw.get("rl") if isinstance(raw.get("rl"), dict) else {}
+    raw["rl"] = {**section, **presets.get(name)(section)}
 
 
 def _apply_override(raw: dict[str, Any], item: str) -> None:

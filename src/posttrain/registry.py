@@ -70,11 +70,13 @@ class Registry(Generic[T]):
 def all_registries() -> dict[str, Registry]:
     """Every registry, with its implementations imported so that all names are present."""
     from posttrain import objectives, rewards, stages, tasks
+    from posttrain.objectives.presets import presets
 
     return {
         "advantages": objectives.advantages,
         "losses": objectives.losses,
         "loss_aggregations": objectives.aggregations,
+        "presets": presets,
         "rewards": rewards.rewards,
         "tasks": tasks.tasks,
         "stages": stages.stages,

@@ -5,7 +5,9 @@ selects parts by these names and the trainer computes exactly what the selected 
 
     AdvantageEstimator(batch, cfg) -> Tensor [B] or [B, T]
     PolicyLoss(logp, old_logp, advantages, mask, cfg) -> (loss, metrics)
-    Aggregation(values [B, T], mask [B, T]) -> scalar
+    Aggregation(values [B, T], mask [B, T], *, max_len=None) -> scalar
+
+Presets (`rl.preset`, objectives/presets.py) name combinations of these parts, e.g. DAPO.
 """
 
 from posttrain.registry import Registry
@@ -14,7 +16,9 @@ advantages: Registry = Registry("advantage estimator")
 losses: Registry = Registry("policy loss")
 aggregations: Registry = Registry("loss aggregation")
 
-from posttrain.objectives import aggregation, grpo, kl, policy_losses  # noqa: E402,F401  (registers)
+from posttrain.objectives import (  # noqa: E402,F401  (registers)
+    aggregation, cispo, dr_grpo, gdpo, grpo, gspo, kl, policy_losses, reinforce_pp, remax, rloo,
+)
 
 __all__ = ["advantages", "losses", "aggregations", "needs_of"]
 

@@ -1,7 +1,14 @@
 """How per-token loss terms become one scalar (spec §0.1, "AGG variants").
 
-token_mean: sum over all valid tokens / number of valid tokens (DAPO; TRL's default loss_type)
-seq_mean:   mean over sequences of each sequence's token mean (the original GRPO / DeepSeekMath form)
+token_mean:     sum over all valid tokens / number of valid tokens (DAPO; TRL's loss_type="dapo"/"bnpo")
+seq_mean:       mean over sequences of each sequence's token mean (the original GRPO / DeepSeekMath form)
+token_sum_norm: sum over all valid tokens / (number of sequences * L_max) (Dr. GRPO, arXiv 2503.20783,
+                eq. 3; TRL's loss_type="dr_grpo" divides by batch size * max_completion_length)
+
+    Aggregation(values [B, T], mask [B, T], *, max_len: int | None = None) -> scalar
+
+`max_len` is the completion budget L_max (rl.max_new_tokens); only `token_sum_norm` uses it, and falls
+back to the padded width T when it is not given.
 """
 
 from __future__ import annotations
@@ -12,14 +19,26 @@ from torch import Tensor
 from posttrain.objectives import aggregations
 
 
+def aggregate(cfg, values: Tensor, mask: Tensor) -> Tensor:
+    """Apply the configured aggregation `cfg.loss_agg`, with L_max = cfg.max_new_tokens when it is set."""
+    return aggregations.get(cfg.loss_agg)(values, mask, max_len=getattr(cfg, "max_new_tokens", None))
+
+
 @aggregations.register("token_mean")
-def token_mean(values: Tensor, mask: Tensor) -> Tensor:
+def token_mean(values: Tensor, mask: Tensor, *, max_len: int | None = None) -> Tensor:
     mask = mask.to(values.dtype)
     return (values * mask).sum() / mask.sum().clamp(min=1.0)
 
 
 @aggregations.register("seq_mean")
-def seq_mean(values: Tensor, mask: Tensor) -> Tensor:
+def seq_mean(values: Tensor, mask: Tensor, *, max_len: int | None = None) -> Tensor:
     mask = mask.to(values.dtype)
     per_seq = (values * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
     return per_seq.mean() if per_seq.numel() else torch.zeros((), dtype=values.dtype)
+
+
+@aggregations.register("token_sum_norm")
+def token_sum_norm(values: Tensor, mask: Tensor, *, max_len: int | None = None) -> Tensor:
+    mask = mask.to(values.dtype)
+    width = values.shape[-1] if max_len is None else max_len
+    return (values * mask).sum() / max(values.shape[0] * width, 1)

@@ -3,8 +3,13 @@
     r_i = sum_k w_k r_{i,k}                              (weighted sum of the reward columns)
     A_i = (r_i - mean_group(r)) / (std(r) + eps)         std over the group, the batch, or none
 
-The scalar A_i is broadcast to every token of rollout i by the policy loss. std is Bessel-corrected,
-as in TRL and verl.
+Registered twice: as `grpo` and as `sum_then_normalize`, the name TRL gives this multi-reward aggregation
+(`multi_objective_aggregation="sum_then_normalize"`). The scalar A_i is broadcast to every token by the
+policy loss. std is Bessel-corrected, as in TRL and verl.
+
+NaN rewards (an unscorable sample) count as 0 in the weighted sum; a row whose rewards are all NaN is left
+out of every statistic and gets advantage 0 (TRL's rule). The helpers here are shared by the other
+estimators of the family.
 """
 
 from __future__ import annotations
@@ -16,33 +21,70 @@ from posttrain.objectives import advantages
 from posttrain.rollout import RolloutBatch
 
 
-def group_stats(values: Tensor, group: Tensor) -> tuple[Tensor, Tensor]:
-    """Per-row mean and Bessel-corrected std of `values` [B] over the rows sharing its `group` id."""
+def group_moments(values: Tensor, group: Tensor, valid: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-row (count, mean, Bessel std) of `values` [B] over the `valid` rows sharing its `group` id.
+
+    A group with one valid row has std 0 (not NaN); a group with none has count 0, mean 0, std 0."""
+    valid = torch.ones_like(values, dtype=torch.bool) if valid is None else valid.bool()
     _, index = torch.unique(group, return_inverse=True)
     n_groups = int(index.max()) + 1 if index.numel() else 0
-    count = torch.zeros(n_groups, dtype=values.dtype, device=values.device).index_add_(0, index, torch.ones_like(values))
-    total = torch.zeros_like(count).index_add_(0, index, values)
-    mean = total / count
-    sq = torch.zeros_like(count).index_add_(0, index, (values - mean[index]) ** 2)
+    weight = valid.to(values.dtype)
+    v = torch.where(valid, values, torch.zeros_like(values))
+    count = torch.zeros(n_groups, dtype=values.dtype, device=values.device).index_add_(0, index, weight)
+    mean = torch.zeros_like(count).index_add_(0, index, v) / count.clamp(min=1.0)
+    sq = torch.zeros_like(count).index_add_(0, index, weight * (v - mean[index]) ** 2)
     std = (sq / (count - 1).clamp(min=1)).sqrt()
-    return mean[index], std[index]
+    return count[index], mean[index], std[index]
 
 
-def group_normalize(values: Tensor, group: Tensor, std_scaling: str = "group", eps: float = 1e-4) -> Tensor:
+def group_stats(values: Tensor, group: Tensor, valid: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Per-row mean and Bessel-corrected std of `values` [B] over the rows sharing its `group` id."""
+    _, mean, std = group_moments(values, group, valid)
+    return mean, std
+
+
+def batch_whiten(values: Tensor, valid: Tensor, eps: float) -> Tensor:
+    """(v - mean) / (Bessel std + eps) over the `valid` rows; invalid rows -> 0; one valid row -> 0."""
+    w = valid.to(values.dtype)
+    n = w.sum()
+    v = torch.where(valid, values, torch.zeros_like(values))
+    mean = v.sum() / n.clamp(min=1.0)
+    std = ((w * (v - mean) ** 2).sum() / (n - 1).clamp(min=1.0)).sqrt()
+    return torch.where(valid, (v - mean) / (std + eps), torch.zeros_like(values))
+
+
+def group_normalize(
+    values: Tensor, group: Tensor, std_scaling: str = "group", eps: float = 1e-4, valid: Tensor | None = None
+) -> Tensor:
     """(v - group mean) / (std + eps), with std taken per group, over the whole batch, or not at all."""
-    mean, group_std = group_stats(values, group)
+    valid = torch.ones_like(values, dtype=torch.bool) if valid is None else valid.bool()
+    _, mean, group_std = group_moments(values, group, valid)
     centred = values - mean
     if std_scaling == "group":
-        return centred / (group_std + eps)
-    if std_scaling == "batch":
-        return centred / (values.std() + eps)
-    return centred
+        out = centred / (group_std + eps)
+    elif std_scaling == "batch":
+        out = centred / (masked_std(values, valid) + eps)
+    else:
+        out = centred
+    return torch.where(valid, out, torch.zeros_like(out))
 
 
-def weighted_reward(batch: RolloutBatch) -> Tensor:
-    return batch.rewards @ batch.reward_weights.to(batch.rewards.dtype)
+def masked_std(values: Tensor, valid: Tensor) -> Tensor:
+    """Bessel std of the `valid` entries of `values` (0 for fewer than two)."""
+    v = values[valid]
+    return v.std() if v.numel() > 1 else values.new_zeros(())
 
 
+def weighted_reward(batch: RolloutBatch) -> tuple[Tensor, Tensor]:
+    """(r [B] = NaN-as-0 weighted sum of the reward columns, scored [B] = row has at least one real reward)."""
+    rewards = batch.rewards
+    weights = batch.reward_weights.to(rewards.dtype)
+    scored = ~torch.isnan(rewards).all(dim=1)
+    return torch.nan_to_num(rewards, nan=0.0) @ weights, scored
+
+
+@advantages.register("sum_then_normalize", needs=())
 @advantages.register("grpo", needs=())
 def grpo(batch: RolloutBatch, cfg) -> Tensor:
-    return group_normalize(weighted_reward(batch), batch.group, cfg.std_scaling, cfg.std_eps)
+    reward, scored = weighted_reward(batch)
+    return group_normalize(reward, batch.group, cfg.std_scaling, cfg.std_eps, scored)

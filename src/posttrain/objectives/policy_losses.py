@@ -13,10 +13,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from posttrain.objectives import aggregations, losses
+from posttrain.objectives import losses
+from posttrain.objectives.aggregation import aggregate
 
 
 def per_token(advantages: Tensor, like: Tensor) -> Tensor:
+    """A [B] advantage broadcast to [B, T]; a [B, T] advantage as it is."""
     return advantages[:, None].expand_as(like) if advantages.dim() == 1 else advantages
 
 
@@ -27,8 +29,7 @@ def clipped_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: 
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1.0 - cfg.clip_eps_low, 1.0 + cfg.clip_eps_high) * adv
     surrogate = torch.minimum(unclipped, clipped)
-    aggregate = aggregations.get(cfg.loss_agg)
-    loss = -aggregate(surrogate, mask)
+    loss = -aggregate(cfg, surrogate, mask)
     with torch.no_grad():
         m = mask.to(logp.dtype)
         n = m.sum().clamp(min=1.0)

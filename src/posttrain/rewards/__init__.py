@@ -3,7 +3,8 @@
     RewardFn(task, examples, completions, finished) -> Tensor [N]
 
 A reward scores completions and nothing else: weighting and normalisation across rewards belong to the
-advantage estimator.
+advantage estimator. A reward that needs more than the text declares it (`needs=("lengths", ...)`) and
+receives those keyword arguments from the trainer's `reward_matrix(..., **context)`.
 """
 
 from __future__ import annotations
@@ -31,9 +32,24 @@ def format_reward(task: Task, examples: Sequence[Example], completions: Sequence
     return torch.tensor([task.format_reward(c, f) for c, f in zip(completions, finished)])
 
 
-def reward_matrix(specs, task: Task, examples, completions, finished) -> tuple[Tensor, tuple[str, ...], Tensor]:
-    """Score with every configured reward: ([N, K] matrix, names, weights [K])."""
-    columns = [rewards.get(s.name)(task, examples, completions, finished).float() for s in specs]
+@rewards.register("overlong", needs=("lengths", "max_len", "overlong_buffer"))
+def overlong(task: Task, examples, completions, finished, *, lengths: Tensor, max_len: int, overlong_buffer: int) -> Tensor:
+    """DAPO's soft overlong punishment (Yu et al. 2025, arXiv 2503.14476, eq. 13), on token lengths |y|:
+    0 if |y| <= L_max - L_buf;  (L_max - L_buf - |y|) / L_buf inside the buffer;  -1 beyond L_max."""
+    lengths = torch.as_tensor(lengths, dtype=torch.float32)
+    start = max_len - overlong_buffer
+    penalty = -(lengths - start).clamp(min=0.0) / overlong_buffer
+    return torch.where(lengths > max_len, torch.full_like(penalty, -1.0), penalty)
+
+
+def reward_matrix(specs, task: Task, examples, completions, finished, **context) -> tuple[Tensor, tuple[str, ...], Tensor]:
+    """Score with every configured reward: ([N, K] matrix, names, weights [K]). `context` holds what some
+    rewards declare they need (e.g. token `lengths`); each reward receives only its own needs."""
+    columns = []
+    for s in specs:
+        entry = rewards.entry(s.name)
+        extra = {key: context[key] for key in entry.meta.get("needs", ())}
+        columns.append(entry.obj(task, examples, completions, finished, **extra).float())
     names = tuple(s.name for s in specs)
     weights = torch.tensor([s.weight for s in specs], dtype=torch.float32)
     return torch.stack(columns, dim=1), names, weights

@@ -1,7 +1,8 @@
 """Online RL: sample G completions per prompt, score them, estimate advantages, take a policy step.
 
 The objective is whatever `rl.advantage` / `rl.loss` / `rl.loss_agg` name in their registries; this loop
-only computes what the chosen parts declare they need (e.g. reference log-probs only when beta > 0).
+only computes what the chosen parts declare they need (e.g. reference log-probs only when beta > 0, the
+greedy completion's reward only for ReMax): `EXTRAS` maps each need to the function that provides it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.config import RLConfig
 from posttrain.models.logprobs import completion_logprobs
-from posttrain.objectives import advantages, aggregations, losses, needs_of
+from posttrain.objectives import advantages, losses, needs_of
+from posttrain.objectives.aggregation import aggregate
+from posttrain.objectives.diagnostics import composition_metrics
 from posttrain.objectives.kl import k3_kl
 from posttrain.rewards import reward_matrix
 from posttrain.rollout import RolloutBatch
@@ -27,6 +30,7 @@ from posttrain.rollout.text import decode_completions
 from posttrain.tasks import Example, Task
 from posttrain.trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from posttrain.trainers.common import encode_prompts, optimizer_and_schedule, progress
+from posttrain.trainers.dynamic_sampling import concat, informative_groups, select_groups
 
 
 class PromptStream:
@@ -80,7 +84,7 @@ def rollout(run: RLRun, prompts: list[Example], generator: torch.Generator) -> t
     seconds = time.perf_counter() - start
     texts = decode_completions(tok, samples)
     expanded = [e for e in prompts for _ in range(cfg.group_size)]
-    rewards, names, weights = reward_matrix(cfg.rewards, run.task, expanded, texts, samples.finished.tolist())
+    rewards, names, weights = reward_matrix(cfg.rewards, run.task, expanded, texts, samples.finished.tolist(), **reward_context(cfg, samples))
     batch = RolloutBatch(
         prompt_ids=prompt_ids.repeat_interleave(cfg.group_size, 0),
         prompt_mask=prompt_mask.repeat_interleave(cfg.group_size, 0),
@@ -97,33 +101,108 @@ def rollout(run: RLRun, prompts: list[Example], generator: torch.Generator) -> t
     return batch, texts, metrics
 
 
+def reward_context(cfg: RLConfig, samples) -> dict[str, object]:
+    """What rewards may declare they need besides the text (see rewards.reward_matrix)."""
+    return {"lengths": samples.completion_mask.sum(-1).cpu(), "max_len": cfg.max_new_tokens, "overlong_buffer": cfg.overlong_buffer}
+
+
+def collect(
+    run: RLRun, prompts: list[Example], generator: torch.Generator, more_prompts: Callable[[int], list[Example]] | None
+) -> tuple[RolloutBatch, list[str], list[Example], dict[str, float]]:
+    """One rollout; with `rl.dynamic_sampling`, drop the groups whose rewards are all equal and roll out more
+    prompts (at most `dynamic_sampling_max_rollouts` times) until `prompts_per_step` groups are informative.
+    Returns the batch, its texts, the prompt of each group (in group-id order) and rollout metrics."""
+    cfg = run.cfg
+    batch, texts, metrics = rollout(run, prompts, generator)
+    if not cfg.dynamic_sampling:
+        return batch, texts, prompts, metrics
+    parts, kept_texts, kept_prompts, dropped, extra = [], [], [], 0, 0
+    while True:
+        keep = informative_groups(batch)
+        rows = keep[torch.unique(batch.group, return_inverse=True)[1]]
+        dropped += int((~keep).sum())
+        parts.append(select_groups(batch, keep))
+        kept_texts += [t for t, r in zip(texts, rows.tolist()) if r]
+        kept_prompts += [p for p, k in zip(prompts, keep.tolist()) if k]
+        missing = cfg.prompts_per_step - len(kept_prompts)
+        if missing <= 0 or extra >= cfg.dynamic_sampling_max_rollouts or more_prompts is None:
+            break
+        extra += 1
+        prompts = more_prompts(missing)
+        batch, texts, _ = rollout(run, prompts, generator)
+    metrics.update({"dynamic_sampling/dropped_groups": float(dropped), "dynamic_sampling/extra_rollouts": float(extra)})
+    if not kept_prompts:  # nothing informative within the bound: train on the last batch (zero advantages)
+        return batch, texts, prompts, metrics
+    batch = concat(parts, run.tokenizer.pad_token_id)
+    n = min(len(kept_prompts), cfg.prompts_per_step)
+    rows = batch.group < n
+    full = select_groups(batch, torch.arange(len(kept_prompts), device=batch.group.device) < n)
+    return full, [t for t, r in zip(kept_texts, rows.tolist()) if r], kept_prompts[:n], metrics
+
+
+def reference_logp(run: RLRun, prompts: list[Example], batch: RolloutBatch, reference: PreTrainedModel | None) -> torch.Tensor:
+    """[B, T] sampled-token log-probs under the frozen reference (no gradient)."""
+    if reference is None:
+        raise ValueError("the objective needs reference log-probs but no reference model was given")
+    with torch.no_grad():
+        logp, _ = completion_logprobs(reference, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, run.cfg.temperature)
+    return logp
+
+
+@torch.no_grad()
+def greedy_rewards(run: RLRun, prompts: list[Example], batch: RolloutBatch, reference: PreTrainedModel | None) -> torch.Tensor:
+    """[B] ReMax baseline: the weighted reward of one greedy completion of each row's prompt (NaN -> 0)."""
+    cfg, tok = run.cfg, run.tokenizer
+    device = batch.group.device
+    prompt_ids, prompt_mask = encode_prompts(tok, [e.prompt for e in prompts], device)
+    samples = sample(
+        run.policy, prompt_ids, prompt_mask, group_size=1, max_new_tokens=cfg.max_new_tokens,
+        eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, temperature=cfg.temperature, greedy=True,
+    )
+    texts = decode_completions(tok, samples)
+    rewards, _, weights = reward_matrix(cfg.rewards, run.task, prompts, texts, samples.finished.tolist(), **reward_context(cfg, samples))
+    per_prompt = torch.nan_to_num(rewards, nan=0.0) @ weights
+    return per_prompt.to(device)[batch.group]
+
+
+EXTRAS: dict[str, Callable[..., torch.Tensor]] = {"ref_logp": reference_logp, "greedy_rewards": greedy_rewards}
+
+
 def reward_metrics(batch: RolloutBatch) -> dict[str, float]:
     metrics = {}
     for k, name in enumerate(batch.reward_names):
         column = batch.rewards[:, k]
-        metrics[f"reward/{name}_mean"] = float(column.mean())
-        metrics[f"reward/{name}_std"] = float(column.std()) if column.numel() > 1 else 0.0
-    total = batch.rewards @ batch.reward_weights
+        finite = column[~torch.isnan(column)]
+        metrics[f"reward/{name}_mean"] = float(finite.mean()) if finite.numel() else 0.0
+        metrics[f"reward/{name}_std"] = float(finite.std()) if finite.numel() > 1 else 0.0
+    metrics["reward/nan_count"] = float(torch.isnan(batch.rewards).sum())
+    total = torch.nan_to_num(batch.rewards, nan=0.0) @ batch.reward_weights
     metrics["reward/total_mean"] = float(total.mean())
     if "correctness" in batch.reward_names:
         metrics["accuracy"] = metrics["reward/correctness_mean"]
     return metrics
 
 
+@dataclass(frozen=True)
+class StepResult:
+    batch: RolloutBatch
+    texts: list[str]
+    prompts: list[Example]  # the prompt of each group actually trained on, in group order
+    metrics: dict[str, float]
+
+
 def policy_step(
-    run: RLRun, prompts: list[Example], generator: torch.Generator, optimizer, schedule, reference: PreTrainedModel | None = None
-) -> tuple[RolloutBatch, list[str], dict[str, float]]:
+    run: RLRun, prompts: list[Example], generator: torch.Generator, optimizer, schedule, reference: PreTrainedModel | None = None,
+    more_prompts: Callable[[int], list[Example]] | None = None,
+) -> StepResult:
     """One update on `prompts`: rollout, rewards, advantages, `epochs_per_batch` policy passes (an optimizer step
-    each) and one schedule step; returns the batch, the completion texts and the step's metrics."""
+    each) and one schedule step. With `rl.dynamic_sampling`, `more_prompts(n)` supplies refill prompts."""
     cfg, policy = run.cfg, run.policy
     estimate = advantages.get(cfg.advantage)
     policy_loss = losses.get(cfg.loss)
-    aggregate = aggregations.get(cfg.loss_agg)
-    batch, texts, metrics = rollout(run, prompts, generator)
-    if reference is not None:
-        with torch.no_grad():
-            ref_logp, _ = completion_logprobs(reference, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, cfg.temperature)
-        batch = batch.with_extras(ref_logp=ref_logp)
+    batch, texts, prompts, metrics = collect(run, prompts, generator, more_prompts)
+    for need in sorted(needs_of(cfg)):
+        batch = batch.with_extras(**{need: EXTRAS[need](run, prompts, batch, reference)})
     adv = estimate(batch, cfg)
     for _ in range(cfg.epochs_per_batch):
         logp, entropy = completion_logprobs(
@@ -131,7 +210,7 @@ def policy_step(
         )
         loss, loss_metrics = policy_loss(logp, batch.old_logp, adv, batch.completion_mask, cfg)
         if cfg.beta > 0:
-            kl = aggregate(k3_kl(logp, batch.extras["ref_logp"]), batch.completion_mask)
+            kl = aggregate(cfg, k3_kl(logp, batch.extras["ref_logp"]), batch.completion_mask)
             loss = loss + cfg.beta * kl
             loss_metrics["kl"] = float(kl)
         loss.backward()
@@ -140,12 +219,13 @@ def policy_step(
         optimizer.zero_grad(set_to_none=True)
     schedule.step()
     metrics.update(reward_metrics(batch))
+    metrics.update(composition_metrics(batch, adv, cfg.std_eps))
     metrics.update(loss_metrics)
     metrics.update(
-        loss=float(loss), grad_norm=float(grad_norm), lr=schedule.get_last_lr()[0],
-        entropy=float(aggregate(entropy, batch.completion_mask)), advantage_abs_mean=float(adv.abs().mean()),
+        loss=float(loss.detach()), grad_norm=float(grad_norm), lr=schedule.get_last_lr()[0],
+        entropy=float(aggregate(cfg, entropy, batch.completion_mask)), advantage_abs_mean=float(adv.abs().mean()),
     )
-    return batch, texts, metrics
+    return StepResult(batch, texts, prompts, metrics)
 
 
 def train_online_rl(
@@ -168,9 +248,7 @@ def train_online_rl(
     start_step = 0
     found = latest_checkpoint(run.checkpoint_dir) if resume else None
     if found is not None:
-        state = load_checkpoint(found, policy, run.config_hash)
-        if reference is not None:
-            reference.load_state_dict(state["reference"])
+        state = load_checkpoint(found, policy, run.config_hash)  # the reference stays the starting policy
         optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["schedule"])
         stream = PromptStream(run.examples, run.seed, **state["stream"])
@@ -181,8 +259,8 @@ def train_online_rl(
     policy.train()
     bar = progress(cfg.steps, f"rl ({cfg.advantage}+{cfg.loss})", initial=start_step)
     for step in range(start_step + 1, cfg.steps + 1):
-        prompts = stream.take(cfg.prompts_per_step)
-        batch, texts, metrics = policy_step(run, prompts, generator, optimizer, schedule, reference)
+        result = policy_step(run, stream.take(cfg.prompts_per_step), generator, optimizer, schedule, reference, more_prompts=stream.take)
+        metrics = result.metrics
         history.append(metrics)
         bar.update()
         bar.set_postfix(acc=f"{metrics.get('accuracy', float('nan')):.2f}")
@@ -194,12 +272,14 @@ def train_online_rl(
                 {
                     "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(), "stream": stream.state(),
                     "generator": generator.get_state(), "history": history, "config_hash": run.config_hash,
-                    "reference": reference.state_dict() if reference is not None else None,
                 },
             )
     bar.close()
+    if start_step == cfg.steps:  # resumed a finished run: nothing was sampled in this process
+        return history, []
+    batch = result.batch
     table = [
-        {"prompt": prompts[i // cfg.group_size].prompt, "completion": texts[i], **{n: float(batch.rewards[i, k]) for k, n in enumerate(batch.reward_names)}}
-        for i in range(len(texts))
-    ] if start_step < cfg.steps else []
+        {"prompt": result.prompts[i // cfg.group_size].prompt, "completion": text, **{n: float(batch.rewards[i, k]) for k, n in enumerate(batch.reward_names)}}
+        for i, text in enumerate(result.texts)
+    ]
     return history, table

@@ -1,0 +1,47 @@
+"""Named method presets: a preset is a set of `rl` keys, applied on top of params.yaml and below explicit
+`--set` overrides (see `config.load`). A preset maps the `rl` section read so far to the keys it sets.
+
+dapo:    DAPO (Yu et al. 2025, arXiv 2503.14476): clip-higher (eps_high 0.28, eq. 10), token-mean loss
+         (eq. 12), dynamic sampling (eq. 11: drop groups whose rewards are all equal, sample more), and the soft
+         overlong punishment reward `overlong` (eq. 13) added to the reward list.
+dr_grpo: Dr. GRPO (arXiv 2503.20783): no std division + loss normalised by G * L_max.
+gspo:    GSPO (arXiv 2507.18071): sequence-level ratio, its clip range 3e-4 / 4e-4 (§5.1), sequence-mean loss.
+grpo:    plain GRPO: group-normalised advantage with the PPO clipped surrogate.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from posttrain.registry import Registry
+
+presets: Registry = Registry("preset")
+
+
+def _with_reward(rl: dict[str, Any], name: str) -> list[Any]:
+    listed = list(rl.get("rewards") or [])
+    names = {r.get("name") if isinstance(r, dict) else r for r in listed}
+    return listed if name in names else [*listed, {"name": name, "weight": 1.0}]
+
+
+@presets.register("dapo")
+def dapo(rl: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "advantage": "grpo", "loss": "clip", "clip_eps_low": 0.2, "clip_eps_high": 0.28, "loss_agg": "token_mean",
+        "dynamic_sampling": True, "rewards": _with_reward(rl, "overlong"),
+    }
+
+
+@presets.register("dr_grpo")
+def dr_grpo(rl: dict[str, Any]) -> dict[str, Any]:
+    return {"advantage": "dr_grpo", "loss": "clip", "loss_agg": "token_sum_norm"}
+
+
+@presets.register("gspo")
+def gspo(rl: dict[str, Any]) -> dict[str, Any]:
+    return {"loss": "gspo", "clip_eps_low": 3e-4, "clip_eps_high": 4e-4, "loss_agg": "seq_mean"}
+
+
+@presets.register("grpo")
+def grpo(rl: dict[str, Any]) -> dict[str, Any]:
+    return {"advantage": "grpo", "loss": "clip"}
