@@ -12,6 +12,7 @@ import difflib
 import hashlib
 import json
 import re
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -125,6 +126,17 @@ class RewardSpec(Section):
         return _check_registered("rewards", v)
 
 
+def option_schema(name: str) -> type[BaseModel] | None:
+    """The options model declared by the estimator, loss or reward registered as `name`, if any."""
+    from posttrain.registry import all_registries
+
+    for kind in ("advantages", "losses", "rewards"):
+        registry = all_registries()[kind]
+        if name in registry:
+            return registry.entry(name).meta.get("options")
+    return None
+
+
 class RLConfig(Section):
     preset: str | None  # a named method (objectives/presets.py), expanded by `load` below explicit overrides
     advantage: str
@@ -150,6 +162,28 @@ class RLConfig(Section):
     overlong_buffer: int = Field(gt=0)  # DAPO's L_cache for the `overlong` reward (tokens before max_new_tokens)
     checkpoint_every: int = Field(ge=0)  # 0: no checkpoints
     log_every: int = Field(gt=0)
+    # per-method settings, keyed by the registered name of the estimator / loss / reward that declares them
+    # (`options=<Section model>` in its registry entry); e.g. `options: {qglas: {gamma_max: 0.5}}`
+    options: dict[str, dict[str, Any]]
+
+    @model_validator(mode="after")
+    def _check_options(self) -> "RLConfig":
+        for name, values in self.options.items():
+            schema = option_schema(name)
+            if schema is None:
+                raise ValueError(f"rl.options.{name}: no registered estimator, loss or reward named {name!r} takes options")
+            try:
+                schema.model_validate(values or {})
+            except ValidationError as e:
+                raise ValueError(_one_line(e, schema, prefix=f"rl.options.{name}.")) from None
+        for used in (self.advantage, self.loss, *(r.name for r in self.rewards)):
+            if option_schema(used) is not None and used not in self.options:
+                raise ValueError(f"rl.options.{used}: missing; {used}'s settings belong in params.yaml")
+        return self
+
+    def options_for(self, name: str) -> BaseModel:
+        """The validated settings of the component registered as `name`."""
+        return option_schema(name).model_validate(self.options[name] or {})
 
     @field_validator("preset")
     @classmethod
@@ -250,15 +284,15 @@ def _apply_override(raw: dict[str, Any], item: str) -> None:
         raise UserError(f"--set expects section.key=value, got {item!r}")
     parts = key.strip().split(".")
     node: dict[str, Any] = raw
-    model: type[BaseModel] = Config
+    model: type[BaseModel] | None = Config  # None below a free-form mapping (rl.options), checked on validation
     for i, part in enumerate(parts):
-        fields = model.model_fields
+        fields = model.model_fields if model is not None else {part: None}
         if part not in fields:
             where = ".".join(parts[:i]) or "params"
             close = difflib.get_close_matches(part, list(fields), n=1)
             hint = f" (did you mean {'.'.join(parts[:i] + close)!r}?)" if close else ""
             raise UserError(f"unknown key {key!r}: {where} has no {part!r}{hint}")
-        annotation = fields[part].annotation
+        annotation = fields[part].annotation if model is not None else dict
         last = i == len(parts) - 1
         if last:
             try:
@@ -266,27 +300,31 @@ def _apply_override(raw: dict[str, Any], item: str) -> None:
             except yaml.YAMLError:
                 raise UserError(f"{key}: cannot parse value {value!r}") from None
         else:
-            if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            is_section = isinstance(annotation, type) and issubclass(annotation, BaseModel)
+            if not is_section and typing.get_origin(annotation) is not dict and annotation is not dict:
                 raise UserError(f"unknown key {key!r}: {'.'.join(parts[: i + 1])} is not a section")
             child = node.get(part)
             if not isinstance(child, dict):
                 child = node[part] = {}
-            node, model = child, annotation
+            node, model = child, (annotation if is_section else None)
 
 
-def _one_line(e: ValidationError) -> str:
+def _one_line(e: ValidationError, root: type[BaseModel] | None = None, prefix: str = "") -> str:
+    """The first validation error as one line naming its full key (`prefix` + location in `root`)."""
     err = e.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"])
+    loc = prefix + ".".join(str(p) for p in err["loc"])
     msg = err["msg"].removeprefix("Value error, ")
+    if msg.startswith((loc + ".", "unknown key")):  # raised by a nested check that already names the key
+        return msg
     if err["type"] == "extra_forbidden":
         parent = err["loc"][:-1]
-        model: Any = Config
+        model: Any = root or Config
         for p in parent:
             f = getattr(model, "model_fields", {}).get(p) if isinstance(p, str) else None
             model = f.annotation if f is not None else None
         options = list(getattr(model, "model_fields", {}) or {})
         close = difflib.get_close_matches(str(err["loc"][-1]), options, n=1)
-        hint = f" (did you mean {'.'.join([*map(str, parent), close[0]])!r}?)" if close else ""
+        hint = f" (did you mean {prefix + '.'.join([*map(str, parent), close[0]])!r}?)" if close else ""
         return f"unknown key {loc!r}{hint}"
     shown = err.get("input")
     shown_ok = shown is not None and not isinstance(shown, dict) and len(repr(shown)) < 80 and repr(shown) not in msg
