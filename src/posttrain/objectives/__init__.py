@@ -17,7 +17,7 @@ losses: Registry = Registry("policy loss")
 aggregations: Registry = Registry("loss aggregation")
 
 from posttrain.objectives import (  # noqa: E402,F401  (registers)
-    aggregation, cispo, dr_grpo, gdpo, grpo, gspo, kl, policy_losses, reinforce_pp, remax, rloo,
+    aggregation, cispo, dr_grpo, gdpo, grpo, gspo, kl, policy_losses, qglas, reinforce_pp, remax, respo, rloo, witness,
 )
 
 __all__ = ["advantages", "losses", "aggregations", "needs_of"]

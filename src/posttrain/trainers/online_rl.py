@@ -18,6 +18,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.config import RLConfig
+from posttrain.errors import UserError
 from posttrain.models.logprobs import completion_logprobs
 from posttrain.objectives import advantages, losses, needs_of
 from posttrain.objectives.aggregation import aggregate
@@ -165,7 +166,31 @@ def greedy_rewards(run: RLRun, prompts: list[Example], batch: RolloutBatch, refe
     return per_prompt.to(device)[batch.group]
 
 
-EXTRAS: dict[str, Callable[..., torch.Tensor]] = {"ref_logp": reference_logp, "greedy_rewards": greedy_rewards}
+def distribution_task(run: RLRun, need: str) -> Task:
+    """The task, when it has outcomes and target distributions (e.g. `distribution`); else a UserError."""
+    if callable(getattr(run.task, "outcome", None)) and callable(getattr(run.task, "target", None)):
+        return run.task
+    parts = ((run.cfg.advantage, advantages), (run.cfg.loss, losses))
+    who = " and ".join(n for n, registry in parts if need in registry.entry(n).meta.get("needs", ()))
+    raise UserError(f"{who} needs a distribution-matching task (task.name: distribution); task {run.task.cfg.name!r} has no target distribution")
+
+
+def outcomes(run: RLRun, prompts: list[Example], batch: RolloutBatch, reference: PreTrainedModel | None) -> torch.Tensor:
+    """[B] 0-based index of each completion's outcome in its task's outcome set; -1 when unparseable."""
+    task = distribution_task(run, "outcomes")
+    found = [task.outcome(text) for text in decode_completions(run.tokenizer, batch)]
+    return torch.tensor([-1 if k is None else k for k in found], device=batch.group.device)
+
+
+def target_probs(run: RLRun, prompts: list[Example], batch: RolloutBatch, reference: PreTrainedModel | None) -> torch.Tensor:
+    """[B, K] the target distribution stated by each row's prompt."""
+    task = distribution_task(run, "target_probs")
+    return torch.tensor([task.target(p) for p in prompts], device=batch.group.device)[batch.group]
+
+
+EXTRAS: dict[str, Callable[..., torch.Tensor]] = {
+    "ref_logp": reference_logp, "greedy_rewards": greedy_rewards, "outcomes": outcomes, "target_probs": target_probs,
+}
 
 
 def reward_metrics(batch: RolloutBatch) -> dict[str, float]:
