@@ -15,6 +15,10 @@ from posttrain.stages import stages
 from posttrain.tasks import build_task
 
 
+def verified(task, example) -> bool:
+    return task.format_reward(example.completion, True) == 1.0 and task.correctness_reward(example.completion, True, example) == 1.0
+
+
 @stages.register("data", inputs={})
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     import pandas as pd
@@ -24,7 +28,11 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     task = build_task(cfg.task)
     splits = task.splits(cfg.pipeline.seed)
     frame = pd.DataFrame(
-        [{"prompt": e.prompt, "completion": e.completion, "answer": e.answer, "split": name} for name, rows in splits.items() for e in rows]
+        [
+            {"prompt": e.prompt, "completion": e.completion, "answer": e.answer, "split": name, "completion_verified": verified(task, e)}
+            for name, rows in splits.items()
+            for e in rows
+        ]
     )
     report = validate_examples(frame, task, {"train": cfg.task.n_train, "heldout": cfg.task.n_heldout})
     (out_dir / "validation.json").write_text(json.dumps(report, indent=2) + "\n")
