@@ -102,3 +102,13 @@ def test_dapo_preset_through_the_cli(pipeline_outputs, tmp_path):
     assert len(history) == 2
     assert all("reward/overlong_mean" in m and "dynamic_sampling/dropped_groups" in m for m in history)
     assert all(m["dynamic_sampling/extra_rollouts"] <= 1 for m in history)
+
+
+def test_rewards_with_options_score_real_rollouts(micro):
+    from posttrain.config import RewardSpec
+
+    specs = (RewardSpec(name="correctness"), RewardSpec(name="sdrl", weight=0.5), RewardSpec(name="audit_correction", weight=0.5))
+    history = two_steps(micro, rewards=specs)
+    for metrics in history:
+        assert {"reward/sdrl_mean", "reward/audit_correction_mean", "reward/sdrl_adv_share"} <= set(metrics)
+        assert all(math.isfinite(v) for v in metrics.values())

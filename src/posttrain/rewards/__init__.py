@@ -53,3 +53,6 @@ def reward_matrix(specs, task: Task, examples, completions, finished, **context)
     names = tuple(s.name for s in specs)
     weights = torch.tensor([s.weight for s in specs], dtype=torch.float32)
     return torch.stack(columns, dim=1), names, weights
+
+
+from posttrain.rewards import audit_correction, sdrl  # noqa: E402,F401  (registers)

@@ -104,7 +104,7 @@ def rollout(run: RLRun, prompts: list[Example], generator: torch.Generator) -> t
 
 def reward_context(cfg: RLConfig, samples) -> dict[str, object]:
     """What rewards may declare they need besides the text (see rewards.reward_matrix)."""
-    return {"lengths": samples.completion_mask.sum(-1).cpu(), "max_len": cfg.max_new_tokens, "overlong_buffer": cfg.overlong_buffer}
+    return {"lengths": samples.completion_mask.sum(-1).cpu(), "max_len": cfg.max_new_tokens, "overlong_buffer": cfg.overlong_buffer, "rl": cfg}
 
 
 def collect(

@@ -1,0 +1,81 @@
+"""Selective control under partial auditing (spec §27, derived from the 2026 abstract): an imperfect
+verifier V that also accepts some wrong answers, and the inverse-propensity audit correction
+
+    E(y) = V(y) (1 - C(y))                          accepted error
+    r(y) = V(y) - mu (O(y) / rho) E(y)              "minimal": only acts on accepted errors
+    r(y) = V(y) + mu (O(y) / rho) (C(y) - V(y))     "symmetric": also lifts audited correct-but-rejected answers
+    O(y) ~ Bernoulli(rho), independent per sample   (C is observed only where O = 1)
+
+E_O[r] = V - mu E, so with mu > 1 accepted errors have negative expected reward and lose probability.
+V here: C, or, for a wrong answer the task can parse, a fixed seeded coin of probability `false_accept`
+keyed on (seed, prompt, completion), so the same wrong answer is accepted every time (exploitable).
+Audits come from one torch.Generator per seed, kept for the process (not restored on --resume).
+Invariants: E_audit[r] = V - mu E; unaudited -> exactly V; rho = 1 -> V - mu E; mu > 1 raises the correct
+arm and lowers the accepted-error arm of a 3-arm bandit, mu = 0 raises the accepted-error arm.
+Settings: rl.options.audit_correction (defaults in params.yaml only); needs the rl settings (`needs=("rl",)`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Literal
+
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from posttrain.config import Section
+from posttrain.rewards import rewards
+
+
+class AuditOptions(Section):
+    false_accept: float = Field(ge=0, le=1)  # probability that the verifier accepts a given wrong, parsable answer
+    audit_rate: float = Field(gt=0, le=1)  # rho: each sample is audited independently with this probability
+    mu: float = Field(ge=0)  # correction strength; must exceed 1 for selective control (0: pure RLVR on V)
+    variant: Literal["minimal", "symmetric"]
+    seed: int  # seeds both the verifier's false accepts and the audit draws
+
+
+_AUDIT_STREAMS: dict[int, torch.Generator] = {}
+
+
+def unit_hash(*parts: str) -> float:
+    """A deterministic number in [0, 1) from the parts."""
+    digest = hashlib.blake2b("\0".join(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2.0**64
+
+
+def imperfect_verifier(correct: bool, parsable: bool, prompt: str, completion: str, opts: AuditOptions) -> float:
+    """V(y): accepts every correct answer and a seeded `false_accept` share of the parsable wrong ones."""
+    return float(correct or (parsable and unit_hash(str(opts.seed), prompt, completion) < opts.false_accept))
+
+
+def draw_audits(n: int, rho: float, generator: torch.Generator) -> Tensor:
+    """O [N] in {0, 1}: Bernoulli(rho) per sample; rho = 1 audits all."""
+    return (torch.rand(n, generator=generator) < rho).float()
+
+
+def corrected_reward(v: Tensor, c: Tensor, audited: Tensor, rho: float, mu: float, variant: str = "minimal") -> Tensor:
+    """The audit-corrected reward; rows with audited = 0 get exactly V."""
+    weight = mu * audited / rho
+    if variant == "symmetric":
+        return v + weight * (c - v)
+    return v - weight * v * (1.0 - c)
+
+
+def audit_stream(seed: int) -> torch.Generator:
+    if seed not in _AUDIT_STREAMS:
+        _AUDIT_STREAMS[seed] = torch.Generator().manual_seed(seed)
+    return _AUDIT_STREAMS[seed]
+
+
+@rewards.register("audit_correction", needs=("rl",), options=AuditOptions)
+def audit_correction(task, examples, completions, finished, *, rl) -> Tensor:
+    """The imperfect verifier's reward, corrected on a random audited subset by the true correctness."""
+    opts: AuditOptions = rl.options_for("audit_correction")
+    c = torch.tensor([task.correctness_reward(y, f, e) for y, f, e in zip(completions, finished, examples)])
+    v = torch.tensor([
+        imperfect_verifier(bool(ci), task.parse(y) is not None, e.prompt, y, opts) for ci, y, e in zip(c, completions, examples)
+    ])
+    audited = draw_audits(len(completions), opts.audit_rate, audit_stream(opts.seed))
+    return corrected_reward(v, c, audited, opts.audit_rate, opts.mu, opts.variant)
