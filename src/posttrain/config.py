@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from posttrain.errors import UserError
 
@@ -137,6 +137,9 @@ def option_schema(name: str) -> type[BaseModel] | None:
     return None
 
 
+_REGISTRY_OF = {"advantage": "advantages", "loss": "losses", "loss_agg": "loss_aggregations"}  # rl key -> registry
+
+
 class RLConfig(Section):
     preset: str | None  # a named method (objectives/presets.py), expanded by `load` below explicit overrides
     advantage: str
@@ -190,20 +193,10 @@ class RLConfig(Section):
     def _known_preset(cls, v: str | None) -> str | None:
         return v if v is None else _check_registered("presets", v)
 
-    @field_validator("advantage")
+    @field_validator(*_REGISTRY_OF)
     @classmethod
-    def _known_advantage(cls, v: str) -> str:
-        return _check_registered("advantages", v)
-
-    @field_validator("loss")
-    @classmethod
-    def _known_loss(cls, v: str) -> str:
-        return _check_registered("losses", v)
-
-    @field_validator("loss_agg")
-    @classmethod
-    def _known_agg(cls, v: str) -> str:
-        return _check_registered("loss_aggregations", v)
+    def _registered(cls, v: str, info: ValidationInfo) -> str:
+        return _check_registered(_REGISTRY_OF[info.field_name], v)
 
     @field_validator("rewards")
     @classmethod
