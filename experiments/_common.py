@@ -80,8 +80,9 @@ def sft_start(cfg, seed: int):
     return task, train, held, path, metrics
 
 
-def run_arm(cfg, rl_cfg, task, train, held, path, seed: int, on_step=None):
-    """RL from the SFT checkpoint with `policy_step`; returns (history, held-out metrics after, seconds)."""
+def run_arm(cfg, rl_cfg, task, train, held, path, seed: int, on_step=None, on_model=None):
+    """RL from the SFT checkpoint with `policy_step`; returns (history, held-out metrics after, seconds).
+    `on_model` receives {"model", "tokenizer"} after training, for measurements of the arm's own."""
     model, tok = load_pretrained(path)
     seed_everything(seed)
     run = RLRun(model, tok, task, train, rl_cfg, seed, CACHE / "unused_ckpt", "exp")
@@ -97,6 +98,8 @@ def run_arm(cfg, rl_cfg, task, train, held, path, seed: int, on_step=None):
             on_step(step, result)
     seconds = time.time() - start
     after, _ = evaluate(model, tok, task, held, cfg.eval, seed)
+    if on_model is not None:
+        on_model({"model": model, "tokenizer": tok})
     return history, after, seconds
 
 

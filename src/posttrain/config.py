@@ -57,11 +57,20 @@ class TaskConfig(Section):
     operations: tuple[Literal["+", "-", "*"], ...]
     n_train: int = Field(gt=0)
     n_heldout: int = Field(gt=0)
+    options: dict[str, dict[str, Any]]  # per-task settings: task.options.<task name>.<key>
 
     @field_validator("name")
     @classmethod
     def _known_task(cls, v: str) -> str:
         return _check_registered("tasks", v)
+
+    @model_validator(mode="after")
+    def _check_options(self) -> "TaskConfig":
+        _validate_options(self.options, (self.name,), ("tasks",), "task.options")
+        return self
+
+    def options_for(self, name: str) -> BaseModel:
+        return option_schema(name, ("tasks",)).model_validate(self.options[name] or {})
 
     @field_validator("operations")
     @classmethod
@@ -126,15 +135,35 @@ class RewardSpec(Section):
         return _check_registered("rewards", v)
 
 
-def option_schema(name: str) -> type[BaseModel] | None:
-    """The options model declared by the estimator, loss or reward registered as `name`, if any."""
+def option_schema(name: str, kinds: tuple[str, ...] = ("advantages", "losses", "rewards")) -> type[BaseModel] | None:
+    """The options model declared by the component registered as `name` in one of `kinds`, if any."""
     from posttrain.registry import all_registries
 
-    for kind in ("advantages", "losses", "rewards"):
+    for kind in kinds:
         registry = all_registries()[kind]
         if name in registry:
             return registry.entry(name).meta.get("options")
     return None
+
+
+_KIND_WORD = {"advantages": "estimator", "losses": "loss", "rewards": "reward", "tasks": "task"}
+
+
+def _validate_options(options: dict[str, dict[str, Any]], used: tuple[str, ...], kinds: tuple[str, ...], where: str) -> None:
+    """Every options block belongs to a registered component that declares a schema and validates against it;
+    every component in use that declares a schema has its block (its defaults live in params.yaml)."""
+    for name, values in options.items():
+        schema = option_schema(name, kinds)
+        if schema is None:
+            kind = ", ".join(_KIND_WORD[k] for k in kinds[:-1]) + (" or " if len(kinds) > 1 else "") + _KIND_WORD[kinds[-1]]
+            raise ValueError(f"{where}.{name}: no registered {kind} named {name!r} takes options")
+        try:
+            schema.model_validate(values or {})
+        except ValidationError as e:
+            raise ValueError(_one_line(e, schema, prefix=f"{where}.{name}.")) from None
+    for name in used:
+        if option_schema(name, kinds) is not None and name not in options:
+            raise ValueError(f"{where}.{name}: missing; {name}'s settings belong in params.yaml")
 
 
 _REGISTRY_OF = {"advantage": "advantages", "loss": "losses", "loss_agg": "loss_aggregations"}  # rl key -> registry
@@ -171,17 +200,8 @@ class RLConfig(Section):
 
     @model_validator(mode="after")
     def _check_options(self) -> "RLConfig":
-        for name, values in self.options.items():
-            schema = option_schema(name)
-            if schema is None:
-                raise ValueError(f"rl.options.{name}: no registered estimator, loss or reward named {name!r} takes options")
-            try:
-                schema.model_validate(values or {})
-            except ValidationError as e:
-                raise ValueError(_one_line(e, schema, prefix=f"rl.options.{name}.")) from None
-        for used in (self.advantage, self.loss, *(r.name for r in self.rewards)):
-            if option_schema(used) is not None and used not in self.options:
-                raise ValueError(f"rl.options.{used}: missing; {used}'s settings belong in params.yaml")
+        used = (self.advantage, self.loss, *(r.name for r in self.rewards))
+        _validate_options(self.options, used, ("advantages", "losses", "rewards"), "rl.options")
         return self
 
     def options_for(self, name: str) -> BaseModel:
@@ -226,6 +246,20 @@ class Config(Section):
     sft: SFTConfig
     rl: RLConfig
     eval: EvalConfig
+
+    @model_validator(mode="after")
+    def _task_fits_methods(self) -> "Config":
+        """A component that works on one kind of task (registry meta `tasks`) refuses the others up front."""
+        from posttrain.registry import all_registries
+
+        reg = all_registries()
+        used = [("rl.advantage", reg["advantages"], self.rl.advantage), ("rl.loss", reg["losses"], self.rl.loss)]
+        used += [("rl.rewards", reg["rewards"], r.name) for r in self.rl.rewards]
+        for key, registry, name in used:
+            fits = registry.entry(name).meta.get("tasks")
+            if fits and self.task.name not in fits:
+                raise ValueError(f"{key}: {name} needs task.name in {{{', '.join(fits)}}} (got {self.task.name!r})")
+        return self
 
     def section_hash(self, *sections: str) -> str:
         """A stable digest of the named sections (used to refuse resuming under changed settings)."""

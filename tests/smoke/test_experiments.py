@@ -16,6 +16,8 @@ EXPECTED = {
                     {"sum_then_normalize", "gdpo"}),
     "respo_vs_clip": ({"claim", "steps", "epochs_per_batch", "arms", "table", "mlflow_runs", "runtime_s", "sft_heldout"},
                       {"clip", "respo"}),
+    "witness_vs_grpo": ({"claim", "steps", "samples", "arms", "table", "mlflow_runs", "runtime_s", "sft_heldout"}, {"grpo", "witness"}),
+    "qglas_vs_quality": ({"claim", "steps", "arms", "table", "mlflow_runs", "runtime_s", "sft_heldout"}, {"quality_only", "qglas"}),
 }
 
 
@@ -36,8 +38,12 @@ def test_experiment_runs_and_writes_json(name, tmp_path):
     if name == "gdpo_vs_sum":
         assert data["distinct"]["n_groups"] == 2 * 3 * 4  # 2 arms x 3 steps x 4 prompts per step (micro)
         assert all("reward_delta" in a for a in data["arms"].values())
-    else:
+    elif name == "respo_vs_clip":
         assert all({"clip_zero_frac", "respo_floor_frac"} <= set(a["starvation_reuse_passes"]) for a in data["arms"].values())
+    elif name == "witness_vs_grpo":
+        assert all(0.0 <= a["tv_after"]["tv_mean"] <= 1.0 and a["tv_before"] == data["arms"]["grpo"]["tv_before"] for a in data["arms"].values())
+    else:
+        assert all("greedy_list_length" in a["heldout_after"] and a["completion_tokens_last_k"] > 0 for a in data["arms"].values())
     mlflow.set_tracking_uri(uri)
     runs = mlflow.search_runs(experiment_names=["claims"])
     assert len(runs) == 2 and set(runs["tags.mlflow.runName"]) == {f"{name}/format/{a}" if name == "gdpo_vs_sum" else f"{name}/{a}" for a in arms}

@@ -23,19 +23,23 @@ COMBOS = [
                  marks=[pytest.mark.skip(reason=INVALID[a, l])] if (a, l) in INVALID else [])
     for a, l in itertools.product(advantages.names(), losses.names())
 ]
-# estimators that score outcomes against a target distribution (witness) run on the distribution task
-TASK_SETTINGS = {"arithmetic": [], "distribution": ["task.name=distribution", "task.n_train=40", "task.n_heldout=10"]}
+# a method made for one kind of task (registry meta `tasks`, e.g. witness) runs on the first task it names
+TASK_SETTINGS = {
+    "arithmetic": [],
+    "distribution": ["task.name=distribution", "task.n_train=40", "task.n_heldout=10"],
+    "diagnosis": ["task.name=diagnosis", "task.n_train=40", "task.n_heldout=10", "rl.rewards=[{name: kgpo}]", "rl.max_new_tokens=12"],
+}
 
 
 def task_for(advantage: str) -> str:
-    return "distribution" if "target_probs" in advantages.entry(advantage).meta.get("needs", ()) else "arithmetic"
+    return advantages.entry(advantage).meta.get("tasks", ("arithmetic",))[0]
 
 
 def build_micro(root, task_name: str):
     from posttrain.models import build_tiny, train_char_tokenizer
     from posttrain.tasks import build_task
 
-    overrides = ["rl.max_new_tokens=4", "rl.prompts_per_step=3", "rl.group_size=3", *TASK_SETTINGS[task_name]]
+    overrides = ["rl.max_new_tokens=4", "rl.prompts_per_step=3", "rl.group_size=3", *TASK_SETTINGS[task_name]]  # later wins
     cfg = config.load(micro_params(root), overrides)
     task = build_task(cfg.task)
     tokenizer = train_char_tokenizer([task.alphabet()])
@@ -111,4 +115,13 @@ def test_rewards_with_options_score_real_rollouts(micro):
     history = two_steps(micro, rewards=specs)
     for metrics in history:
         assert {"reward/sdrl_mean", "reward/audit_correction_mean", "reward/sdrl_adv_share"} <= set(metrics)
+        assert all(math.isfinite(v) for v in metrics.values())
+
+
+def test_kgpo_reward_trains_on_the_diagnosis_task(micros):
+    from posttrain.config import RewardSpec
+
+    history = two_steps(micros("diagnosis"), rewards=(RewardSpec(name="kgpo"), RewardSpec(name="correctness", weight=0.5)))
+    for metrics in history:
+        assert {"reward/kgpo_mean", "reward/kgpo_adv_share", "reward/correctness_mean"} <= set(metrics)
         assert all(math.isfinite(v) for v in metrics.values())

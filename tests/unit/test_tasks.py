@@ -18,7 +18,7 @@ OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 
 
 def task_cfg(**kw) -> TaskConfig:
-    base = dict(name="arithmetic", digits=2, operations=("+", "-", "*"), n_train=300, n_heldout=100)
+    base = dict(name="arithmetic", digits=2, operations=("+", "-", "*"), n_train=300, n_heldout=100, options={})
     return TaskConfig(**{**base, **kw})
 
 

@@ -14,6 +14,9 @@ from posttrain.tasks import Example, Task
 from posttrain.trainers.common import encode_prompts, progress
 
 
+_COUNTED = ("greedy_correct", "greedy_format", "sampled_correct", "sampled_format")
+
+
 def evaluate(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task, examples: Sequence[Example], cfg: EvalConfig, seed: int
 ) -> tuple[dict[str, float], list[dict[str, object]]]:
@@ -38,6 +41,9 @@ def evaluate(
                 correct = task.correctness_reward(text, finished[i], example)
                 totals[f"{mode}_correct"] += correct / k
                 totals[f"{mode}_format"] += task.format_reward(text, finished[i]) / k
+                if mode == "greedy":
+                    for key, value in task.sample_metrics(text, example).items():
+                        totals[f"greedy_{key}"] = totals.get(f"greedy_{key}", 0.0) + value
                 if mode == "greedy" and len(rows) < cfg.n_table:
                     rows.append({"prompt": example.prompt, "answer": example.answer, "completion": text, "correct": correct})
         bar.update(len(chunk))
@@ -49,5 +55,6 @@ def evaluate(
         "greedy_format_rate": totals["greedy_format"] / n,
         "sampled_format_rate": totals["sampled_format"] / n,
         "n_prompts": float(len(examples)),
+        **{key: value / n for key, value in totals.items() if key not in _COUNTED},
     }
     return metrics, rows

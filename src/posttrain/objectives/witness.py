@@ -70,7 +70,7 @@ def witness_advantage(outcomes: Tensor, target: Tensor, group: Tensor, opts: Wit
     return torch.where(size > 1, adv, torch.zeros_like(adv)) if opts.leave_one_out else adv
 
 
-@advantages.register("witness", needs=("outcomes", "target_probs"), options=WitnessOptions)
+@advantages.register("witness", needs=("outcomes", "target_probs"), options=WitnessOptions, tasks=("distribution",))
 def witness(batch: RolloutBatch, cfg) -> Tensor:
     opts: WitnessOptions = cfg.options_for("witness")
     if "outcomes" not in batch.extras or "target_probs" not in batch.extras:

@@ -35,6 +35,10 @@ class Task(ABC):
         """1.0 when the parsed answer equals the reference answer."""
         return float(self.parse(completion) == example.answer)
 
+    def sample_metrics(self, completion: str, example: Example) -> dict[str, float]:
+        """Task-specific per-completion metrics, averaged by the evaluation (e.g. Hit@k); none by default."""
+        return {}
+
     @abstractmethod
     def alphabet(self) -> str:
         """Every character a prompt or completion of this task can contain (for the tokenizer)."""
