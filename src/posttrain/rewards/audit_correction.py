@@ -9,7 +9,8 @@ verifier V that also accepts some wrong answers, and the inverse-propensity audi
 E_O[r] = V - mu E, so with mu > 1 accepted errors have negative expected reward and lose probability.
 V here: C, or, for a wrong answer the task can parse, a fixed seeded coin of probability `false_accept`
 keyed on (seed, prompt, completion), so the same wrong answer is accepted every time (exploitable).
-Audits come from one torch.Generator per seed, kept for the process (not restored on --resume).
+Audits are drawn from torch's global generator, which the trainer seeds from pipeline.seed and saves in
+every checkpoint, so a resumed run draws the same audits as an uninterrupted one.
 Invariants: E_audit[r] = V - mu E; unaudited -> exactly V; rho = 1 -> V - mu E; mu > 1 raises the correct
 arm and lowers the accepted-error arm of a 3-arm bandit, mu = 0 raises the accepted-error arm.
 Settings: rl.options.audit_correction (defaults in params.yaml only); needs the rl settings (`needs=("rl",)`).
@@ -33,10 +34,7 @@ class AuditOptions(Section):
     audit_rate: float = Field(gt=0, le=1)  # rho: each sample is audited independently with this probability
     mu: float = Field(ge=0)  # correction strength; must exceed 1 for selective control (0: pure RLVR on V)
     variant: Literal["minimal", "symmetric"]
-    seed: int  # seeds both the verifier's false accepts and the audit draws
-
-
-_AUDIT_STREAMS: dict[int, torch.Generator] = {}
+    seed: int  # seeds the verifier's false accepts (the audits follow pipeline.seed)
 
 
 def unit_hash(*parts: str) -> float:
@@ -50,8 +48,8 @@ def imperfect_verifier(correct: bool, parsable: bool, prompt: str, completion: s
     return float(correct or (parsable and unit_hash(str(opts.seed), prompt, completion) < opts.false_accept))
 
 
-def draw_audits(n: int, rho: float, generator: torch.Generator) -> Tensor:
-    """O [N] in {0, 1}: Bernoulli(rho) per sample; rho = 1 audits all."""
+def draw_audits(n: int, rho: float, generator: torch.Generator | None = None) -> Tensor:
+    """O [N] in {0, 1}: Bernoulli(rho) per sample; rho = 1 audits all (None: torch's global generator)."""
     return (torch.rand(n, generator=generator) < rho).float()
 
 
@@ -63,12 +61,6 @@ def corrected_reward(v: Tensor, c: Tensor, audited: Tensor, rho: float, mu: floa
     return v - weight * v * (1.0 - c)
 
 
-def audit_stream(seed: int) -> torch.Generator:
-    if seed not in _AUDIT_STREAMS:
-        _AUDIT_STREAMS[seed] = torch.Generator().manual_seed(seed)
-    return _AUDIT_STREAMS[seed]
-
-
 @rewards.register("audit_correction", needs=("rl",), options=AuditOptions)
 def audit_correction(task, examples, completions, finished, *, rl) -> Tensor:
     """The imperfect verifier's reward, corrected on a random audited subset by the true correctness."""
@@ -77,5 +69,5 @@ def audit_correction(task, examples, completions, finished, *, rl) -> Tensor:
     v = torch.tensor([
         imperfect_verifier(bool(ci), task.parse(y) is not None, e.prompt, y, opts) for ci, y, e in zip(c, completions, examples)
     ])
-    audited = draw_audits(len(completions), opts.audit_rate, audit_stream(opts.seed))
+    audited = draw_audits(len(completions), opts.audit_rate)
     return corrected_reward(v, c, audited, opts.audit_rate, opts.mu, opts.variant)
