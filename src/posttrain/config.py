@@ -357,4 +357,4 @@ def _one_line(e: ValidationError, root: type[BaseModel] | None = None, prefix: s
     shown_ok = shown is not None and not isinstance(shown, dict) and len(repr(shown)) < 80 and repr(shown) not in msg
     got = f" (got {shown!r})" if shown_ok else ""
     more = f" [+{len(e.errors()) - 1} more]" if len(e.errors()) > 1 else ""
-    return f"{loc}: {msg}{got}{more}"
+    return f"{loc}: {msg}{got}{more}" if loc else f"{msg}{got}{more}"  # a model-level check names its keys itself

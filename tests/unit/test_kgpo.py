@@ -145,9 +145,9 @@ def test_diagnosis_task_is_solvable_and_its_splits_disjoint():
 
 
 def test_diagnosis_settings_are_checked_up_front():
-    with pytest.raises(UserError, match=r"kgpo needs task.name in \{diagnosis\}"):
+    with pytest.raises(UserError, match=r"^rl.rewards: kgpo needs task.name in \{diagnosis\}"):
         config.load(REPO / "params.yaml", ["rl.rewards=[{name: kgpo}]"])
-    with pytest.raises(UserError, match=r"witness needs task.name in \{distribution\}"):
+    with pytest.raises(UserError, match=r"^rl.advantage: witness needs task.name in \{distribution\}"):
         config.load(REPO / "params.yaml", ["rl.advantage=witness"])
     with pytest.raises(UserError, match=r"task.options.diagnosis.groups"):
         load("task.options.diagnosis.groups=0")
