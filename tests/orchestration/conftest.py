@@ -1,39 +1,14 @@
-"""One micro pipeline run per launcher, shared by the orchestration tests (each run costs tens of seconds)."""
+"""One `dvc repro` of the tiny config, shared by the orchestration tests (each pipeline run costs tens of seconds)."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from orch_helpers import dvc, git, tiny_params
 
-from helpers import REPO, micro_params
-
-# smaller than MICRO still: these tests check wiring and equality across launchers, not learning
-TINY = {
-    "task": {"n_train": 120, "n_heldout": 20},
-    "sft": {"steps": 10, "batch_size": 16, "n_examples": 0, "log_every": 5, "warmup_steps": 1},
-    "rl": {"steps": 2, "prompts_per_step": 2, "group_size": 2, "checkpoint_every": 1, "warmup_steps": 0},
-    "eval": {"n_prompts": 20, "batch_size": 20, "n_table": 2},
-}
-BIN = Path(sys.executable).parent
-
-
-def tool_env(**extra: str) -> dict[str, str]:
-    return {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", **extra}
-
-
-def tiny_params(directory: Path, **sections: dict) -> Path:
-    return micro_params(directory, **{**TINY, **sections})
-
-
-def dvc(*args: str, cwd: Path) -> str:
-    result = subprocess.run([str(BIN / "dvc"), *args], cwd=cwd, env=tool_env(), capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result.stdout
+from helpers import REPO
 
 
 @pytest.fixture(scope="session")
@@ -43,7 +18,10 @@ def dvc_repro_run(tmp_path_factory) -> Path:
     shutil.copy(REPO / "dvc.yaml", root / "dvc.yaml")
     shutil.copytree(REPO / "src", root / "src", ignore=shutil.ignore_patterns("__pycache__"))
     tiny_params(root)
-    dvc("init", "--no-scm", "-q", cwd=root)
+    git("init", "-q", cwd=root)  # `dvc exp run` (the sweep test, on a copy) needs a Git repository
+    dvc("init", "-q", cwd=root)
     dvc("config", "core.analytics", "false", cwd=root)
+    git("add", "-A", cwd=root)
+    git("commit", "-qm", "tiny pipeline", cwd=root)
     dvc("repro", cwd=root)
     return root

@@ -82,15 +82,15 @@ class LocalPipeline:
 
     def _resolve_inputs(self, task, params, artifacts, outputs, local):
         resolved_params: dict[str, Any] = {}
+        constants = {}
         for key, source in task.get("inputs", {}).get("parameters", {}).items():
             if "componentInputParameter" in source:
                 resolved_params[key] = params[source["componentInputParameter"]]
             elif "taskOutputParameter" in source:
                 ref = source["taskOutputParameter"]
                 resolved_params[key] = outputs[ref["producerTask"]][ref["outputParameterKey"]]
-            elif "runtimeValue" in source:
-                constant = source["runtimeValue"]["constant"]
-                resolved_params[key] = self._substitute(constant, params, {}, {}, {}) if isinstance(constant, str) else constant
+            elif "runtimeValue" in source:  # may refer to the task's other inputs: resolved after them
+                constants[key] = source["runtimeValue"]["constant"]
             elif "taskFinalStatus" in source:
                 producer = source["taskFinalStatus"]["producerTask"]
                 resolved_params[key] = {
@@ -101,6 +101,8 @@ class LocalPipeline:
                 }
             else:
                 raise NotImplementedError(f"parameter source {source}")
+        for key, constant in constants.items():
+            resolved_params[key] = self._substitute(constant, resolved_params, {}, {}, {}) if isinstance(constant, str) else constant
         resolved_artifacts: dict[str, Path] = {}
         for key, source in task.get("inputs", {}).get("artifacts", {}).items():
             if "componentInputArtifact" in source:
@@ -116,9 +118,13 @@ class LocalPipeline:
     def executor(self, component) -> dict[str, Any]:
         return self.spec["deploymentSpec"]["executors"][component["executorLabel"]]["container"]
 
+    def task_dir(self, name: str) -> Path:
+        """Where task `name` ("group/task") keeps its output artifacts and parameters."""
+        return self.work / re.sub(r"[^\w.-]", "_", name)
+
     def _run_container(self, name, component, params, artifacts):
         container = self.executor(component)
-        task_dir = self.work / re.sub(r"[^\w.-]", "_", name)
+        task_dir = self.task_dir(name)
         out_artifacts = {k: task_dir / "artifacts" / k for k in component.get("outputDefinitions", {}).get("artifacts", {})}
         out_params = {k: task_dir / "parameters" / k for k in component.get("outputDefinitions", {}).get("parameters", {})}
         for path in [*out_artifacts.values(), *out_params.values()]:

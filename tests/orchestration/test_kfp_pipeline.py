@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import tiny_params, tool_env
+from orch_helpers import tiny_params, tool_env
 from kfp_local import LocalPipeline, kill_group
 
 from helpers import REPO
@@ -140,16 +140,13 @@ def test_local_execution_of_the_compiled_yaml_matches_dvc_repro(dvc_repro_run, t
     failed = [r for r in pipeline.runs if r.returncode]
     assert not failed, failed[0].stderr[-3000:]
     assert set(states.values()) == {"SUCCEEDED"}, states
-    outputs = {r.argv[r.argv.index("--out") + 1]: r.argv[4] for r in pipeline.runs if "--out" in r.argv}
-    by_stage_dir = {}
     for task in load_tasks(REPO / "dvc.yaml"):
-        (out,) = [o for o, s in outputs.items() if Path(o).parent.parent.name == f"stages_{task_name(task.id)}"]
-        by_stage_dir[task.id] = Path(out)
-    for task_id, kfp_out in by_stage_dir.items():
-        dvc_out = dvc_repro_run / next(t.out for t in load_tasks(REPO / "dvc.yaml") if t.id == task_id)
-        assert json.loads((kfp_out / "metrics.json").read_text()) == json.loads((dvc_out / "metrics.json").read_text()), task_id
-        for weights in dvc_out.glob("model/*.safetensors"):
-            assert _digest(kfp_out / "model" / weights.name) == _digest(weights), task_id
+        kfp_out = pipeline.task_dir(f"exit-handler-1/{task_name(task.id)}") / "artifacts" / "out"
+        dvc_out = dvc_repro_run / task.out
+        assert json.loads((kfp_out / "metrics.json").read_text()) == json.loads((dvc_out / "metrics.json").read_text()), task.id
+        weights = sorted(dvc_out.glob("model/*.safetensors"))
+        assert [_digest(kfp_out / "model" / w.name) for w in weights] == [_digest(w) for w in weights], task.id
+    assert sorted(dvc_repro_run.glob("outputs/*/model/*.safetensors"))  # there were weights to compare
     runs = _mlflow_runs(tmp_path, pipeline_run="local-job")
     assert sorted(r.data.tags["stage"] for r in runs) == ["data", "eval", "eval", "rl", "sft"]
     assert {r.info.status for r in runs} == {"FINISHED"} and {r.data.tags["launcher"] for r in runs} == {"kubeflow"}

@@ -94,6 +94,7 @@ def task_spec(task: Task) -> dict[str, Any]:
 def pipeline_spec(params_yaml: Path, dvc_yaml: Path) -> dict[str, Any]:
     """Everything a DAG file needs, as plain JSON: the Params and each pipeline's tasks."""
     return {
+        "orchestration": yaml.safe_load(Path(params_yaml).read_text())[ORCHESTRATION_SECTION],
         "params": param_specs(params_yaml),
         "pipelines": {name: [task_spec(t) for t in tasks] for name, tasks in pipelines(load_tasks(dvc_yaml)).items()},
     }

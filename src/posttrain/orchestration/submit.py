@@ -19,7 +19,7 @@ def run_arguments(params: Path, overrides: list[str], package: Path, image: str)
     cfg = config.load(params, overrides)
     if not package.is_file():
         raise UserError(f"compiled pipeline not found: {package} (run `make pipelines`)")
-    declared = yaml.safe_load(package.read_text())["root"]["inputDefinitions"]["parameters"]
+    declared = next(yaml.safe_load_all(package.read_text()))["root"]["inputDefinitions"]["parameters"]
     sections = cfg.model_dump(mode="json")
     arguments = {name: without_nulls(sections[name]) for name in declared if name in sections}
     arguments["image"] = image or cfg.orchestration.image
