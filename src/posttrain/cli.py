@@ -119,7 +119,7 @@ def preflight(
     overrides: Overrides = [],  # noqa: B006
     values_json: ValuesJson = [],  # noqa: B006
     inputs: Inputs = [],  # noqa: B006
-    write_config: Annotated[Path | None, typer.Option("--write-config", help="Write the resolved settings (JSON) here.")] = None,
+    write_config: Annotated[Path | None, typer.Option("--write-config", help="Write the resolved settings (YAML) here.")] = None,
 ) -> None:
     """Check a run before any GPU is requested: config, MLflow, S3 credentials and buckets, inputs."""
     from posttrain.orchestration.preflight import config_text, preflight as check, resolve_config
@@ -130,7 +130,7 @@ def preflight(
         raise UserError("preflight failed: " + "; ".join(problems))
     if write_config is not None:
         write_config.parent.mkdir(parents=True, exist_ok=True)
-        write_config.write_text(config_text(cfg) + "\n")
+        write_config.write_text(config_text(cfg))
     typer.echo(f"preflight ok: experiment {cfg.pipeline.name!r}, objective {cfg.rl.advantage}+{cfg.rl.loss}, tracking {cfg.tracking.uri}")
 
 

@@ -62,8 +62,8 @@ def _absent_optional_is_null(raw: dict[str, Any]) -> None:
 
 
 def config_text(cfg: Config) -> str:
-    """The resolved settings as JSON (which is YAML, so `--params` reads it back unchanged)."""
-    return json.dumps(cfg.model_dump(mode="json"), sort_keys=True)
+    """The resolved settings as YAML that `--params` reads back unchanged (not JSON: YAML 1.1 reads 1e-06 as a string)."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=True)
 
 
 def _s3_client():

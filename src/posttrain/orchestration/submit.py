@@ -31,9 +31,16 @@ def run_arguments(params: Path, overrides: list[str], package: Path, image: str)
 
 def submit_run(host: str, params: Path, overrides: list[str], package: Path, experiment: str, image: str, run_name: str) -> str:
     arguments = run_arguments(params, overrides, package, image)
+    import warnings
+
     import kfp
 
-    client = kfp.Client(host=host)
+    warnings.filterwarnings("ignore", message="This client only works with", category=FutureWarning)  # we target KFP 2.x
+
     name = experiment or arguments["pipeline"]["name"]
-    result = client.create_run_from_pipeline_package(str(package), arguments=arguments, run_name=run_name or None, experiment_name=name)
+    try:
+        client = kfp.Client(host=host)
+        result = client.create_run_from_pipeline_package(str(package), arguments=arguments, run_name=run_name or None, experiment_name=name)
+    except Exception as e:  # connection refused, HTTP errors from the API: one line, not a traceback
+        raise UserError(f"Kubeflow Pipelines at {host} refused the run: {str(e).splitlines()[0][:300]}") from None
     return f"submitted run {result.run_id} to {host} (experiment {name!r})"
