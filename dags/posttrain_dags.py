@@ -133,7 +133,7 @@ def objective_runs(text_tasks: list[dict], shared: set[str]):
     per_objective = [t for t in text_tasks if t["id"] not in shared]
 
     @task
-    def objective_commands(params: dict, run_dir: str) -> list[str]:
+    def objective_commands(run_dir: str, params: dict | None = None) -> list[str]:  # params: from the run context
         commands = []
         for objective in params["objectives"]:
             own = f"{run_dir}/objectives/{objective}"

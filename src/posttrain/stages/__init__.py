@@ -18,6 +18,8 @@ from posttrain.errors import UserError
 from posttrain.registry import Registry
 
 stages: Registry = Registry("stage")
+# registry meta of a stage: inputs {name: default dir}, requires {name: [files]}, resumable; for the launchers
+# (orchestration/graph.py): gpu (default True), pipeline (default "text"), deterministic (default True: cacheable)
 
 from posttrain.stages import compare, data, eval, rl, sft  # noqa: E402,F401,A004  (registers)
 
