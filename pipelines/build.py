@@ -12,14 +12,14 @@ from __future__ import annotations
 import inspect
 from pathlib import Path
 
-import yaml
 from kfp import dsl, kubernetes
 
 from components.stages import finalize_component, preflight_component, stage_component
 from posttrain import config
 from posttrain.config import Config, OrchestrationConfig
+from posttrain.errors import UserError
+from posttrain.orchestration.graph import Task, load_tasks, pipelines
 from posttrain.orchestration.preflight import without_nulls
-from posttrain.orchestration.graph import Task, load_tasks, pipelines, safe_name
 
 SECTIONS = list(Config.model_fields)
 
@@ -51,14 +51,14 @@ def _signature(cfg: Config) -> inspect.Signature:
 
 def _run_stages(tasks: list[Task], config_channel, image, orch: OrchestrationConfig, done: dict) -> dict:
     for task in tasks:
-        from posttrain.stages import stages
-
+        if task.extra_args:  # one component per stage: per-task settings would need a component per task
+            raise UserError(f"dvc.yaml stage {task.id!r} passes {' '.join(task.extra_args)}: put these settings in params.yaml")
         component = stage_component(task.stage)
         artifacts = {key: done[upstream].outputs["out"] for key, upstream in task.inputs.items()}
         step = component(config=config_channel, pipeline_run=dsl.PIPELINE_JOB_ID_PLACEHOLDER, **artifacts)
         step.set_display_name(task.id)
         step.after(*[done[u] for u in task.after if u not in task.inputs.values()])
-        _configure(step, image, orch, task.gpu, stages.entry(task.stage).meta.get("deterministic", True))
+        _configure(step, image, orch, task.gpu, task.deterministic)
         done[task.id] = step
     return done
 
@@ -132,7 +132,3 @@ def build_all(params: Path, dvc_yaml: Path) -> dict[str, object]:
         built["sweep"] = build_sweep(grouped["text"], cfg)
     return built
 
-
-def task_names(compiled_yaml: Path) -> list[str]:
-    spec = yaml.safe_load(Path(compiled_yaml).read_text())
-    return [safe_name(n) for n in spec["root"]["dag"]["tasks"]]

@@ -35,11 +35,6 @@ class Task:
     extra_args: tuple[str, ...] = field(default=())  # --set overrides written in dvc.yaml
 
 
-def safe_name(task_id: str) -> str:
-    """A task id usable as a Kubeflow task name or Airflow task id (`eval@rl` -> `eval-rl`)."""
-    return task_id.replace("@", "-").replace("_", "-")
-
-
 def _expand(name: str, stage: dict) -> dict[str, dict]:
     matrix = stage.get("matrix")
     if not matrix:
