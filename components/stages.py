@@ -59,7 +59,7 @@ def stage_component(stage: str) -> dsl.ContainerComponent:
             argv += ["--in", dsl.ConcatPlaceholder([f"{key}=", args[key].path])]
         argv += ["--out", args["out"].path]
         if entry.meta.get("resumable"):
-            argv.append("--resume")  # a retried pod continues from the last checkpoint on the output volume
+            argv.append("--resume")  # a retry continues from the last checkpoint if the output path outlives the pod
         return dsl.ContainerSpec(
             image=PLACEHOLDER_IMAGE, command=["sh", "-c", STAGE_SCRIPT, "posttrain-stage"], args=[args["config"], args["pipeline_run"], *argv]
         )

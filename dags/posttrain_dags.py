@@ -30,8 +30,13 @@ ORCH = SPEC["orchestration"]
 RUNS = Path(os.environ.get("POSTTRAIN_RUNS_DIR", ORCH["airflow"]["runs_dir"]))
 RUN_DIR = f"{RUNS if RUNS.is_absolute() else REPO / RUNS}/{{{{ run_id | replace(':', '-') | replace('+', '-') }}}}"
 VALUES = "$POSTTRAIN_VALUES"  # the trigger form's values (validated by Airflow) as JSON, for preflight
-RUN_ENV = {"POSTTRAIN_VALUES": "{{ params | tojson }}", "POSTTRAIN_PIPELINE_RUN": "{{ run_id }}", **ORCH["env"]}
+RUN_ENV = {"POSTTRAIN_VALUES": "{{ params | config_values | tojson }}", "POSTTRAIN_PIPELINE_RUN": "{{ run_id }}", **ORCH["env"]}
 CHECK = ["--params", str(REPO / "params.yaml"), "--values-json", VALUES]
+
+
+def config_values(params) -> dict:
+    """The run's settings among its Params (a sweep DAG also has `objectives`, which is no config key)."""
+    return {name: value for name, value in dict(params).items() if name in SPEC["params"]}
 
 
 def run_params(sweep: bool) -> dict[str, Param]:
@@ -59,7 +64,7 @@ def shell(argv: list[str]) -> str:
 
 def mark_failed(context) -> None:
     """Failure callback: a killed stage cannot close its own MLflow run."""
-    argv = ["finalize", "--params", str(REPO / "params.yaml"), "--values-json", json.dumps(context["params"]), "--pipeline-run", context["run_id"], "--state", "failed"]
+    argv = ["finalize", "--params", str(REPO / "params.yaml"), "--values-json", json.dumps(config_values(context["params"])), "--pipeline-run", context["run_id"], "--state", "failed"]
     subprocess.run([POSTTRAIN, *argv], cwd=REPO, timeout=300, check=False)
 
 
@@ -98,6 +103,7 @@ launch = pod_task if ORCH["airflow"]["executor"] == "kubernetes" else bash_task
 def build(dag_id: str, tasks: list[dict], sweep: bool = False) -> DAG:
     with DAG(
         dag_id, schedule=None, catchup=False, params=run_params(sweep), tags=["posttrain"], doc_md=__doc__,
+        user_defined_filters={"config_values": config_values},
         default_args={
             "retries": int(os.environ.get("POSTTRAIN_AIRFLOW_RETRIES", ORCH["retries"])),
             "retry_delay": timedelta(seconds=float(ORCH["retry_backoff"].rstrip("s"))),

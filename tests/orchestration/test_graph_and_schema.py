@@ -78,3 +78,11 @@ def test_submit_arguments_are_the_validated_sections_and_the_image(tmp_path):
         run_arguments(REPO / "params.yaml", ["rl.advantage=gdpx"], package, image="")
     with pytest.raises(UserError, match="make pipelines"):
         run_arguments(REPO / "params.yaml", [], tmp_path / "missing.yaml", image="")
+
+
+def test_values_are_section_keys_or_whole_sections():
+    from posttrain.orchestration.schema import values_to_raw
+
+    assert values_to_raw({"rl.beta": 0.1, "sft": {"steps": 3}, "sft.lr": 0.1}) == {"rl": {"beta": 0.1}, "sft": {"steps": 3, "lr": 0.1}}
+    with pytest.raises(UserError, match="objectives"):
+        values_to_raw({"objectives": ["grpo"]})

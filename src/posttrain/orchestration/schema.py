@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from posttrain.config import _REGISTRY_OF, Config
+from posttrain.errors import UserError
 from posttrain.orchestration.graph import Task, load_tasks, pipelines
 
 # keys whose values are names in a registry (section.key -> registry); `rl.rewards[].name` is handled below
@@ -73,8 +74,10 @@ def values_to_raw(values: dict[str, Any]) -> dict[str, Any]:
         section, _, key = name.partition(".")
         if key:
             raw.setdefault(section, {})[key] = value
-        else:
+        elif isinstance(value, dict):
             raw[section] = {**raw.get(section, {}), **value}
+        else:
+            raise UserError(f"{name!r}: expected section.key = value or section = {{...}}, got {type(value).__name__}")
     return raw
 
 
