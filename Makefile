@@ -10,7 +10,7 @@ export GX_ANALYTICS_ENABLED := false
 export MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR := false
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test install install-dev bench clean
+.PHONY: run test install install-dev bench clean pipelines image image-cpu sweep
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,23 @@ test: install-dev
 
 bench: install-dev
 	$(BIN)/python benchmarks/grpo_step.py --json outputs/bench/grpo_step.json
+
+# Kubeflow pipelines (pipelines/compiled/*.yaml) and the Airflow DAGs' spec (dags/posttrain_pipelines.json)
+pipelines: install-dev
+	$(BIN)/python -m pipelines
+
+IMAGE ?= posttrain:latest
+image:
+	docker build -f docker/Dockerfile -t $(IMAGE) .
+image-cpu:
+	docker build -f docker/Dockerfile --build-arg BASE=ubuntu:24.04 --build-arg TORCH_INDEX_URL=$(TORCH_CPU_INDEX) -t $(IMAGE)-cpu .
+
+# `dvc exp run` once per objective (rl.advantage), then a comparison table and plot from MLflow
+OBJECTIVES ?= grpo rloo dr_grpo
+sweep: install
+	@if [ ! -d .dvc ]; then $(BIN)/dvc init -q $$(git rev-parse --git-dir >/dev/null 2>&1 || echo --no-scm); fi
+	for objective in $(OBJECTIVES); do PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc exp run -S rl.advantage=$$objective || exit 1; done
+	$(BIN)/posttrain compare --out outputs/compare
 
 clean:
 	rm -rf outputs mlflow.db mlartifacts .pytest_cache

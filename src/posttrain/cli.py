@@ -110,6 +110,73 @@ def summary(
     )
 
 
+ValuesJson = Annotated[list[str], typer.Option("--values-json", help='JSON object {"section.key": value} or {"section": {...}} (repeatable).')]
+
+
+@app.command("preflight")
+def preflight(
+    params: Params = Path("params.yaml"),
+    overrides: Overrides = [],  # noqa: B006
+    values_json: ValuesJson = [],  # noqa: B006
+    inputs: Inputs = [],  # noqa: B006
+    write_config: Annotated[Path | None, typer.Option("--write-config", help="Write the resolved settings (YAML) here.")] = None,
+) -> None:
+    """Check a run before any GPU is requested: config, MLflow, S3 credentials and buckets, inputs."""
+    from posttrain.orchestration.preflight import config_text, preflight as check, resolve_config
+
+    cfg = resolve_config(params, values_json, overrides)
+    problems = check(cfg, {k: str(v) for k, v in _parse_inputs(inputs).items()})
+    if problems:
+        raise UserError("preflight failed: " + "; ".join(problems))
+    if write_config is not None:
+        write_config.parent.mkdir(parents=True, exist_ok=True)
+        write_config.write_text(config_text(cfg))
+    typer.echo(f"preflight ok: experiment {cfg.pipeline.name!r}, objective {cfg.rl.advantage}+{cfg.rl.loss}, tracking {cfg.tracking.uri}")
+
+
+@app.command("finalize")
+def finalize(
+    pipeline_run: Annotated[str, typer.Option("--pipeline-run", help="The launcher's run id (tag pipeline_run).")],
+    params: Params = Path("params.yaml"),
+    values_json: ValuesJson = [],  # noqa: B006
+    status_json: Annotated[str, typer.Option("--status-json", help="Kubeflow's PipelineTaskFinalStatus, as JSON.")] = "",
+    state: Annotated[str, typer.Option("--state", help="The pipeline run's final state, when not given by --status-json.")] = "",
+    cleanup: Annotated[list[Path], typer.Option("--cleanup", help="Remove half-written stage outputs under DIR.")] = [],  # noqa: B006
+) -> None:
+    """Mark the pipeline run's MLflow runs that are still RUNNING as FAILED; remove half-written outputs."""
+    from posttrain.orchestration.finalize import mark_unfinished_failed, remove_leftovers
+    from posttrain.orchestration.preflight import resolve_config
+
+    if not pipeline_run:
+        raise UserError("--pipeline-run is empty")
+    if status_json:
+        status = json.loads(status_json)
+        state = status.get("state", state)
+        reason = f"pipeline {state}: {status.get('error', {}).get('message', '')}".strip(": ")
+    else:
+        reason = f"pipeline {state or 'ended'}"
+    cfg = resolve_config(params, values_json, [])
+    failed = mark_unfinished_failed(cfg, pipeline_run, reason)
+    removed = [p for root in cleanup if root.is_dir() for p in remove_leftovers(root)]
+    typer.echo(json.dumps({"state": state, "marked_failed": failed, "removed": [str(p) for p in removed]}, sort_keys=True))
+
+
+@app.command("submit")
+def submit(
+    host: Annotated[str, typer.Option("--host", help="Kubeflow Pipelines API, e.g. http://localhost:8080")],
+    params: Params = Path("params.yaml"),
+    overrides: Overrides = [],  # noqa: B006
+    package: Annotated[Path, typer.Option("--package", help="Compiled pipeline (make pipelines).")] = Path("pipelines/compiled/text.yaml"),
+    experiment: Annotated[str, typer.Option("--experiment", help="Kubeflow experiment (default: pipeline.name).")] = "",
+    image: Annotated[str, typer.Option("--image", help="Image for every step (default: orchestration.image).")] = "",
+    run_name: Annotated[str, typer.Option("--run-name")] = "",
+) -> None:
+    """Validate the settings, then submit the compiled pipeline to Kubeflow with them as run parameters."""
+    from posttrain.orchestration.submit import submit_run
+
+    typer.echo(submit_run(host, params, overrides, package, experiment, image, run_name))
+
+
 def main() -> None:
     _register_stage_commands()
     try:

@@ -238,6 +238,42 @@ class EvalConfig(Section):
     n_table: int = Field(ge=0)
 
 
+class GPUConfig(Section):
+    accelerator: str  # Kubernetes resource name of the accelerator
+    count: int = Field(ge=1)
+    node_selector: dict[str, str]
+    tolerations: tuple[dict[str, str], ...]
+
+
+class SweepConfig(Section):
+    objectives: tuple[str, ...]  # advantage estimators (rl.advantage) to sweep
+    parallelism: int = Field(ge=1)
+
+    @field_validator("objectives")
+    @classmethod
+    def _registered(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(_check_registered("advantages", name) for name in v)
+
+
+class AirflowConfig(Section):
+    executor: Literal["bash", "kubernetes"]
+    runs_dir: str
+    namespace: str
+
+
+class OrchestrationConfig(Section):
+    image: str
+    gpu: GPUConfig
+    secrets: dict[str, dict[str, str]]  # secret name -> {ENV_VAR: key}
+    env: dict[str, str]
+    retries: int = Field(ge=0)
+    retry_backoff: str
+    retry_backoff_factor: float = Field(ge=1.0)
+    caching: bool
+    sweep: SweepConfig
+    airflow: AirflowConfig
+
+
 class Config(Section):
     pipeline: PipelineConfig
     tracking: TrackingConfig
@@ -246,6 +282,7 @@ class Config(Section):
     sft: SFTConfig
     rl: RLConfig
     eval: EvalConfig
+    orchestration: OrchestrationConfig
 
     @model_validator(mode="after")
     def _task_fits_methods(self) -> "Config":

@@ -72,7 +72,7 @@ class Tracker:
 
 
 @contextmanager
-def stage_run(cfg: Config, stage: str, launcher: str, run_id: str | None = None) -> Iterator[Tracker]:
+def stage_run(cfg: Config, stage: str, launcher: str, run_id: str | None = None, extra_tags: Mapping[str, str] | None = None) -> Iterator[Tracker]:
     """Open (or, given `run_id`, reopen) the stage's MLflow run; mark it FAILED if the stage raises."""
     if not cfg.tracking.enabled:
         yield Tracker()
@@ -90,6 +90,9 @@ def stage_run(cfg: Config, stage: str, launcher: str, run_id: str | None = None)
     else:
         experiment_id = experiment.experiment_id
     tags = {"stage": stage, "objective": f"{cfg.rl.advantage}+{cfg.rl.loss}", "git_sha": git_sha(), "launcher": launcher}
+    if os.environ.get("POSTTRAIN_PIPELINE_RUN"):  # set by Kubeflow / Airflow: lets their exit task find the runs
+        tags["pipeline_run"] = os.environ["POSTTRAIN_PIPELINE_RUN"]
+    tags.update(extra_tags or {})
     with mlflow.start_run(run_id=run_id, experiment_id=experiment_id, run_name=None if run_id else stage, tags=tags) as run:
         if run_id is None:
             params = flatten(cfg.model_dump(mode="json"))

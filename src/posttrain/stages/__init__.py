@@ -18,8 +18,12 @@ from posttrain.errors import UserError
 from posttrain.registry import Registry
 
 stages: Registry = Registry("stage")
+# registry meta of a stage: inputs {name: default dir}, requires {name: [files]}, resumable; for the launchers
+# (orchestration/graph.py): gpu (default True), pipeline (default "text"), deterministic (default True: cacheable)
 
-from posttrain.stages import data, eval, rl, sft  # noqa: E402,F401,A004  (registers)
+from posttrain.stages import compare, data, eval, rl, sft  # noqa: E402,F401,A004  (registers)
+
+RUN_FILE = "mlflow_run.json"  # in every stage output: which stage and MLflow run made it (lineage for `compare`)
 
 
 def staging_dir(out_dir: Path) -> Path:
@@ -73,11 +77,12 @@ def execute(name: str, cfg: Config, inputs: dict[str, Path], out_dir: Path, laun
     run_id_file = staging / "mlflow_run_id"
     run_id = run_id_file.read_text().strip() if resume and run_id_file.is_file() else None
     try:
-        with stage_run(cfg, name, launcher, run_id) as tracker:
+        with stage_run(cfg, name, launcher, run_id, _lineage_tags(resolved)) as tracker:
             if tracker.run_id:
                 run_id_file.write_text(tracker.run_id)
             metrics = entry.obj(cfg, resolved, staging, tracker=tracker, resume=resume)
             write_json_atomic(staging / "metrics.json", metrics)
+            write_json_atomic(staging / RUN_FILE, {"stage": name, "run_id": tracker.run_id})
     except BaseException:
         if not (resumable and any((staging / "checkpoints").glob("step-*"))):
             shutil.rmtree(staging, ignore_errors=True)
@@ -85,6 +90,17 @@ def execute(name: str, cfg: Config, inputs: dict[str, Path], out_dir: Path, laun
     run_id_file.unlink(missing_ok=True)
     _swap_into_place(staging, out_dir)
     return metrics
+
+
+def _lineage_tags(inputs: dict[str, Path]) -> dict[str, str]:
+    """`input.<name>.stage` / `.run_id` of each input made by a tracked stage."""
+    tags = {}
+    for key, path in inputs.items():
+        made_by = path / RUN_FILE
+        if made_by.is_file():
+            record = json.loads(made_by.read_text())
+            tags.update({f"input.{key}.stage": str(record["stage"]), f"input.{key}.run_id": str(record["run_id"])})
+    return tags
 
 
 def _swap_into_place(staging: Path, out_dir: Path) -> None:

@@ -19,7 +19,7 @@ def verified(task, example) -> bool:
     return task.format_reward(example.completion, True) == 1.0 and task.correctness_reward(example.completion, True, example) == 1.0
 
 
-@stages.register("data", inputs={})
+@stages.register("data", inputs={}, gpu=False)
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     import pandas as pd
 

@@ -1,0 +1,100 @@
+"""Kubeflow container components generated from the stage registry: one per stage, plus preflight and finalize.
+
+A stage component runs `posttrain <stage> --in name=<input artifact> --out <output artifact>` with the
+resolved settings (the preflight task's `config` output, JSON) written to a temporary params file, and
+the pipeline run id exported so that its MLflow run carries the `pipeline_run` tag the exit task looks for.
+Inputs and outputs are `Input[Artifact]` / `Output[Artifact]` directories (a model directory or an `s3://`
+URI behind the artifact), so a new stage gets its component from its registry entry without edits here.
+The image is set per task from the pipeline's `image` parameter.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from kfp import dsl
+
+PLACEHOLDER_IMAGE = "posttrain"  # replaced per task by the `image` pipeline parameter (set_container_image)
+
+# $1: the resolved settings (JSON is YAML); $2: pipeline run id; the rest: `<stage> --in ... --out ...`
+STAGE_SCRIPT = """set -eu
+params=$(mktemp)
+printf '%s' "$1" > "$params"
+export POSTTRAIN_PIPELINE_RUN="$2"
+shift 2
+exec posttrain "$@" --params "$params" --launcher kubeflow
+"""
+
+
+def _container_component(name: str, parameters: list[inspect.Parameter], build) -> dsl.ContainerComponent:
+    """`dsl.container_component` over a function with a generated signature (kfp reads it with inspect)."""
+    names = [p.name for p in parameters]
+
+    def body(*args):
+        return build(dict(zip(names, args)))
+
+    body.__signature__ = inspect.Signature(parameters)
+    body.__name__ = name.replace("-", "_")
+    body.__doc__ = f"posttrain {name}"
+    return dsl.container_component(body)
+
+
+def _param(name: str, annotation) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=annotation)
+
+
+def stage_component(stage: str) -> dsl.ContainerComponent:
+    """`posttrain <stage>` with one input artifact per input the stage's registry entry declares."""
+    from posttrain.stages import stages
+
+    entry = stages.entry(stage)
+    inputs = list(entry.meta.get("inputs", {}))
+    parameters = [_param("config", str), _param("pipeline_run", str)]
+    parameters += [_param(key, dsl.Input[dsl.Artifact]) for key in inputs]
+    parameters.append(_param("out", dsl.Output[dsl.Artifact]))
+
+    def build(args):
+        argv = [stage]
+        for key in inputs:
+            argv += ["--in", dsl.ConcatPlaceholder([f"{key}=", args[key].path])]
+        argv += ["--out", args["out"].path]
+        if entry.meta.get("resumable"):
+            argv.append("--resume")  # a retry continues from the last checkpoint if the output path outlives the pod
+        return dsl.ContainerSpec(
+            image=PLACEHOLDER_IMAGE, command=["sh", "-c", STAGE_SCRIPT, "posttrain-stage"], args=[args["config"], args["pipeline_run"], *argv]
+        )
+
+    return _container_component(f"posttrain-{stage}", parameters, build)
+
+
+def _values_json(sections: list[str], args) -> list:
+    return [arg for s in sections for arg in ("--values-json", dsl.ConcatPlaceholder([f'{{"{s}": ', args[s], "}"]))]
+
+
+def preflight_component(sections: list[str], with_objective: bool = False) -> dsl.ContainerComponent:
+    """CPU check of the run (config, MLflow, S3, credentials); outputs the resolved settings as `config`."""
+    parameters = [_param(s, dict) for s in sections]
+    if with_objective:
+        parameters.append(_param("objective", str))
+    parameters.append(_param("config", dsl.OutputPath(str)))
+
+    def build(args):
+        argv = ["preflight", *_values_json(sections, args)]
+        if with_objective:
+            argv += ["--values-json", dsl.ConcatPlaceholder(['{"rl.advantage": "', args["objective"], '"}'])]
+        argv += ["--write-config", args["config"]]
+        return dsl.ContainerSpec(image=PLACEHOLDER_IMAGE, command=["posttrain"], args=argv)
+
+    return _container_component("posttrain-preflight" + ("-objective" if with_objective else ""), parameters, build)
+
+
+def finalize_component(sections: list[str]) -> dsl.ContainerComponent:
+    """The exit task: reads the pipeline's final status and marks its unfinished MLflow runs FAILED."""
+    parameters = [_param(s, dict) for s in sections]
+    parameters += [_param("pipeline_run", str), _param("status", dsl.PipelineTaskFinalStatus)]
+
+    def build(args):
+        argv = ["finalize", *_values_json(sections, args), "--pipeline-run", args["pipeline_run"], "--status-json", args["status"]]
+        return dsl.ContainerSpec(image=PLACEHOLDER_IMAGE, command=["posttrain"], args=argv)
+
+    return _container_component("posttrain-finalize", parameters, build)

@@ -1,0 +1,162 @@
+"""Airflow 3 DAGs for posttrain: one per pipeline (`posttrain_text`, ...) and an objective sweep, triggered from the UI.
+
+Everything comes from `posttrain_pipelines.json` (written by `make pipelines` from params.yaml, the config
+models and dvc.yaml), so this file imports neither posttrain nor torch. Each task runs `posttrain <stage>`:
+as a Bash task in the environment Airflow runs in (the default: a laptop running Airflow really trains), or
+as a Kubernetes pod on a GPU node pool when `orchestration.airflow.executor` is `kubernetes`.
+
+Params are validated against the generated JSON Schema when a run is triggered; the `preflight` task then
+validates them with the config models and checks MLflow, S3 and credentials before any training starts.
+The `finalize` teardown and every task's failure callback mark the run's unfinished MLflow runs FAILED.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+from airflow.sdk import DAG, Param, task
+
+SPEC = json.loads(Path(__file__).with_name("posttrain_pipelines.json").read_text())
+REPO = Path(os.environ.get("POSTTRAIN_REPO", Path(__file__).resolve().parents[1]))  # the checkout with params.yaml
+POSTTRAIN = os.environ.get("POSTTRAIN_BIN") or shutil.which("posttrain") or str(Path(sys.executable).with_name("posttrain"))
+ORCH = SPEC["orchestration"]
+RUNS = Path(os.environ.get("POSTTRAIN_RUNS_DIR", ORCH["airflow"]["runs_dir"]))
+RUN_DIR = f"{RUNS if RUNS.is_absolute() else REPO / RUNS}/{{{{ run_id }}}}"  # shell-quoted wherever it is used
+VALUES = "$POSTTRAIN_VALUES"  # the trigger form's values (validated by Airflow) as JSON, for preflight
+RUN_ENV = {"POSTTRAIN_VALUES": "{{ params | config_values | tojson }}", "POSTTRAIN_PIPELINE_RUN": "{{ run_id }}", **ORCH["env"]}
+CHECK = ["--params", str(REPO / "params.yaml"), "--values-json", VALUES]
+
+
+def config_values(params) -> dict:
+    """The run's settings among its Params (a sweep DAG also has `objectives`, which is no config key)."""
+    return {name: value for name, value in dict(params).items() if name in SPEC["params"]}
+
+
+def run_params(sweep: bool) -> dict[str, Param]:
+    made = {name: Param(p["default"], section=p["section"], **p["schema"]) for name, p in SPEC["params"].items()}
+    if sweep:
+        advantages = SPEC["params"]["rl.advantage"]["schema"]["enum"]
+        made["objectives"] = Param(list(ORCH["sweep"]["objectives"]), section="sweep", type="array", minItems=1, items={"enum": advantages})
+    return made
+
+
+def out_of(task_id: str) -> str:
+    return next(t["out"] for tasks in SPEC["pipelines"].values() for t in tasks if t["id"] == task_id)
+
+
+def stage_argv(spec: dict, run_dir: str, input_dirs: dict[str, str] | None = None) -> list[str]:
+    argv = [spec["stage"], "--params", f"{run_dir}/params.yaml", "--out", f"{run_dir}/{spec['out']}", "--launcher", "airflow"]
+    for key, upstream in spec["inputs"].items():
+        argv += ["--in", f"{key}={(input_dirs or {}).get(upstream, run_dir)}/{out_of(upstream)}"]
+    return argv + (["--resume"] if spec["resume"] else []) + spec["extra_args"]
+
+
+def shell(argv: list[str]) -> str:
+    return " ".join(f'"{a}"' if a == VALUES else shlex.quote(a) for a in [POSTTRAIN, *argv])
+
+
+def mark_failed(context) -> None:
+    """Failure callback: a killed stage cannot close its own MLflow run."""
+    argv = ["finalize", "--params", str(REPO / "params.yaml"), "--values-json", json.dumps(config_values(context["params"])), "--pipeline-run", context["run_id"], "--state", "failed"]
+    subprocess.run([POSTTRAIN, *argv], cwd=REPO, timeout=300, check=False)
+
+
+def bash_task(task_id: str, argv: list[str], gpu: bool, **kwargs):
+    from airflow.providers.standard.operators.bash import BashOperator
+
+    return BashOperator(task_id=task_id, bash_command=shell(argv), cwd=str(REPO), env=RUN_ENV, append_env=True, **kwargs)
+
+
+def pod_task(task_id: str, argv: list[str], gpu: bool, **kwargs):
+    """The same command in the posttrain image; credentials as Kubernetes secrets, never in the arguments.
+    RUN_DIR must then be a path on a volume every pod mounts (orchestration.airflow.runs_dir)."""
+    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+    from airflow.providers.cncf.kubernetes.secret import Secret
+    from kubernetes.client import models as k8s
+
+    secrets = [Secret("env", env, name, key) for name, keys in ORCH["secrets"].items() for env, key in keys.items()]
+    gpu_settings = {}
+    if gpu:
+        gpu_settings = {
+            "container_resources": k8s.V1ResourceRequirements(limits={ORCH["gpu"]["accelerator"]: str(ORCH["gpu"]["count"])}),
+            "node_selector": ORCH["gpu"]["node_selector"],
+            "tolerations": [k8s.V1Toleration(**t) for t in ORCH["gpu"]["tolerations"]],
+        }
+    return KubernetesPodOperator(
+        task_id=task_id, name=task_id.replace("_", "-"), namespace=ORCH["airflow"]["namespace"], image=ORCH["image"],
+        cmds=["sh", "-c"], arguments=[shell(argv).replace(POSTTRAIN, "posttrain", 1).replace(str(REPO), IMAGE_WORKDIR)], env_vars=RUN_ENV, secrets=secrets,
+        **gpu_settings, **kwargs,
+    )
+
+
+IMAGE_WORKDIR = "/opt/posttrain"  # docker/Dockerfile: the package, params.yaml and dvc.yaml
+launch = pod_task if ORCH["airflow"]["executor"] == "kubernetes" else bash_task
+
+
+def build(dag_id: str, tasks: list[dict], sweep: bool = False) -> DAG:
+    with DAG(
+        dag_id, schedule=None, catchup=False, params=run_params(sweep), tags=["posttrain"], doc_md=__doc__,
+        user_defined_filters={"config_values": config_values},
+        default_args={
+            "retries": int(os.environ.get("POSTTRAIN_AIRFLOW_RETRIES", ORCH["retries"])),
+            "retry_delay": timedelta(seconds=float(ORCH["retry_backoff"].rstrip("s"))),
+            "retry_exponential_backoff": ORCH["retry_backoff_factor"],
+            "on_failure_callback": mark_failed,
+        },
+        description=" -> ".join(t["id"] for t in tasks) + (" -> objectives -> compare" if sweep else ""),
+    ) as dag:
+        preflight = launch("preflight", ["preflight", *CHECK, "--write-config", f"{RUN_DIR}/params.yaml"], gpu=False, retries=0)
+        finalize = launch("finalize", ["finalize", *CHECK, "--pipeline-run", "{{ run_id }}", "--state", "ended", "--cleanup", RUN_DIR], gpu=False)
+        made = {}
+        for spec in tasks:
+            step = launch(spec["id"].replace("@", "_"), stage_argv(spec, RUN_DIR), gpu=spec["gpu"])
+            for upstream in spec["after"]:
+                made[upstream] >> step
+            preflight >> step
+            step >> finalize
+            made[spec["id"]] = step
+        if sweep:
+            leaves = [made[t["id"]] for t in tasks]
+            compare = launch("compare", ["compare", "--params", f"{RUN_DIR}/params.yaml", "--out", f"{RUN_DIR}/compare", "--launcher", "airflow"], gpu=False)
+            commands, objectives = objective_runs(SPEC["pipelines"]["text"], {t["id"] for t in tasks})
+            leaves >> commands
+            objectives >> compare >> finalize
+        finalize.as_teardown(setups=preflight)
+    return dag
+
+
+def objective_runs(text_tasks: list[dict], shared: set[str]):
+    """One mapped task per objective (`.expand`): its own preflight, then the stages that depend on `rl`."""
+    from airflow.providers.standard.operators.bash import BashOperator
+
+    per_objective = [t for t in text_tasks if t["id"] not in shared]
+
+    @task
+    def objective_commands(run_dir: str, params: dict | None = None) -> list[str]:  # params: from the run context
+        commands = []
+        for objective in params["objectives"]:
+            own = f"{run_dir}/objectives/{objective}"
+            steps = [["preflight", "--params", f"{run_dir}/params.yaml", "--set", f"rl.advantage={objective}", "--write-config", f"{own}/params.yaml"]]
+            steps += [stage_argv(t, own, {s: run_dir for s in shared}) for t in per_objective]
+            commands.append(" && ".join(shell(s) for s in steps))
+        return commands
+
+    commands = objective_commands(run_dir=RUN_DIR)
+    return commands, BashOperator.partial(task_id="objective", cwd=str(REPO), env=RUN_ENV, append_env=True).expand(bash_command=commands)
+
+
+for _name, _tasks in SPEC["pipelines"].items():
+    globals()[f"posttrain_{_name}"] = build(f"posttrain_{_name}", _tasks)
+if "text" in SPEC["pipelines"]:
+    _below_rl = {"rl"}
+    for _t in SPEC["pipelines"]["text"]:
+        if set(_t["after"]) & _below_rl:
+            _below_rl.add(_t["id"])
+    posttrain_sweep = build("posttrain_sweep", [t for t in SPEC["pipelines"]["text"] if t["id"] not in _below_rl], sweep=True)

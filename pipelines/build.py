@@ -1,0 +1,134 @@
+"""Build the kfp v2 pipelines: one per pipeline group of `dvc.yaml` (text, image, ...), plus the objective sweep.
+
+Every pipeline takes the config sections as parameters (defaults: params.yaml) and `image`, runs a CPU
+preflight that validates them and resolves the settings, then the stages in the order of the graph, all
+inside an exit handler whose task marks the run's unfinished MLflow runs FAILED. Launcher settings
+(GPU type and count, node selector, tolerations, secrets, retries, caching) come from the `orchestration`
+section of params.yaml at compile time.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+from kfp import dsl, kubernetes
+
+from components.stages import finalize_component, preflight_component, stage_component
+from posttrain import config
+from posttrain.config import Config, OrchestrationConfig
+from posttrain.errors import UserError
+from posttrain.orchestration.graph import Task, load_tasks, pipelines
+from posttrain.orchestration.preflight import without_nulls
+
+SECTIONS = list(Config.model_fields)
+
+
+def _configure(task: dsl.PipelineTask, image, orch: OrchestrationConfig, gpu: bool, cache: bool) -> None:
+    task.set_container_image(image)
+    for secret, keys in orch.secrets.items():  # values stay in the cluster; the YAML names the secret only
+        kubernetes.use_secret_as_env(task, secret_name=secret, secret_key_to_env={key: env for env, key in keys.items()})
+    for name, value in orch.env.items():
+        task.set_env_variable(name, value)
+    if orch.retries:  # every step talks to MLflow / S3; training resumes from its checkpoint on retry
+        task.set_retry(orch.retries, backoff_duration=orch.retry_backoff, backoff_factor=orch.retry_backoff_factor)
+    # the default cache key covers the component (command), every input (the resolved config) and the image
+    task.set_caching_options(cache and orch.caching)
+    if gpu:
+        task.set_accelerator_type(orch.gpu.accelerator).set_accelerator_limit(orch.gpu.count)
+        for key, value in orch.gpu.node_selector.items():
+            kubernetes.add_node_selector(task, label_key=key, label_value=value)
+        for toleration in orch.gpu.tolerations:
+            kubernetes.add_toleration(task, **toleration)
+
+
+def _signature(cfg: Config) -> inspect.Signature:
+    defaults = {s: without_nulls(v) for s, v in cfg.model_dump(mode="json").items()}
+    params = [inspect.Parameter(s, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=dict, default=defaults[s]) for s in SECTIONS]
+    params.append(inspect.Parameter("image", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str, default=cfg.orchestration.image))
+    return inspect.Signature(params)
+
+
+def _run_stages(tasks: list[Task], config_channel, image, orch: OrchestrationConfig, done: dict) -> dict:
+    for task in tasks:
+        if task.extra_args:  # one component per stage: per-task settings would need a component per task
+            raise UserError(f"dvc.yaml stage {task.id!r} passes {' '.join(task.extra_args)}: put these settings in params.yaml")
+        component = stage_component(task.stage)
+        artifacts = {key: done[upstream].outputs["out"] for key, upstream in task.inputs.items()}
+        step = component(config=config_channel, pipeline_run=dsl.PIPELINE_JOB_ID_PLACEHOLDER, **artifacts)
+        step.set_display_name(task.id)
+        step.after(*[done[u] for u in task.after if u not in task.inputs.values()])
+        _configure(step, image, orch, task.gpu, task.deterministic)
+        done[task.id] = step
+    return done
+
+
+def build_pipeline(name: str, tasks: list[Task], cfg: Config):
+    """The kfp pipeline running `tasks` (topologically ordered) with `cfg` as the parameter defaults."""
+    orch = cfg.orchestration
+    preflight, finalize = preflight_component(SECTIONS), finalize_component(SECTIONS)
+
+    def body(*args):
+        values = dict(zip(SECTIONS + ["image"], args))
+        sections = {s: values[s] for s in SECTIONS}
+        exit_task = finalize(**sections, pipeline_run=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
+        _configure(exit_task, values["image"], orch, gpu=False, cache=False)
+        with dsl.ExitHandler(exit_task, name="stages"):
+            check = preflight(**sections)
+            _configure(check, values["image"], orch, gpu=False, cache=False)
+            _run_stages(tasks, check.outputs["config"], values["image"], orch, {})
+
+    body.__signature__ = _signature(cfg)
+    body.__name__ = f"posttrain_{name}"
+    return dsl.pipeline(name=f"posttrain-{name}", description=f"posttrain {name} pipeline: {' -> '.join(t.id for t in tasks)}")(body)
+
+
+def build_sweep(tasks: list[Task], cfg: Config):
+    """Shared stages once, then the stages downstream of `rl` once per objective (ParallelFor), then compare."""
+    orch = cfg.orchestration
+    per_objective = _downstream_of("rl", tasks)
+    shared = [t for t in tasks if t.id not in {p.id for p in per_objective}]
+    preflight, finalize = preflight_component(SECTIONS), finalize_component(SECTIONS)
+    objective_preflight = preflight_component(SECTIONS, with_objective=True)
+
+    def body(*args):
+        values = dict(zip(SECTIONS + ["image", "objectives"], args))
+        sections = {s: values[s] for s in SECTIONS}
+        exit_task = finalize(**sections, pipeline_run=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
+        _configure(exit_task, values["image"], orch, gpu=False, cache=False)
+        with dsl.ExitHandler(exit_task, name="sweep"):
+            check = preflight(**sections)
+            _configure(check, values["image"], orch, gpu=False, cache=False)
+            done = _run_stages(shared, check.outputs["config"], values["image"], orch, {})
+            with dsl.ParallelFor(values["objectives"], parallelism=orch.sweep.parallelism) as objective:
+                item_check = objective_preflight(**sections, objective=objective)
+                _configure(item_check, values["image"], orch, gpu=False, cache=False)
+                _run_stages(per_objective, item_check.outputs["config"], values["image"], orch, dict(done))
+            compare = stage_component("compare")(config=check.outputs["config"], pipeline_run=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
+            compare.set_display_name("compare")
+            _configure(compare, values["image"], orch, gpu=False, cache=False)
+            compare.after(item_check)
+
+    signature = _signature(cfg)
+    objectives = inspect.Parameter("objectives", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=list, default=list(orch.sweep.objectives))
+    body.__signature__ = signature.replace(parameters=[*signature.parameters.values(), objectives])
+    body.__name__ = "posttrain_sweep"
+    return dsl.pipeline(name="posttrain-sweep", description="posttrain objective sweep: rl + eval per objective, then compare")(body)
+
+
+def _downstream_of(task_id: str, tasks: list[Task]) -> list[Task]:
+    below = {task_id}
+    for task in tasks:  # topological order: one pass suffices
+        if set(task.after) & below:
+            below.add(task.id)
+    return [t for t in tasks if t.id in below]
+
+
+def build_all(params: Path, dvc_yaml: Path) -> dict[str, object]:
+    cfg = config.load(params)
+    grouped = pipelines(load_tasks(dvc_yaml))
+    built = {name: build_pipeline(name, tasks, cfg) for name, tasks in grouped.items()}
+    if "text" in grouped and any(t.id == "rl" for t in grouped["text"]):
+        built["sweep"] = build_sweep(grouped["text"], cfg)
+    return built
+

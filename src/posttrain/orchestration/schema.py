@@ -1,0 +1,107 @@
+"""One schema for every entry point, generated from the pydantic config and the registries.
+
+`param_specs` turns `Config` into one JSON Schema per `section.key` (what an Airflow `Param` takes), with
+registry-backed keys as enums of the registered names and `params.yaml`'s values as defaults.
+`pipeline_spec` bundles those with the task graph of every pipeline into the JSON the DAG files read,
+so that the DAGs import neither posttrain nor torch. `values_to_raw` maps such values back to sections.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from posttrain.config import _REGISTRY_OF, Config
+from posttrain.errors import UserError
+from posttrain.orchestration.graph import Task, load_tasks, pipelines
+
+# keys whose values are names in a registry (section.key -> registry); `rl.rewards[].name` is handled below
+REGISTRY_KEYS = {"task.name": "tasks", "rl.preset": "presets", **{f"rl.{k}": v for k, v in _REGISTRY_OF.items()}}
+ORCHESTRATION_SECTION = "orchestration"  # launcher settings: compile-time, not a run parameter
+
+
+def _inline_refs(node: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(node, dict):
+        if "$ref" in node:
+            return _inline_refs(defs[node["$ref"].rsplit("/", 1)[-1]], defs)
+        return {k: _inline_refs(v, defs) for k, v in node.items() if k != "$defs"}
+    if isinstance(node, list):
+        return [_inline_refs(v, defs) for v in node]
+    return node
+
+
+def _with_enum(schema: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    schema = copy.deepcopy(schema)
+    if "anyOf" in schema:  # `str | None`: the enum goes on the string branch
+        schema["anyOf"] = [{**s, "enum": names} if s.get("type") == "string" else s for s in schema["anyOf"]]
+    else:
+        schema["enum"] = names
+    return schema
+
+
+def param_specs(params_yaml: Path) -> dict[str, dict[str, Any]]:
+    """`section.key` -> {"default", "schema", "section"} for every run setting in `Config`."""
+    from posttrain.registry import all_registries
+
+    registries = all_registries()
+    full = Config.model_json_schema()
+    root = _inline_refs(full, full.get("$defs", {}))
+    defaults = yaml.safe_load(Path(params_yaml).read_text())
+    specs: dict[str, dict[str, Any]] = {}
+    for section, section_schema in root["properties"].items():
+        if section == ORCHESTRATION_SECTION:
+            continue
+        for key, schema in section_schema["properties"].items():
+            name = f"{section}.{key}"
+            schema = {k: v for k, v in schema.items() if k != "title"}
+            if name in REGISTRY_KEYS:
+                schema = _with_enum(schema, registries[REGISTRY_KEYS[name]].names())
+            if name == "rl.rewards":
+                item = schema["items"]
+                item["properties"]["name"] = _with_enum(item["properties"]["name"], registries["rewards"].names())
+            specs[name] = {"default": defaults[section][key], "schema": schema, "section": section}
+    return specs
+
+
+def values_to_raw(values: dict[str, Any]) -> dict[str, Any]:
+    """{"rl.advantage": "gdpo", "sft": {...}} -> {"rl": {"advantage": "gdpo"}, "sft": {...}} (later keys win)."""
+    raw: dict[str, Any] = {}
+    for name, value in values.items():
+        section, _, key = name.partition(".")
+        if key:
+            raw.setdefault(section, {})[key] = value
+        elif isinstance(value, dict):
+            raw[section] = {**raw.get(section, {}), **value}
+        else:
+            raise UserError(f"{name!r}: expected section.key = value or section = {{...}}, got {type(value).__name__}")
+    return raw
+
+
+def task_spec(task: Task) -> dict[str, Any]:
+    return {
+        "id": task.id,
+        "stage": task.stage,
+        "inputs": task.inputs,
+        "out": task.out,
+        "after": list(task.after),
+        "resume": task.resume,
+        "gpu": task.gpu,
+        "extra_args": list(task.extra_args),
+    }
+
+
+def pipeline_spec(params_yaml: Path, dvc_yaml: Path) -> dict[str, Any]:
+    """Everything a DAG file needs, as plain JSON: the Params and each pipeline's tasks."""
+    return {
+        "orchestration": yaml.safe_load(Path(params_yaml).read_text())[ORCHESTRATION_SECTION],
+        "params": param_specs(params_yaml),
+        "pipelines": {name: [task_spec(t) for t in tasks] for name, tasks in pipelines(load_tasks(dvc_yaml)).items()},
+    }
+
+
+def render(spec: dict[str, Any]) -> str:
+    return json.dumps(spec, indent=1, sort_keys=True) + "\n"

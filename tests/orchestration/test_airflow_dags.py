@@ -1,0 +1,110 @@
+"""The Airflow DAGs: they load, take the generated Params, and `airflow dags test` really runs the stages."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from orch_helpers import TINY, BIN, tool_env
+
+from helpers import REPO
+from posttrain.orchestration.schema import param_specs
+
+DAGS = REPO / "dags"
+
+
+def _airflow_env(home: Path) -> dict[str, str]:
+    return tool_env(
+        AIRFLOW_HOME=str(home),
+        AIRFLOW__CORE__DAGS_FOLDER=str(DAGS),
+        AIRFLOW__CORE__LOAD_EXAMPLES="False",
+        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home / 'airflow.db'}",
+        POSTTRAIN_RUNS_DIR=str(home / "runs"),
+        POSTTRAIN_AIRFLOW_RETRIES="0",  # a failing stage fails the run at once (retries wait a minute)
+    )
+
+
+def test_dagbag_loads_without_torch_or_posttrain_and_params_match_the_config(tmp_path):
+    probe = f"""
+import json, sys
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag({str(DAGS)!r})
+heavy = sorted({{m.split('.')[0] for m in sys.modules if m.split('.')[0] in ('torch', 'posttrain', 'transformers')}})
+params = {{d: {{k: [p.value, p.schema] for k, p in dag.params.items()}} for d, dag in bag.dags.items()}}
+print(json.dumps({{"errors": {{k: str(v) for k, v in bag.import_errors.items()}}, "heavy": heavy, "params": params,
+    "tasks": {{d: sorted(dag.task_dict) for d, dag in bag.dags.items()}}}}))
+"""
+    result = subprocess.run([sys.executable, "-c", probe], env=_airflow_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert found["errors"] == {} and found["heavy"] == []
+    assert {"posttrain_text", "posttrain_sweep"} <= set(found["tasks"])
+    assert {"preflight", "data", "sft", "rl", "eval_sft", "eval_rl", "finalize"} == set(found["tasks"]["posttrain_text"])
+    assert {"objective", "compare", "finalize"} <= set(found["tasks"]["posttrain_sweep"])
+    expected = param_specs(REPO / "params.yaml")
+    text_params = found["params"]["posttrain_text"]
+    assert set(text_params) == set(expected)
+    for name, spec in expected.items():
+        assert text_params[name] == [spec["default"], {**spec["schema"], "section": spec["section"]}], name
+    assert "gdpo" in text_params["rl.advantage"][1]["enum"]
+
+
+def _dags_test(home: Path, conf: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(BIN / "airflow"), "dags", "test", "posttrain_text", "-c", json.dumps(conf)],
+        env=_airflow_env(home), cwd=home, capture_output=True, text=True, timeout=900,
+    )
+
+
+def _conf(home: Path, **extra) -> dict:
+    conf = {f"{section}.{key}": value for section, values in TINY.items() for key, value in values.items()}
+    conf.update({"tracking.uri": f"sqlite:///{home / 'mlflow.db'}", "tracking.artifact_root": str(home / "mlartifacts")})
+    conf.update({"model.hidden_size": 32, "model.intermediate_size": 64, "model.layers": 1}, **extra)
+    return conf
+
+
+def _runs(home: Path):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{home / 'mlflow.db'}")
+    return client.search_runs([client.get_experiment_by_name("posttrain").experiment_id])
+
+
+def _task_states(home: Path) -> dict[str, str]:
+    with sqlite3.connect(home / "airflow.db") as db:
+        return dict(db.execute("select task_id, state from task_instance"))
+
+
+def _migrate(home: Path) -> None:
+    result = subprocess.run([str(BIN / "airflow"), "db", "migrate"], env=_airflow_env(home), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_dags_test_runs_every_stage_and_logs_to_mlflow(tmp_path):
+    _migrate(tmp_path)
+    result = _dags_test(tmp_path, _conf(tmp_path))
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    assert set(_task_states(tmp_path).values()) == {"success"}
+    runs = _runs(tmp_path)
+    assert sorted(r.data.tags["stage"] for r in runs) == ["data", "eval", "eval", "rl", "sft"]
+    assert {r.info.status for r in runs} == {"FINISHED"} and {r.data.tags["launcher"] for r in runs} == {"airflow"}
+    assert len({r.data.tags["pipeline_run"] for r in runs}) == 1
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert json.loads((run_dir / "outputs/eval/rl/metrics.json").read_text())["greedy_accuracy"] >= 0.0
+    assert yaml.safe_load((run_dir / "params.yaml").read_text())["sft"]["steps"] == TINY["sft"]["steps"]
+
+
+@pytest.mark.slow
+def test_a_failing_stage_fails_the_run_and_leaves_its_mlflow_run_failed(tmp_path):
+    _migrate(tmp_path)
+    _dags_test(tmp_path, _conf(tmp_path, **{"task.digits": 1}))  # valid keys, but more problems than 1-digit sums
+    states = _task_states(tmp_path)
+    assert states["data"] == "failed" and states["sft"] == "upstream_failed" and states["finalize"] == "success", states
+    (run,) = _runs(tmp_path)
+    assert run.data.tags["stage"] == "data" and run.info.status == "FAILED"

@@ -1,0 +1,41 @@
+"""An objective sweep with `dvc exp run`, then `posttrain compare` over the MLflow experiment."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+from orch_helpers import BIN, dvc, tool_env
+
+pytestmark = pytest.mark.slow
+
+
+def test_dvc_exp_run_of_a_second_objective_then_compare_writes_table_and_plot(dvc_repro_run, tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(dvc_repro_run, repo, symlinks=True)  # its grpo run is the first arm; data and sft stay cached
+    output = dvc("exp", "run", "-S", "rl.advantage=rloo", cwd=repo)
+    ran = {line.split("'")[1] for line in output.splitlines() if line.startswith("Running stage")}
+    assert ran == {"rl", "eval@rl"}, output
+    result = subprocess.run([str(BIN / "posttrain"), "compare", "--out", "outputs/compare"], cwd=repo, env=tool_env(), capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json.loads((repo / "outputs/compare/comparison.json").read_text())
+    assert [r["objective"] for r in rows] == ["grpo+clip", "rloo+clip"]
+    for row in rows:
+        assert 0.0 <= row["heldout_accuracy"] <= 1.0 and row["steps"] == 2 and row["wall_seconds"] > 0
+    table = (repo / "outputs/compare/comparison.md").read_text()
+    assert "| rloo+clip |" in table and "| grpo+clip |" in table
+    assert (repo / "outputs/compare/reward_curves.png").read_bytes()[:4] == b"\x89PNG"
+    metrics = json.loads(result.stdout)
+    assert metrics["objectives"] == 2.0 and "rloo+clip/heldout_accuracy" in metrics
+
+    from mlflow.tracking import MlflowClient
+
+    params = (repo / "params.yaml").read_text()
+    uri = next(line.split("uri: ")[1] for line in params.splitlines() if line.strip().startswith("uri:"))
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("posttrain")
+    (compare_run,) = client.search_runs([experiment.experiment_id], "tags.stage = 'compare'")
+    logged = {a.path for a in client.list_artifacts(compare_run.info.run_id)}
+    assert {"comparison.json", "reward_curves.png"} <= logged

@@ -1,0 +1,88 @@
+"""The task graph read from dvc.yaml, the generated Param schema, and the settings preflight resolves."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from helpers import REPO
+from posttrain import config
+from posttrain.errors import UserError
+from posttrain.orchestration.graph import load_tasks, pipelines
+from posttrain.orchestration.preflight import config_text, resolve_config
+from posttrain.orchestration.schema import param_specs, pipeline_spec, render
+
+
+def test_tasks_follow_dvc_yaml_in_topological_order():
+    tasks = load_tasks(REPO / "dvc.yaml")
+    order = [t.id for t in tasks]
+    for task in tasks:
+        assert all(order.index(u) < order.index(task.id) for u in task.after), task.id
+    by_id = {t.id: t for t in tasks}
+    assert by_id["eval@rl"].inputs == {"data": "data", "model": "rl"} and by_id["eval@sft"].inputs["model"] == "sft"
+    assert by_id["rl"].resume and not by_id["sft"].resume
+    assert not by_id["data"].gpu and by_id["sft"].gpu
+    assert "text" in pipelines(tasks)
+
+
+def test_a_command_that_is_not_a_registered_stage_is_refused(tmp_path):
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"x": {"cmd": "posttrain nosuchstage --out outputs/x"}}}))
+    with pytest.raises(UserError, match="registered stage"):
+        load_tasks(tmp_path / "dvc.yaml")
+
+
+def test_dag_spec_file_equals_the_one_generated_from_the_config():
+    assert (REPO / "dags" / "posttrain_pipelines.json").read_text() == render(pipeline_spec(REPO / "params.yaml", REPO / "dvc.yaml"))
+
+
+def test_param_schemas_accept_the_defaults_and_reject_unknown_names():
+    specs = param_specs(REPO / "params.yaml")
+    for name, spec in specs.items():
+        jsonschema.validate(spec["default"], spec["schema"])
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate("gdpx", specs["rl.advantage"]["schema"])
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate([{"name": "nosuch", "weight": 1.0}], specs["rl.rewards"]["schema"])
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(0, specs["sft.steps"]["schema"])
+
+
+def test_resolved_settings_read_back_unchanged(tmp_path):
+    cfg = resolve_config(REPO / "params.yaml", [json.dumps({"rl.advantage": "gdpo", "sft": {"steps": 7}})], ["rl.beta=0.01"])
+    assert (cfg.rl.advantage, cfg.sft.steps, cfg.rl.beta) == ("gdpo", 7, 0.01)
+    written = tmp_path / "params.yaml"
+    written.write_text(config_text(cfg))
+    assert config.load(written) == cfg
+
+
+def test_sections_without_their_null_keys_resolve_them_to_null():
+    sections = config.load(REPO / "params.yaml").model_dump(mode="json")
+    values = [json.dumps({name: {k: v for k, v in section.items() if v is not None}}) for name, section in sections.items()]
+    cfg = resolve_config(Path("/nonexistent/params.yaml"), values, [])
+    assert cfg.model.path is None and cfg.rl.preset is None
+
+
+def test_submit_arguments_are_the_validated_sections_and_the_image(tmp_path):
+    from posttrain.orchestration.submit import run_arguments
+
+    package = REPO / "pipelines" / "compiled" / "text.yaml"
+    arguments = run_arguments(REPO / "params.yaml", ["rl.advantage=gdpo"], package, image="registry.local/posttrain:1")
+    assert arguments["rl"]["advantage"] == "gdpo" and arguments["image"] == "registry.local/posttrain:1"
+    assert set(arguments) == set(next(yaml.safe_load_all(package.read_text()))["root"]["inputDefinitions"]["parameters"])
+    assert "path" not in arguments["model"]  # null: left out (Kubeflow parameters cannot hold null), read back as null
+    with pytest.raises(UserError, match="rl.advantage"):
+        run_arguments(REPO / "params.yaml", ["rl.advantage=gdpx"], package, image="")
+    with pytest.raises(UserError, match="make pipelines"):
+        run_arguments(REPO / "params.yaml", [], tmp_path / "missing.yaml", image="")
+
+
+def test_values_are_section_keys_or_whole_sections():
+    from posttrain.orchestration.schema import values_to_raw
+
+    assert values_to_raw({"rl.beta": 0.1, "sft": {"steps": 3}, "sft.lr": 0.1}) == {"rl": {"beta": 0.1}, "sft": {"steps": 3, "lr": 0.1}}
+    with pytest.raises(UserError, match="objectives"):
+        values_to_raw({"objectives": ["grpo"]})

@@ -1,0 +1,185 @@
+"""The compiled Kubeflow pipelines: structure, settings, and a local execution of the YAML that matches `dvc repro`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from orch_helpers import tiny_params, tool_env
+from kfp_local import LocalPipeline, kill_group
+
+from helpers import REPO
+from posttrain.orchestration.graph import load_tasks
+from posttrain.orchestration.submit import run_arguments
+from posttrain.stages import stages
+
+COMPILED = REPO / "pipelines" / "compiled"
+TEXT = COMPILED / "text.yaml"
+
+
+def compiled(path: Path = TEXT) -> tuple[dict, dict]:
+    docs = list(yaml.safe_load_all(path.read_text()))
+    return docs[0], docs[1]
+
+
+def container_tasks(spec: dict) -> dict[str, tuple[dict, dict]]:
+    """Every task that runs a container, in any DAG: name -> (task, container)."""
+    found = {}
+    for dag in [spec["root"]["dag"], *(c["dag"] for c in spec["components"].values() if "dag" in c)]:
+        for name, task in dag["tasks"].items():
+            component = spec["components"][task["componentRef"]["name"]]
+            if "executorLabel" in component:
+                found[name] = (task, spec["deploymentSpec"]["executors"][component["executorLabel"]]["container"])
+    return found
+
+
+def command_name(container: dict) -> str:
+    """`posttrain <name>`: the stage or command a container runs."""
+    if container["command"][:2] == ["sh", "-c"]:
+        assert "exec posttrain" in container["command"][2]
+        return container["args"][2]
+    assert container["command"] == ["posttrain"]
+    return container["args"][0]
+
+
+def test_committed_compiled_files_are_up_to_date():
+    result = subprocess.run([sys.executable, "-m", "pipelines", "--check"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_task_runs_a_cli_stage_in_the_image_parameter():
+    from posttrain.cli import _register_stage_commands, app
+
+    _register_stage_commands()
+    commands = {c.name for c in app.registered_commands}
+    for path in (TEXT, COMPILED / "sweep.yaml"):
+        spec, _ = compiled(path)
+        assert "image" in spec["root"]["inputDefinitions"]["parameters"]
+        for name, (task, container) in container_tasks(spec).items():
+            assert command_name(container) in commands, name
+            assert container["image"] == "{{$.inputs.parameters['pipelinechannel--image']}}", name
+    names = {command_name(c) for _, c in container_tasks(compiled()[0]).values()}
+    assert {t.stage for t in load_tasks(REPO / "dvc.yaml") if t.pipeline == "text"} | {"preflight", "finalize"} == names
+
+
+def test_gpu_retries_caching_secrets_and_exit_handler_are_in_the_yaml():
+    spec, platform = compiled()
+    executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    by_label = {c["executorLabel"]: n for n, c in spec["components"].items() if "executorLabel" in c}
+    for name, (task, container) in container_tasks(spec).items():
+        label = spec["components"][task["componentRef"]["name"]]["executorLabel"]
+        stage = command_name(container)
+        wants_gpu = stage in stages and stages.entry(stage).meta.get("gpu", True)
+        accelerator = container.get("resources", {}).get("accelerator", {})
+        assert (accelerator.get("type") == "nvidia.com/gpu") == wants_gpu, name
+        assert bool(executors[label].get("tolerations")) == wants_gpu, name
+        assert task["retryPolicy"]["maxRetryCount"] == 2 and task["retryPolicy"]["backoffDuration"] == "60s", name
+        cached = task.get("cachingOptions", {}).get("enableCache", False)
+        assert cached == (stage in stages and stages.entry(stage).meta.get("deterministic", True)), name
+        if cached:  # the cache key covers the resolved config and the image: both are inputs of the task
+            assert {"config", "pipelinechannel--image"} <= set(task["inputs"]["parameters"]), name
+        secret = executors[label]["secretAsEnv"][0]
+        assert secret["secretName"] == "posttrain-credentials" and {e["envVar"] for e in secret["keyToEnv"]} >= {"AWS_SECRET_ACCESS_KEY"}
+        assert by_label[label]
+    root_tasks = spec["root"]["dag"]["tasks"]
+    exit_task = root_tasks["posttrain-finalize"]
+    assert exit_task["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED"
+    assert exit_task["inputs"]["parameters"]["status"] == {"taskFinalStatus": {"producerTask": "exit-handler-1"}}
+
+
+def test_no_credential_value_reaches_the_compiled_yaml(monkeypatch, tmp_path):
+    secret = "do-not-leak-8f2d1c"
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "MLFLOW_TRACKING_TOKEN"):
+        monkeypatch.setenv(key, secret)
+    from pipelines.__main__ import generate
+
+    texts = generate()
+    assert all(secret not in text for text in texts.values())
+    assert texts[TEXT] == TEXT.read_text()  # and the environment changes nothing
+
+
+def test_sweep_pipeline_loops_over_objectives_with_bounded_parallelism():
+    spec, _ = compiled(COMPILED / "sweep.yaml")
+    loops = [c for c in spec["components"].values() if "dag" in c and "iteratorPolicy" in json.dumps(c) or False]
+    tasks = {n: t for c in spec["components"].values() if "dag" in c for n, t in c["dag"]["tasks"].items()}
+    (loop,) = [t for t in tasks.values() if "parameterIterator" in t]
+    assert loop["iteratorPolicy"]["parallelismLimit"] == 2
+    assert spec["root"]["inputDefinitions"]["parameters"]["objectives"]["defaultValue"] == ["grpo", "rloo", "dr_grpo"]
+    assert "posttrain-compare" in tasks and loops is not None
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _local_pipeline(work: Path) -> tuple[LocalPipeline, dict]:
+    params = tiny_params(work)
+    arguments = run_arguments(params, [], TEXT, image="")
+    return LocalPipeline.load(TEXT, work / "kfp", tool_env()), arguments
+
+
+def _mlflow_runs(work: Path, **filters: str):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("posttrain")
+    query = " and ".join(f"tags.{k} = '{v}'" for k, v in filters.items())
+    return client.search_runs([experiment.experiment_id], query)
+
+
+@pytest.mark.slow
+def test_local_execution_of_the_compiled_yaml_matches_dvc_repro(dvc_repro_run, tmp_path):
+    pipeline, arguments = _local_pipeline(tmp_path)
+    states = pipeline.run(arguments)
+    failed = [r for r in pipeline.runs if r.returncode]
+    assert not failed, failed[0].stderr[-3000:]
+    assert set(states.values()) == {"SUCCEEDED"}, states
+    for task in load_tasks(REPO / "dvc.yaml"):
+        kfp_out = pipeline.task_dir(f"exit-handler-1/{task_name(task.id)}") / "artifacts" / "out"
+        dvc_out = dvc_repro_run / task.out
+        assert json.loads((kfp_out / "metrics.json").read_text()) == json.loads((dvc_out / "metrics.json").read_text()), task.id
+        weights = sorted(dvc_out.glob("model/*.safetensors"))
+        assert [_digest(kfp_out / "model" / w.name) for w in weights] == [_digest(w) for w in weights], task.id
+    assert sorted(dvc_repro_run.glob("outputs/*/model/*.safetensors"))  # there were weights to compare
+    runs = _mlflow_runs(tmp_path, pipeline_run="local-job")
+    assert sorted(r.data.tags["stage"] for r in runs) == ["data", "eval", "eval", "rl", "sft"]
+    assert {r.info.status for r in runs} == {"FINISHED"} and {r.data.tags["launcher"] for r in runs} == {"kubeflow"}
+
+
+def task_name(task_id: str) -> str:
+    """The compiled task name of a dvc task (the pipeline names tasks posttrain-<stage>[-N])."""
+    spec, _ = compiled()
+    inner = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]
+    return next(n for n, t in inner.items() if t["taskInfo"]["name"] == task_id)
+
+
+@pytest.mark.slow
+def test_a_killed_step_runs_the_exit_task_which_marks_its_mlflow_run_failed(tmp_path):
+    def kill_once_running(process):
+        deadline = time.time() + 300
+        while time.time() < deadline and not _running_sft(tmp_path):
+            time.sleep(0.5)
+        kill_group(process)  # an evicted pod: no chance to mark its own run
+
+    pipeline, arguments = _local_pipeline(tmp_path)
+    pipeline.faults[task_name("sft")] = kill_once_running
+    states = pipeline.run(arguments)
+    assert states["exit-handler-1"] == "FAILED" and states[f"exit-handler-1/{task_name('sft')}"] == "FAILED"
+    assert states[f"exit-handler-1/{task_name('rl')}"] == "SKIPPED" and states["posttrain-finalize"] == "SUCCEEDED"
+    (sft,) = _mlflow_runs(tmp_path, stage="sft")
+    assert sft.info.status == "FAILED" and sft.data.tags["failure"].startswith("pipeline FAILED")
+    (data,) = _mlflow_runs(tmp_path, stage="data")
+    assert data.info.status == "FINISHED"
+
+
+def _running_sft(work: Path) -> bool:
+    try:
+        return any(r.info.status == "RUNNING" for r in _mlflow_runs(work, stage="sft"))
+    except Exception:  # the store is created by the first stage; until then there is nothing to find
+        return False
