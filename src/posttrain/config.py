@@ -126,15 +126,31 @@ class RewardSpec(Section):
         return _check_registered("rewards", v)
 
 
-def option_schema(name: str) -> type[BaseModel] | None:
-    """The options model declared by the estimator, loss or reward registered as `name`, if any."""
+def option_schema(name: str, kinds: tuple[str, ...] = ("advantages", "losses", "rewards")) -> type[BaseModel] | None:
+    """The options model declared by the component registered as `name` in one of the `kinds` registries, if any."""
     from posttrain.registry import all_registries
 
-    for kind in ("advantages", "losses", "rewards"):
+    for kind in kinds:
         registry = all_registries()[kind]
         if name in registry:
             return registry.entry(name).meta.get("options")
     return None
+
+
+def check_options(section: str, options: dict[str, dict[str, Any]], used: tuple[str, ...], kinds: tuple[str, ...], what: str) -> None:
+    """Validate `<section>.options.<name>` against the options model `name` declares; every used component
+    that declares one must have its settings there (params.yaml is the only source of defaults)."""
+    for name, values in options.items():
+        schema = option_schema(name, kinds)
+        if schema is None:
+            raise ValueError(f"{section}.options.{name}: no registered {what} named {name!r} takes options")
+        try:
+            schema.model_validate(values or {})
+        except ValidationError as e:
+            raise ValueError(_one_line(e, schema, prefix=f"{section}.options.{name}.")) from None
+    for name in used:
+        if option_schema(name, kinds) is not None and name not in options:
+            raise ValueError(f"{section}.options.{name}: missing; {name}'s settings belong in params.yaml")
 
 
 _REGISTRY_OF = {"advantage": "advantages", "loss": "losses", "loss_agg": "loss_aggregations"}  # rl key -> registry
@@ -171,17 +187,7 @@ class RLConfig(Section):
 
     @model_validator(mode="after")
     def _check_options(self) -> "RLConfig":
-        for name, values in self.options.items():
-            schema = option_schema(name)
-            if schema is None:
-                raise ValueError(f"rl.options.{name}: no registered estimator, loss or reward named {name!r} takes options")
-            try:
-                schema.model_validate(values or {})
-            except ValidationError as e:
-                raise ValueError(_one_line(e, schema, prefix=f"rl.options.{name}.")) from None
-        for used in (self.advantage, self.loss, *(r.name for r in self.rewards)):
-            if option_schema(used) is not None and used not in self.options:
-                raise ValueError(f"rl.options.{used}: missing; {used}'s settings belong in params.yaml")
+        check_options("rl", self.options, (self.advantage, self.loss, *(r.name for r in self.rewards)), ("advantages", "losses", "rewards"), "estimator, loss or reward")
         return self
 
     def options_for(self, name: str) -> BaseModel:
@@ -218,6 +224,69 @@ class EvalConfig(Section):
     n_table: int = Field(ge=0)
 
 
+class PairTrainingConfig(Section):
+    """What the `reward_model` and `preference` stages share: where pairs come from and the optimiser loop."""
+
+    data: str  # preference_data registry: how pairs are built from the task's examples (when `pairs` is null)
+    pairs: str | None  # a JSON-lines file of pairs (data/preferences.py) to train on instead
+    n_pairs: int = Field(gt=0)  # generated training pairs
+    n_heldout_pairs: int = Field(gt=0)  # generated held-out pairs (from held-out prompts)
+    steps: int = Field(gt=0)
+    batch_size: int = Field(gt=0)
+    lr: float = Field(gt=0)
+    warmup_steps: int = Field(ge=0)
+    log_every: int = Field(gt=0)
+
+    @field_validator("data")
+    @classmethod
+    def _known_data(cls, v: str) -> str:
+        return _check_registered("preference_data", v)
+
+    @field_validator("pairs")
+    @classmethod
+    def _pairs_exist(cls, v: str | None) -> str | None:
+        if v is not None and not Path(v).is_file():
+            raise ValueError(f"preference file not found: {v}")
+        return v
+
+
+class RewardModelConfig(PairTrainingConfig):
+    kind: str  # reward_models registry: bt (Bradley-Terry value head) | trm (generative thinking reward model)
+    options: dict[str, dict[str, Any]]  # per-kind settings: reward_model.options.<kind>
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, v: str) -> str:
+        return _check_registered("reward_models", v)
+
+    @model_validator(mode="after")
+    def _check_options(self) -> "RewardModelConfig":
+        check_options("reward_model", self.options, (self.kind,), ("reward_models",), "reward model")
+        return self
+
+    def options_for(self, name: str) -> BaseModel:
+        return option_schema(name, ("reward_models",)).model_validate(self.options[name] or {})
+
+
+class PreferenceConfig(PairTrainingConfig):
+    objective: str  # preference_objectives registry: dpo | gm_dpo | abc_align
+    beta: float = Field(gt=0)  # DPO's inverse temperature on the log-ratio margin
+    options: dict[str, dict[str, Any]]  # per-objective settings: preference.options.<objective>
+
+    @field_validator("objective")
+    @classmethod
+    def _known_objective(cls, v: str) -> str:
+        return _check_registered("preference_objectives", v)
+
+    @model_validator(mode="after")
+    def _check_options(self) -> "PreferenceConfig":
+        check_options("preference", self.options, (self.objective,), ("preference_objectives",), "preference objective")
+        return self
+
+    def options_for(self, name: str) -> BaseModel:
+        return option_schema(name, ("preference_objectives",)).model_validate(self.options[name] or {})
+
+
 class Config(Section):
     pipeline: PipelineConfig
     tracking: TrackingConfig
@@ -226,6 +295,8 @@ class Config(Section):
     sft: SFTConfig
     rl: RLConfig
     eval: EvalConfig
+    reward_model: RewardModelConfig
+    preference: PreferenceConfig
 
     def section_hash(self, *sections: str) -> str:
         """A stable digest of the named sections (used to refuse resuming under changed settings)."""

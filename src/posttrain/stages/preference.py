@@ -1,0 +1,65 @@
+"""Stage `preference`: offline preference training (DPO, GM-DPO, ABC-Align) of the SFT policy.
+
+Inputs: `data` (train.jsonl, heldout.jsonl) and `policy` (a directory with `model/`). Pairs are built by the
+`preference.data` builder from the training prompts (held-out pairs from the held-out prompts), or read from
+`preference.pairs` (a JSON-lines file; its last tenth is held out). Outputs: `model/`, `pairs_train.jsonl`,
+`pairs_heldout.jsonl`, `history.json`; metrics: held-out pair accuracy and held-out task accuracy, before and after.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from posttrain.config import Config
+from posttrain.data import read_examples
+from posttrain.data.preferences import PreferencePair, preference_data, read_pairs, write_pairs
+from posttrain.errors import UserError
+from posttrain.stages import stages
+from posttrain.tasks import build_task
+
+
+def load_pairs(cfg, task, train_examples, heldout_examples, seed: int) -> tuple[list[PreferencePair], list[PreferencePair]]:
+    """(train, held-out) pairs for a `reward_model` or `preference` section `cfg`."""
+    if cfg.pairs is not None:
+        pairs = read_pairs(Path(cfg.pairs))
+        if len(pairs) < 2:
+            raise UserError(f"{cfg.pairs}: needs at least 2 pairs (one to train on, one to hold out)")
+        cut = len(pairs) - max(1, len(pairs) // 10)
+        return pairs[:cut], pairs[cut:]
+    build = preference_data.get(cfg.data)
+    return build(task, train_examples, cfg.n_pairs, seed), build(task, heldout_examples, cfg.n_heldout_pairs, seed + 1)
+
+
+@stages.register(
+    "preference",
+    inputs={"data": "outputs/data", "policy": "outputs/sft"},
+    requires={"data": ["train.jsonl", "heldout.jsonl"], "policy": ["model/config.json"]},
+)
+def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
+    from posttrain.eval.harness import evaluate
+    from posttrain.models import load_pretrained, maybe_lora, save_pretrained, select_device
+    from posttrain.trainers.common import seed_everything
+    from posttrain.trainers.preference import train_preference
+
+    task = build_task(cfg.task)
+    train_examples, heldout_examples = read_examples(inputs["data"] / "train.jsonl"), read_examples(inputs["data"] / "heldout.jsonl")
+    train, heldout = load_pairs(cfg.preference, task, train_examples, heldout_examples, cfg.pipeline.seed)
+    seed_everything(cfg.pipeline.seed)
+    policy, tokenizer = load_pretrained(inputs["policy"] / "model", cfg.model.dtype)
+    policy = maybe_lora(policy.to(select_device(cfg.pipeline.device)), cfg.model.lora)
+    before, _ = evaluate(policy, tokenizer, task, heldout_examples, cfg.eval, cfg.pipeline.seed)
+    history, pair_metrics = train_preference(
+        policy, tokenizer, train, heldout, cfg.preference, cfg.pipeline.seed, on_log=lambda step, m: tracker.log_metrics(m, step)
+    )
+    after, table = evaluate(policy, tokenizer, task, heldout_examples, cfg.eval, cfg.pipeline.seed)
+    save_pretrained(policy, tokenizer, out_dir / "model")
+    write_pairs(out_dir / "pairs_train.jsonl", train)
+    write_pairs(out_dir / "pairs_heldout.jsonl", heldout)
+    (out_dir / "history.json").write_text(json.dumps(history) + "\n")
+    tracker.log_table(table, "heldout_samples.json")
+    tracker.log_artifacts(out_dir / "model", "model")
+    metrics = {**pair_metrics, "greedy_accuracy_before": before["greedy_accuracy"], "greedy_accuracy": after["greedy_accuracy"],
+               "sampled_accuracy": after["sampled_accuracy"], "n_pairs": float(len(train)), "n_heldout_pairs": float(len(heldout))}
+    tracker.log_metrics(metrics)
+    return metrics
