@@ -14,7 +14,7 @@ import json
 import re
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -225,7 +225,10 @@ class EvalConfig(Section):
 
 
 class PairTrainingConfig(Section):
-    """What the `reward_model` and `preference` stages share: where pairs come from and the optimiser loop."""
+    """What the `reward_model` and `preference` stages share: where pairs come from, the optimiser loop, and
+    per-method settings in `options`, validated against the `options_registry` entry they name."""
+
+    options_registry: ClassVar[tuple[str, str, str]]  # (section, registry, what its entries are called)
 
     data: str  # preference_data registry: how pairs are built from the task's examples (when `pairs` is null)
     pairs: str | None  # a JSON-lines file of pairs (data/preferences.py) to train on instead
@@ -236,6 +239,7 @@ class PairTrainingConfig(Section):
     lr: float = Field(gt=0)
     warmup_steps: int = Field(ge=0)
     log_every: int = Field(gt=0)
+    options: dict[str, dict[str, Any]]  # <section>.options.<registered name>.<key>
 
     @field_validator("data")
     @classmethod
@@ -249,42 +253,45 @@ class PairTrainingConfig(Section):
             raise ValueError(f"preference file not found: {v}")
         return v
 
+    def method(self) -> str:
+        raise NotImplementedError
+
+    @model_validator(mode="after")
+    def _check_options(self) -> "PairTrainingConfig":
+        section, registry, what = self.options_registry
+        check_options(section, self.options, (self.method(),), (registry,), what)
+        return self
+
+    def options_for(self, name: str) -> BaseModel:
+        """The validated settings of the method registered as `name`."""
+        return option_schema(name, (self.options_registry[1],)).model_validate(self.options[name] or {})
+
 
 class RewardModelConfig(PairTrainingConfig):
+    options_registry = ("reward_model", "reward_models", "reward model")
     kind: str  # reward_models registry: bt (Bradley-Terry value head) | trm (generative thinking reward model)
-    options: dict[str, dict[str, Any]]  # per-kind settings: reward_model.options.<kind>
 
     @field_validator("kind")
     @classmethod
     def _known_kind(cls, v: str) -> str:
         return _check_registered("reward_models", v)
 
-    @model_validator(mode="after")
-    def _check_options(self) -> "RewardModelConfig":
-        check_options("reward_model", self.options, (self.kind,), ("reward_models",), "reward model")
-        return self
-
-    def options_for(self, name: str) -> BaseModel:
-        return option_schema(name, ("reward_models",)).model_validate(self.options[name] or {})
+    def method(self) -> str:
+        return self.kind
 
 
 class PreferenceConfig(PairTrainingConfig):
+    options_registry = ("preference", "preference_objectives", "preference objective")
     objective: str  # preference_objectives registry: dpo | gm_dpo | abc_align
     beta: float = Field(gt=0)  # DPO's inverse temperature on the log-ratio margin
-    options: dict[str, dict[str, Any]]  # per-objective settings: preference.options.<objective>
 
     @field_validator("objective")
     @classmethod
     def _known_objective(cls, v: str) -> str:
         return _check_registered("preference_objectives", v)
 
-    @model_validator(mode="after")
-    def _check_options(self) -> "PreferenceConfig":
-        check_options("preference", self.options, (self.objective,), ("preference_objectives",), "preference objective")
-        return self
-
-    def options_for(self, name: str) -> BaseModel:
-        return option_schema(name, ("preference_objectives",)).model_validate(self.options[name] or {})
+    def method(self) -> str:
+        return self.objective
 
 
 class Config(Section):

@@ -19,6 +19,8 @@ from posttrain.models import build_tiny, train_char_tokenizer
 from posttrain.objectives.preference import PairLogps, preference_objectives
 from posttrain.trainers.preference import encode_pairs, sequence_logps
 
+from test_trl_parity import grads  # noqa: E402  (the same gradient flattening as the GRPO parity)
+
 import trl  # noqa: E402,F401  (a dev dependency: parity must fail loudly, never skip, without it)
 
 PAIRS = [("12+3=", "15", "16"), ("40+2=", "42", "4"), ("07+7=", "14", "1=4"), ("55+5=", "60", "600")]
@@ -48,14 +50,6 @@ def trl_inputs(tokenizer, ref_chosen, ref_rejected):
     attention = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
     completion = torch.tensor([m + [0] * (width - len(m)) for m in masks])
     return {"input_ids": ids, "attention_mask": attention, "completion_mask": completion, "ref_chosen_logps": ref_chosen, "ref_rejected_logps": ref_rejected}
-
-
-def grads(model, loss):
-    model.zero_grad(set_to_none=True)
-    loss.backward()
-    out = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
-    model.zero_grad(set_to_none=True)
-    return out
 
 
 def test_dpo_loss_and_gradient_match_trl_sigmoid(tiny):

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from posttrain.data.files import json_lines
 from posttrain.errors import UserError
 from posttrain.registry import Registry
 from posttrain.tasks import Example, Task
@@ -68,18 +69,7 @@ def _pair_from(record: object, where: str) -> PreferencePair:
 
 def read_pairs(path: Path) -> list[PreferencePair]:
     """Read and check a JSON-lines file of pairs; a malformed line is a `UserError` naming file and line."""
-    if not path.is_file():
-        raise UserError(f"preference file not found: {path}")
-    pairs = []
-    with path.open() as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UserError(f"{path}:{number}: not valid JSON ({e.msg})") from None
-            pairs.append(_pair_from(record, f"{path}:{number}"))
+    pairs = [_pair_from(record, where) for where, record in json_lines(path, "preference")]
     if not pairs:
         raise UserError(f"{path}: no preference pairs")
     return pairs
