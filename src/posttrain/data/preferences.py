@@ -75,6 +75,50 @@ def read_pairs(path: Path) -> list[PreferencePair]:
     return pairs
 
 
+def error_tier(task: Task, wrong: str, right: str) -> int:
+    """Severity tier of a wrong answer: 3 malformed, 1 a one-character near miss, 2 any other wrong answer."""
+    if task.format_reward(wrong, True) == 0.0:
+        return 3
+    return 1 if len(wrong) == len(right) and sum(a != b for a, b in zip(wrong, right)) == 1 else 2
+
+
+@preference_data.register("policy_pairs", needs_policy=True)
+def policy_pairs(task: Task, examples: Sequence[Example], n: int, seed: int, *, policy) -> list[PreferencePair]:
+    """`n` pairs from the policy's own samples labelled by the task's verifier (how RLHF collects reward-model
+    data: on-policy samples, judged): per prompt, 8 samples at temperature 1; chosen = a sample the verifier
+    accepts (the reference answer when none does), rejected = one it rejects (unfinished samples included, as
+    text); at most 2 pairs per prompt; severity = error_tier / 3. `policy` = (model, tokenizer, max_new_tokens)."""
+    import torch
+
+    from posttrain.rollout.engine import sample
+    from posttrain.rollout.text import decode_completions
+    from posttrain.trainers.common import encode_prompts
+
+    model, tokenizer, max_new_tokens = policy
+    rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
+    order = list(range(len(examples)))
+    rng.shuffle(order)
+    pairs: list[PreferencePair] = []
+    for start in range(0, len(order), 256):
+        chunk = [examples[i] for i in order[start : start + 256]]
+        ids, mask = encode_prompts(tokenizer, [e.prompt for e in chunk], next(model.parameters()).device)
+        samples = sample(model, ids, mask, group_size=8, max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_token_id,
+                         pad_id=tokenizer.pad_token_id, generator=generator)
+        texts = decode_completions(tokenizer, samples)
+        for k, example in enumerate(chunk):
+            group = list(dict.fromkeys(texts[8 * k : 8 * k + 8]))
+            right = [t for t in group if task.correctness_reward(t, True, example) == 1.0] or [example.completion]
+            wrong = [t for t in group if task.correctness_reward(t, True, example) == 0.0]
+            for rejected in rng.sample(wrong, min(2, len(wrong))):
+                chosen = rng.choice(right)
+                pairs.append(PreferencePair(example.prompt, chosen, rejected, round(error_tier(task, rejected, chosen) / 3, 6), None))
+        if len(pairs) >= n:
+            break
+    if not pairs:
+        raise UserError("policy_pairs: the policy's samples held no wrong answer to reject; use data: task_pairs")
+    return pairs[:n]
+
+
 def corrupt(task: Task, example: Example, tier: int, rng: random.Random) -> str | None:
     """A wrong answer to `example` of the given severity tier, or None if none can be made:
     1 (minor) a near miss in the last character, 2 (moderate) a wrong leading character (a large error),

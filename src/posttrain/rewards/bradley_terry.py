@@ -15,8 +15,10 @@ Settings: rl.options.bt.path, the `reward_model` stage's output directory.
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -24,35 +26,48 @@ from torch import Tensor
 from posttrain.config import Section
 from posttrain.errors import UserError
 from posttrain.rewards import reward_models, rewards
+from posttrain.rollout.decoders import positions_from_mask
 
 SCORE_CHUNK = 512
+POOLING_FILE = "bt_pooling.json"  # saved next to the weights: how the reward reads r(x, y)
 
 
-class BTOptions(Section):
+class BTOptions(Section):  # rl.options.bt
     path: str  # the reward_model stage's output directory (holding model/)
 
 
-def encode_texts(tokenizer, prompts: Sequence[str], responses: Sequence[str], eos: Sequence[bool], device) -> tuple[Tensor, Tensor]:
-    """Left-padded ids and mask of `prompt + response (+ EOS where the response finished)`."""
-    rows = [tokenizer.encode(p + r, add_special_tokens=False) + ([tokenizer.eos_token_id] if e else []) for p, r, e in zip(prompts, responses, eos)]
-    width = max(map(len, rows))
-    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        if row:
-            ids[i, width - len(row) :] = torch.tensor(row)
-            mask[i, width - len(row) :] = 1
-    return ids.to(device), mask.to(device)
+class BTModelOptions(Section):  # reward_model.options.bt
+    pooling: Literal["last", "response_sum"]  # where the value head's outputs become r(x, y)
 
 
-def scores(model, ids: Tensor, mask: Tensor) -> Tensor:
-    """r(x, y) [N] from the value head at the last real token."""
-    return model(input_ids=ids, attention_mask=mask).logits.squeeze(-1).float()
+def encode_texts(tokenizer, prompts: Sequence[str], responses: Sequence[str], device) -> tuple[Tensor, Tensor, Tensor]:
+    """Left-padded ids, attention mask and response mask (response tokens + EOS) of `prompt + response + EOS`
+    (an unfinished response is judged as the text it is, the way pairs present it in training)."""
+    heads = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+    tails = [tokenizer.encode(r, add_special_tokens=False) + [tokenizer.eos_token_id] for r in responses]
+    width = max(len(h) + len(t) for h, t in zip(heads, tails))
+    ids = torch.full((len(heads), width), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(heads), width), dtype=torch.long)
+    response = torch.zeros((len(heads), width), dtype=torch.long)
+    for i, (head, tail) in enumerate(zip(heads, tails)):
+        ids[i, width - len(head) - len(tail) :] = torch.tensor(head + tail)
+        mask[i, width - len(head) - len(tail) :] = 1
+        response[i, width - len(tail) :] = 1
+    return ids.to(device), mask.to(device), response.to(device)
+
+
+def scores(model, ids: Tensor, mask: Tensor, response: Tensor, pooling: str) -> Tensor:
+    """r(x, y) [N]: the value head at the last token (`last`), or summed over the response tokens
+    (`response_sum`: each token's value judges the text up to it, a token-level decomposition of r)."""
+    values = model.score(model.model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask)).last_hidden_state)
+    values = values.squeeze(-1).float()
+    return values[:, -1] if pooling == "last" else (values * response).sum(-1)
 
 
 def train_bt(cfg, policy_dir: Path, train, heldout, out_dir: Path, seed: int, on_log: Callable[[int, dict[str, float]], None]) -> dict[str, float]:
     """Fit a BT reward model on `train` pairs from the SFT model at `policy_dir`; save it to out_dir/model."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
     from posttrain.models import select_device
     from posttrain.trainers.common import optimizer_and_schedule, progress
@@ -61,20 +76,27 @@ def train_bt(cfg, policy_dir: Path, train, heldout, out_dir: Path, seed: int, on
     rm_cfg, device = cfg.reward_model, select_device(cfg.pipeline.device)
     tokenizer = AutoTokenizer.from_pretrained(policy_dir)
     check_vocabulary(tokenizer, [t for p in [*train, *heldout] for t in (p.prompt, p.chosen, p.rejected)], "the preference data")
-    model = AutoModelForSequenceClassification.from_pretrained(policy_dir, num_labels=1, dtype=getattr(torch, cfg.model.dtype)).to(device)
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the fresh value head is expected: do not print transformers' "newly initialized" report
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(policy_dir, num_labels=1, dtype=getattr(torch, cfg.model.dtype)).to(device)
+    finally:
+        hf_logging.set_verbosity(level)
 
     def encode(pairs):  # rows 2i / 2i+1: chosen / rejected of pair i
         prompts = [p.prompt for p in pairs for _ in range(2)]
-        return encode_texts(tokenizer, prompts, [t for p in pairs for t in (p.chosen, p.rejected)], [True] * len(prompts), device)
+        return encode_texts(tokenizer, prompts, [t for p in pairs for t in (p.chosen, p.rejected)], device)
 
-    ids, mask = encode(train)
-    held_ids, held_mask = encode(heldout)
+    pooling = rm_cfg.options_for("bt").pooling
+    ids, mask, response = encode(train)
+    held_ids, held_mask, held_response = encode(heldout)
     severity = torch.tensor([p.severity for p in heldout])
 
     @torch.no_grad()
     def heldout_metrics() -> dict[str, float]:
         model.eval()
-        r = torch.cat([scores(model, held_ids[s : s + SCORE_CHUNK], held_mask[s : s + SCORE_CHUNK]) for s in range(0, len(held_ids), SCORE_CHUNK)])
+        r = torch.cat([scores(model, held_ids[s : s + SCORE_CHUNK], held_mask[s : s + SCORE_CHUNK], held_response[s : s + SCORE_CHUNK], pooling)
+                       for s in range(0, len(held_ids), SCORE_CHUNK)])
         model.train()
         wins = (r[0::2] > r[1::2]).float().cpu()
         out = {"heldout_pair_accuracy": float(wins.mean()), "heldout_score_margin": float((r[0::2] - r[1::2]).mean())}
@@ -90,7 +112,7 @@ def train_bt(cfg, policy_dir: Path, train, heldout, out_dir: Path, seed: int, on
     for step in range(1, rm_cfg.steps + 1):
         picked = torch.randint(len(train), (min(rm_cfg.batch_size, len(train)),), generator=generator)
         rows = torch.stack([2 * picked, 2 * picked + 1], dim=1).flatten().to(device)
-        r = scores(model, ids[rows], mask[rows])
+        r = scores(model, ids[rows], mask[rows], response[rows], pooling)
         loss = -torch.nn.functional.logsigmoid(r[0::2] - r[1::2]).mean()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -105,10 +127,11 @@ def train_bt(cfg, policy_dir: Path, train, heldout, out_dir: Path, seed: int, on
     bar.close()
     model.save_pretrained(out_dir / "model")
     tokenizer.save_pretrained(out_dir / "model")
+    (out_dir / "model" / POOLING_FILE).write_text(json.dumps({"pooling": pooling}))
     return {**before, **heldout_metrics()}
 
 
-reward_models.register("bt")(train_bt)
+reward_models.register("bt", options=BTModelOptions)(train_bt)
 
 
 @functools.lru_cache(maxsize=4)
@@ -119,13 +142,13 @@ def _load(path: str, stamp: float):
 
     model = AutoModelForSequenceClassification.from_pretrained(path).to(select_device("auto")).eval().requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    return model, tokenizer
+    return model, tokenizer, json.loads((Path(path) / POOLING_FILE).read_text())["pooling"]
 
 
 def load_reward_model(directory: str, kind: str):
-    """The trained model under `directory/model` (cached while its files are unchanged); UserError if absent."""
+    """(model, tokenizer, pooling) under `directory/model` (cached while unchanged); UserError if absent."""
     path = Path(directory) / "model"
-    if not (path / "config.json").is_file():
+    if not (path / "config.json").is_file() or not (path / POOLING_FILE).is_file():
         raise UserError(f"rl.options.{kind}.path: no trained reward model at {path} (run the reward_model stage with reward_model.kind={kind})")
     return _load(str(path.resolve()), (path / "config.json").stat().st_mtime)
 
@@ -134,12 +157,10 @@ def load_reward_model(directory: str, kind: str):
 @torch.no_grad()
 def bt_reward(task, examples, completions, finished, *, rl) -> Tensor:
     """r(x, y) of the Bradley-Terry model trained by the reward_model stage."""
-    model, tokenizer = load_reward_model(rl.options_for("bt").path, "bt")
+    model, tokenizer, pooling = load_reward_model(rl.options_for("bt").path, "bt")
     device = next(model.parameters()).device
     out = []
     for s in range(0, len(completions), SCORE_CHUNK):
-        ids, mask = encode_texts(
-            tokenizer, [e.prompt for e in examples[s : s + SCORE_CHUNK]], completions[s : s + SCORE_CHUNK], finished[s : s + SCORE_CHUNK], device
-        )
-        out.append(scores(model, ids, mask).cpu())
+        ids, mask, response = encode_texts(tokenizer, [e.prompt for e in examples[s : s + SCORE_CHUNK]], completions[s : s + SCORE_CHUNK], device)
+        out.append(scores(model, ids, mask, response, pooling).cpu())
     return torch.cat(out)

@@ -19,16 +19,18 @@ from posttrain.stages import stages
 from posttrain.tasks import build_task
 
 
-def load_pairs(cfg, task, train_examples, heldout_examples, seed: int) -> tuple[list[PreferencePair], list[PreferencePair]]:
-    """(train, held-out) pairs for a `reward_model` or `preference` section `cfg`."""
-    if cfg.pairs is not None:
-        pairs = read_pairs(Path(cfg.pairs))
+def load_pairs(cfg: Config, section, task, train_examples, heldout_examples, policy=None) -> tuple[list[PreferencePair], list[PreferencePair]]:
+    """(train, held-out) pairs for a `reward_model` or `preference` section; `policy` (model, tokenizer) serves
+    builders that sample from it (`needs_policy`)."""
+    if section.pairs is not None:
+        pairs = read_pairs(Path(section.pairs))
         if len(pairs) < 2:
-            raise UserError(f"{cfg.pairs}: needs at least 2 pairs (one to train on, one to hold out)")
+            raise UserError(f"{section.pairs}: needs at least 2 pairs (one to train on, one to hold out)")
         cut = len(pairs) - max(1, len(pairs) // 10)
         return pairs[:cut], pairs[cut:]
-    build = preference_data.get(cfg.data)
-    return build(task, train_examples, cfg.n_pairs, seed), build(task, heldout_examples, cfg.n_heldout_pairs, seed + 1)
+    entry, seed = preference_data.entry(section.data), cfg.pipeline.seed
+    extra = {"policy": (*policy, cfg.rl.max_new_tokens)} if entry.meta.get("needs_policy") else {}
+    return entry.obj(task, train_examples, section.n_pairs, seed, **extra), entry.obj(task, heldout_examples, section.n_heldout_pairs, seed + 1, **extra)
 
 
 @stages.register(
@@ -44,10 +46,11 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
 
     task = build_task(cfg.task)
     train_examples, heldout_examples = read_examples(inputs["data"] / "train.jsonl"), read_examples(inputs["data"] / "heldout.jsonl")
-    train, heldout = load_pairs(cfg.preference, task, train_examples, heldout_examples, cfg.pipeline.seed)
     seed_everything(cfg.pipeline.seed)
     policy, tokenizer = load_pretrained(inputs["policy"] / "model", cfg.model.dtype)
-    policy = maybe_lora(policy.to(select_device(cfg.pipeline.device)), cfg.model.lora)
+    policy = policy.to(select_device(cfg.pipeline.device))
+    train, heldout = load_pairs(cfg, cfg.preference, task, train_examples, heldout_examples, (policy, tokenizer))
+    policy = maybe_lora(policy, cfg.model.lora)
     before, _ = evaluate(policy, tokenizer, task, heldout_examples, cfg.eval, cfg.pipeline.seed)
     history, pair_metrics = train_preference(
         policy, tokenizer, train, heldout, cfg.preference, cfg.pipeline.seed, on_log=lambda step, m: tracker.log_metrics(m, step)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from posttrain.config import Config
 from posttrain.data import read_examples
-from posttrain.data.preferences import write_pairs
+from posttrain.data.preferences import preference_data, write_pairs
 from posttrain.stages import stages
 from posttrain.stages.preference import load_pairs
 from posttrain.tasks import build_task
@@ -24,13 +24,18 @@ from posttrain.tasks import build_task
     requires={"data": ["train.jsonl", "heldout.jsonl"], "policy": ["model/config.json"]},
 )
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
+    from posttrain.models import load_pretrained, select_device
     from posttrain.rewards import reward_models
     from posttrain.trainers.common import seed_everything
 
     task = build_task(cfg.task)
     train_examples, heldout_examples = read_examples(inputs["data"] / "train.jsonl"), read_examples(inputs["data"] / "heldout.jsonl")
-    train, heldout = load_pairs(cfg.reward_model, task, train_examples, heldout_examples, cfg.pipeline.seed)
     seed_everything(cfg.pipeline.seed)
+    policy = None
+    if preference_data.entry(cfg.reward_model.data).meta.get("needs_policy") and cfg.reward_model.pairs is None:
+        model, tokenizer = load_pretrained(inputs["policy"] / "model", cfg.model.dtype)
+        policy = (model.to(select_device(cfg.pipeline.device)), tokenizer)
+    train, heldout = load_pairs(cfg, cfg.reward_model, task, train_examples, heldout_examples, policy)
     train_fn = reward_models.get(cfg.reward_model.kind)
     metrics = train_fn(cfg, inputs["policy"] / "model", train, heldout, out_dir, cfg.pipeline.seed, on_log=lambda step, m: tracker.log_metrics(m, step))
     write_pairs(out_dir / "pairs_train.jsonl", train)
