@@ -70,6 +70,6 @@ def abc_align(p: PairLogps, cfg, state: dict) -> tuple[Tensor, dict[str, float]]
     state["step"] = step + 1
     correction = delta.mean() if delta.numel() else h.sum() * 0.0
     loss = pseudo + state["alpha"] * correction
-    metrics = {**pair_metrics(p, cfg.beta), "abc/alpha": float(state["alpha"]), "abc/correction": float(correction)}
+    metrics = {**pair_metrics(p, cfg.beta), "abc/alpha": float(state["alpha"]), "abc/correction": float(correction.detach())}
     metrics.update({f"abc/{k}": float(state[k]) for k in ("alpha_star", "bias", "variance") if k in state})
     return loss, metrics
