@@ -234,6 +234,7 @@ class PairTrainingConfig(Section):
     pairs: str | None  # a JSON-lines file of pairs (data/preferences.py) to train on instead
     n_pairs: int = Field(gt=0)  # generated training pairs
     n_heldout_pairs: int = Field(gt=0)  # generated held-out pairs (from held-out prompts)
+    sample_tokens: int = Field(gt=0)  # response budget when a builder samples from the policy (policy_pairs)
     steps: int = Field(gt=0)
     batch_size: int = Field(gt=0)
     lr: float = Field(gt=0)
@@ -269,7 +270,13 @@ class PairTrainingConfig(Section):
 
 class RewardModelConfig(PairTrainingConfig):
     options_registry = ("reward_model", "reward_models", "reward model")
-    kind: str  # reward_models registry: bt (Bradley-Terry value head) | trm (generative thinking reward model)
+    kind: str  # reward_models registry: bt (Bradley-Terry value head)
+    rl_rewards: tuple[RewardSpec, ...]  # the `rl_rm` stage's reward list (rl settings otherwise); the model's path is its input
+
+    @field_validator("rl_rewards")
+    @classmethod
+    def _some_rewards(cls, v: tuple[RewardSpec, ...]) -> tuple[RewardSpec, ...]:
+        return RLConfig._some_rewards(v)
 
     @field_validator("kind")
     @classmethod

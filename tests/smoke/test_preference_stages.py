@@ -33,9 +33,8 @@ def test_reward_model_stage_then_rl_with_the_bt_reward(upstream):
     metrics = json.loads(posttrain("reward_model", cwd=upstream).stdout.strip().splitlines()[-1])
     assert 0.0 <= metrics["heldout_pair_accuracy"] <= 1.0 and metrics["n_pairs"] > 0
     assert (upstream / "outputs" / "reward_model" / "model" / "bt_pooling.json").is_file()
-    posttrain("rl", "--set", "rl.rewards=[{name: bt, weight: 1.0}, {name: correctness, weight: 0.0}]", "--set", "rl.steps=2",
-              "--out", "outputs/rl_bt", cwd=upstream)
-    history = json.loads((upstream / "outputs" / "rl_bt" / "history.json").read_text())
+    posttrain("rl_rm", "--set", "rl.steps=2", cwd=upstream)  # reward_model.rl_rewards: bt + correctness at weight 0
+    history = json.loads((upstream / "outputs" / "rl_rm" / "history.json").read_text())
     assert len(history) == 2 and all("reward/bt_mean" in h and "accuracy" in h for h in history)
 
 

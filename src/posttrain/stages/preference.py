@@ -29,7 +29,7 @@ def load_pairs(cfg: Config, section, task, train_examples, heldout_examples, pol
         cut = len(pairs) - max(1, len(pairs) // 10)
         return pairs[:cut], pairs[cut:]
     entry, seed = preference_data.entry(section.data), cfg.pipeline.seed
-    extra = {"policy": (*policy, cfg.rl.max_new_tokens)} if entry.meta.get("needs_policy") else {}
+    extra = {"policy": (*policy, section.sample_tokens)} if entry.meta.get("needs_policy") else {}
     return entry.obj(task, train_examples, section.n_pairs, seed, **extra), entry.obj(task, heldout_examples, section.n_heldout_pairs, seed + 1, **extra)
 
 
