@@ -19,9 +19,12 @@ from posttrain.models import load_pretrained
 from posttrain.stages.preference import load_pairs
 from posttrain.rewards.bradley_terry import train_bt
 
-ARMS = {
-    "bt": (RewardSpec(name="bt", weight=1.0), RewardSpec(name="correctness", weight=0.0)),
-    "verifier": (RewardSpec(name="correctness", weight=1.0), RewardSpec(name="format", weight=0.1)),
+BT = (RewardSpec(name="bt", weight=1.0), RewardSpec(name="correctness", weight=0.0))
+ARMS = {  # name: (rewards, extra rl settings)
+    "bt": (BT, {}),
+    "bt_kl": (BT, {"beta": 0.1}),  # the usual RLHF guard against over-optimising a learned reward: k3 KL to the SFT policy
+    "bt_format": ((*BT, RewardSpec(name="format", weight=1.0)), {}),  # plus a rule-based format reward
+    "verifier": ((RewardSpec(name="correctness", weight=1.0), RewardSpec(name="format", weight=0.1)), {}),
 }
 
 
@@ -39,7 +42,7 @@ def reward_model(cfg, task, train, held, sft_path, seed: int):
 
 
 def main() -> None:
-    args = C.parse_args(__doc__.split("\n")[0], 150)
+    args = C.parse_args(__doc__.split("\n")[0], 150, [("--arms", str, ",".join(ARMS), "comma-separated arms to run")])
     t0 = time.time()
     cfg = C.load_config(args, [])
     task, train, held, path, sft = C.sft_start(cfg, args.seed)
@@ -49,11 +52,17 @@ def main() -> None:
     options = {**cfg.rl.options, "bt": {"path": str(rm_dir)}}
     arms, rows = {}, []
     k = max(1, min(20, args.steps // 5))
-    for arm, specs in ARMS.items():
-        rl_cfg = cfg.rl.model_copy(update={"rewards": specs, "options": options})
-        history, after, seconds = C.run_arm(cfg, rl_cfg, task, train, held, path, args.seed)
+    for arm in args.arms.split(","):
+        specs, extra = ARMS[arm]
+        rl_cfg = cfg.rl.model_copy(update={"rewards": specs, "options": options, **extra})
+        last: dict = {}
+        history, after, seconds = C.run_arm(cfg, rl_cfg, task, train, held, path, args.seed, lambda step, r: last.update(r=r))
+        batch = last["r"].batch
+        samples = [{"prompt": last["r"].prompts[i // rl_cfg.group_size].prompt, "completion": t, **{n: round(float(batch.rewards[i, j]), 3)
+                    for j, n in enumerate(batch.reward_names)}} for i, t in enumerate(last["r"].texts[:16])]
         arms[arm] = {"heldout_before": sft, "heldout_after": after, "rl_seconds": round(seconds, 1),
                      "train_accuracy_curve": C.curve(history, "accuracy"), "reward_curve": C.curve(history, f"reward/{specs[0].name}_mean"),
+                     "last_step_samples": samples,
                      "_history": history, "_cfg": cfg.model_copy(update={"rl": rl_cfg})}
         rows.append({"arm": arm, "rl_reward": specs[0].name, "train_acc_first": C.window_mean(history, "accuracy", True, k),
                      "train_acc_last": C.window_mean(history, "accuracy", False, k), "heldout_greedy_before": sft["greedy_accuracy"],
