@@ -20,6 +20,8 @@ Settings: preference.options.abc_align (every, ema, fixed_alpha).
 
 from __future__ import annotations
 
+import math
+
 import torch
 from pydantic import Field
 from torch import Tensor
@@ -71,5 +73,5 @@ def abc_align(p: PairLogps, cfg, state: dict) -> tuple[Tensor, dict[str, float]]
     correction = delta.mean() if delta.numel() else h.sum() * 0.0
     loss = pseudo + state["alpha"] * correction
     metrics = {**pair_metrics(p, cfg.beta), "abc/alpha": float(state["alpha"]), "abc/correction": float(correction.detach())}
-    metrics.update({f"abc/{k}": float(state[k]) for k in ("alpha_star", "bias", "variance") if k in state})
+    metrics.update({f"abc/{k}": float(state[k]) for k in ("alpha_star", "bias", "variance") if k in state and math.isfinite(state[k])})
     return loss, metrics
