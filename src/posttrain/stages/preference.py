@@ -46,10 +46,14 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
 
     task = build_task(cfg.task)
     train_examples, heldout_examples = read_examples(inputs["data"] / "train.jsonl"), read_examples(inputs["data"] / "heldout.jsonl")
+    samples_policy = cfg.preference.pairs is None and preference_data.entry(cfg.preference.data).meta.get("needs_policy")
+    if not samples_policy:  # a bad pair file fails before any model is loaded
+        train, heldout = load_pairs(cfg, cfg.preference, task, train_examples, heldout_examples)
     seed_everything(cfg.pipeline.seed)
     policy, tokenizer = load_pretrained(inputs["policy"] / "model", cfg.model.dtype)
     policy = policy.to(select_device(cfg.pipeline.device))
-    train, heldout = load_pairs(cfg, cfg.preference, task, train_examples, heldout_examples, (policy, tokenizer))
+    if samples_policy:
+        train, heldout = load_pairs(cfg, cfg.preference, task, train_examples, heldout_examples, (policy, tokenizer))
     policy = maybe_lora(policy, cfg.model.lora)
     before, _ = evaluate(policy, tokenizer, task, heldout_examples, cfg.eval, cfg.pipeline.seed)
     history, pair_metrics = train_preference(
