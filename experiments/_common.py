@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import time
@@ -91,8 +92,9 @@ def run_arm(cfg, rl_cfg, task, train, held, path, seed: int, on_step=None, on_mo
     generator = torch.Generator().manual_seed(seed)
     history, start = [], time.time()
     model.train()
+    reference = copy.deepcopy(model).eval().requires_grad_(False) if rl_cfg.beta > 0 else None  # the KL's frozen SFT policy
     for step in range(1, rl_cfg.steps + 1):
-        result = policy_step(run, stream.take(rl_cfg.prompts_per_step), generator, optimizer, schedule, None, more_prompts=stream.take)
+        result = policy_step(run, stream.take(rl_cfg.prompts_per_step), generator, optimizer, schedule, reference, more_prompts=stream.take)
         history.append(result.metrics)
         if on_step is not None:
             on_step(step, result)

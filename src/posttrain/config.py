@@ -14,7 +14,7 @@ import json
 import re
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -146,7 +146,10 @@ def option_schema(name: str, kinds: tuple[str, ...] = ("advantages", "losses", "
     return None
 
 
-_KIND_WORD = {"advantages": "estimator", "losses": "loss", "rewards": "reward", "tasks": "task"}
+_KIND_WORD = {
+    "advantages": "estimator", "losses": "loss", "rewards": "reward", "tasks": "task",
+    "reward_models": "reward model", "preference_objectives": "preference objective",
+}
 
 
 def _validate_options(options: dict[str, dict[str, Any]], used: tuple[str, ...], kinds: tuple[str, ...], where: str) -> None:
@@ -274,6 +277,83 @@ class OrchestrationConfig(Section):
     airflow: AirflowConfig
 
 
+class PairTrainingConfig(Section):
+    """What the `reward_model` and `preference` stages share: where pairs come from, the optimiser loop, and
+    per-method settings in `options`, validated against the `options_registry` entry they name."""
+
+    options_registry: ClassVar[tuple[str, str]]  # (section, registry of the methods it selects)
+
+    data: str  # preference_data registry: how pairs are built from the task's examples (when `pairs` is null)
+    pairs: str | None  # a JSON-lines file of pairs (data/preferences.py) to train on instead
+    n_pairs: int = Field(gt=0)  # generated training pairs
+    n_heldout_pairs: int = Field(gt=0)  # generated held-out pairs (from held-out prompts)
+    sample_tokens: int = Field(gt=0)  # response budget when a builder samples from the policy (policy_pairs)
+    steps: int = Field(gt=0)
+    batch_size: int = Field(gt=0)
+    lr: float = Field(gt=0)
+    warmup_steps: int = Field(ge=0)
+    log_every: int = Field(gt=0)
+    options: dict[str, dict[str, Any]]  # <section>.options.<registered name>.<key>
+
+    @field_validator("data")
+    @classmethod
+    def _known_data(cls, v: str) -> str:
+        return _check_registered("preference_data", v)
+
+    @field_validator("pairs")
+    @classmethod
+    def _pairs_exist(cls, v: str | None) -> str | None:
+        if v is not None and not Path(v).is_file():
+            raise ValueError(f"preference file not found: {v}")
+        return v
+
+    def method(self) -> str:
+        raise NotImplementedError
+
+    @model_validator(mode="after")
+    def _check_options(self) -> "PairTrainingConfig":
+        section, registry = self.options_registry
+        _validate_options(self.options, (self.method(),), (registry,), f"{section}.options")
+        return self
+
+    def options_for(self, name: str) -> BaseModel:
+        """The validated settings of the method registered as `name`."""
+        return option_schema(name, (self.options_registry[1],)).model_validate(self.options[name] or {})
+
+
+class RewardModelConfig(PairTrainingConfig):
+    options_registry = ("reward_model", "reward_models")
+    kind: str  # reward_models registry: bt (Bradley-Terry value head)
+    rl_rewards: tuple[RewardSpec, ...]  # the `rl_rm` stage's reward list (rl settings otherwise); the model's path is its input
+
+    @field_validator("rl_rewards")
+    @classmethod
+    def _some_rewards(cls, v: tuple[RewardSpec, ...]) -> tuple[RewardSpec, ...]:
+        return RLConfig._some_rewards(v)
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, v: str) -> str:
+        return _check_registered("reward_models", v)
+
+    def method(self) -> str:
+        return self.kind
+
+
+class PreferenceConfig(PairTrainingConfig):
+    options_registry = ("preference", "preference_objectives")
+    objective: str  # preference_objectives registry: dpo | gm_dpo | abc_align
+    beta: float = Field(gt=0)  # DPO's inverse temperature on the log-ratio margin
+
+    @field_validator("objective")
+    @classmethod
+    def _known_objective(cls, v: str) -> str:
+        return _check_registered("preference_objectives", v)
+
+    def method(self) -> str:
+        return self.objective
+
+
 class Config(Section):
     pipeline: PipelineConfig
     tracking: TrackingConfig
@@ -282,6 +362,8 @@ class Config(Section):
     sft: SFTConfig
     rl: RLConfig
     eval: EvalConfig
+    reward_model: RewardModelConfig
+    preference: PreferenceConfig
     orchestration: OrchestrationConfig
 
     @model_validator(mode="after")

@@ -70,6 +70,8 @@ class Registry(Generic[T]):
 def all_registries() -> dict[str, Registry]:
     """Every registry, with its implementations imported so that all names are present."""
     from posttrain import objectives, rewards, stages, tasks
+    from posttrain.data.preferences import preference_data
+    from posttrain.objectives.preference import preference_objectives
     from posttrain.objectives.presets import presets
 
     return {
@@ -78,6 +80,9 @@ def all_registries() -> dict[str, Registry]:
         "loss_aggregations": objectives.aggregations,
         "presets": presets,
         "rewards": rewards.rewards,
+        "reward_models": rewards.reward_models,
+        "preference_objectives": preference_objectives,
+        "preference_data": preference_data,
         "tasks": tasks.tasks,
         "stages": stages.stages,
     }

@@ -11,8 +11,8 @@ from posttrain.config import Config
 from posttrain.stages import stages
 
 
-def expanded_stages() -> dict[str, dict]:
-    spec = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+def expanded_stages(path=REPO / "dvc.yaml") -> dict[str, dict]:
+    spec = yaml.safe_load(path.read_text())["stages"]
     out = {}
     for name, stage in spec.items():
         matrix = stage.get("matrix")

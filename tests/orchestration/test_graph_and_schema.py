@@ -86,3 +86,15 @@ def test_values_are_section_keys_or_whole_sections():
     assert values_to_raw({"rl.beta": 0.1, "sft": {"steps": 3}, "sft.lr": 0.1}) == {"rl": {"beta": 0.1}, "sft": {"steps": 3, "lr": 0.1}}
     with pytest.raises(UserError, match="objectives"):
         values_to_raw({"objectives": ["grpo"]})
+
+
+def test_nulls_dropped_for_kubeflow_read_back_as_null_at_any_depth():
+    import yaml
+
+    from posttrain.orchestration.preflight import _absent_optional_is_null, without_nulls
+
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    stripped = {section: without_nulls(values) for section, values in raw.items()}
+    assert "fixed_alpha" not in stripped["preference"]["options"]["abc_align"]  # a nested null, in an options block
+    _absent_optional_is_null(stripped)
+    assert stripped == raw

@@ -25,3 +25,14 @@ def train_char_tokenizer(corpus: Iterable[str]) -> PreTrainedTokenizerFast:
     # prompts are left-padded so every completion starts at the same column; passed to the constructor
     # (not set afterwards) so that save_pretrained records it and AutoTokenizer reloads it
     return PreTrainedTokenizerFast(tokenizer_object=core, pad_token=PAD, eos_token=EOS, unk_token=UNK, padding_side="left")
+
+
+def word_tokenizer(words: Iterable[str]) -> PreTrainedTokenizerFast:
+    """A whitespace word-level tokenizer over a closed vocabulary (synthetic benchmarks whose texts are words
+    from a fixed list); special tokens first (pad=0, eos=1, unk=2), like `train_char_tokenizer`."""
+    vocab = {token: i for i, token in enumerate([PAD, EOS, UNK, *dict.fromkeys(words)])}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token=PAD, eos_token=EOS, unk_token=UNK, padding_side="left", clean_up_tokenization_spaces=False
+    )

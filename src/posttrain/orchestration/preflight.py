@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
 from posttrain import config
-from posttrain.config import Config
+from posttrain.config import Config, option_schema
 from posttrain.errors import UserError
 from posttrain.orchestration.schema import values_to_raw
 
@@ -47,18 +48,27 @@ def resolve_config(params: Path, values_json: list[str], overrides: list[str]) -
 
 
 def without_nulls(section: dict[str, Any]) -> dict[str, Any]:
-    """Kubeflow parameters cannot hold null; such keys are left out and read back as null."""
-    return {k: v for k, v in section.items() if v is not None}
+    """Kubeflow parameters cannot hold null; such keys are left out (at any depth) and read back as null."""
+    return {k: without_nulls(v) if isinstance(v, dict) else v for k, v in section.items() if v is not None}
 
 
-def _absent_optional_is_null(raw: dict[str, Any]) -> None:
-    for section, model in Config.model_fields.items():
-        values = raw.get(section)
-        if not isinstance(values, dict):
-            continue
-        for key, field in model.annotation.model_fields.items():
-            if key not in values and type(None) in typing.get_args(field.annotation):
-                values[key] = None
+_OPTION_REGISTRIES = ("advantages", "losses", "rewards", "tasks", "reward_models", "preference_objectives")
+
+
+def _absent_optional_is_null(raw: dict[str, Any], model: type[BaseModel] = Config) -> None:
+    """Undo `without_nulls`: an absent optional key is null, in every section, nested model and options block."""
+    for key, field in model.model_fields.items():
+        values = raw.get(key)
+        annotation = field.annotation
+        if key not in raw and type(None) in typing.get_args(annotation):
+            raw[key] = None
+        elif isinstance(values, dict) and isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            _absent_optional_is_null(values, annotation)
+        elif key == "options" and isinstance(values, dict):  # per-method blocks, typed by the method's registry entry
+            for name, block in values.items():
+                schema = option_schema(name, _OPTION_REGISTRIES)
+                if schema is not None and isinstance(block, dict):
+                    _absent_optional_is_null(block, schema)
 
 
 def config_text(cfg: Config) -> str:

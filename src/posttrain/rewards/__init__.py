@@ -18,6 +18,9 @@ from posttrain.registry import Registry
 from posttrain.tasks import Example, Task
 
 rewards: Registry = Registry("reward")
+# trainable reward models (`reward_model.kind`): name -> train(cfg, inputs, out_dir, tracker) -> metrics; each also
+# registers a reward of the same name that scores completions with the trained model
+reward_models: Registry = Registry("reward model")
 
 
 @rewards.register("correctness")
@@ -55,4 +58,4 @@ def reward_matrix(specs, task: Task, examples, completions, finished, **context)
     return torch.stack(columns, dim=1), names, weights
 
 
-from posttrain.rewards import audit_correction, kgpo, sdrl  # noqa: E402,F401  (registers)
+from posttrain.rewards import audit_correction, bradley_terry, kgpo, sdrl  # noqa: E402,F401  (registers)

@@ -1,0 +1,166 @@
+"""`bt`: a Bradley-Terry scalar reward model (Bradley & Terry 1952; the RLHF reward model of Ouyang et al.
+2022, "Training language models to follow instructions with human feedback", arXiv 2203.02155, eq. 1).
+
+A value head on the language model reads the hidden state of the last token of `prompt + response + EOS`
+and returns a scalar r(x, y); pairs train it by maximising the likelihood that the chosen response wins:
+
+    L_BT = -log sigmoid( r(x, y_w) - r(x, y_l) )
+
+The model is the SFT checkpoint with a fresh one-output head (`AutoModelForSequenceClassification`, which
+pools the last non-padding token). As an RL reward (`rl.rewards: [{name: bt}]`) it scores each completion
+with r(x, y); only differences within a group matter to group-normalised estimators.
+Settings: rl.options.bt.path, the `reward_model` stage's output directory.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from posttrain.config import Section
+from posttrain.errors import UserError
+from posttrain.rewards import reward_models, rewards
+from posttrain.rollout.decoders import positions_from_mask
+
+SCORE_CHUNK = 512
+POOLING_FILE = "bt_pooling.json"  # saved next to the weights: how the reward reads r(x, y)
+
+
+class BTOptions(Section):  # rl.options.bt
+    path: str  # the reward_model stage's output directory (holding model/)
+
+
+class BTModelOptions(Section):  # reward_model.options.bt
+    pooling: Literal["last", "response_sum"]  # where the value head's outputs become r(x, y)
+
+
+def encode_texts(tokenizer, prompts: Sequence[str], responses: Sequence[str], device) -> tuple[Tensor, Tensor, Tensor]:
+    """Left-padded ids, attention mask and response mask (response tokens + EOS) of `prompt + response + EOS`
+    (an unfinished response is judged as the text it is, the way pairs present it in training)."""
+    heads = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+    tails = [tokenizer.encode(r, add_special_tokens=False) + [tokenizer.eos_token_id] for r in responses]
+    width = max(len(h) + len(t) for h, t in zip(heads, tails))
+    ids = torch.full((len(heads), width), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(heads), width), dtype=torch.long)
+    response = torch.zeros((len(heads), width), dtype=torch.long)
+    for i, (head, tail) in enumerate(zip(heads, tails)):
+        ids[i, width - len(head) - len(tail) :] = torch.tensor(head + tail)
+        mask[i, width - len(head) - len(tail) :] = 1
+        response[i, width - len(tail) :] = 1
+    return ids.to(device), mask.to(device), response.to(device)
+
+
+def scores(model, ids: Tensor, mask: Tensor, response: Tensor, pooling: str) -> Tensor:
+    """r(x, y) [N]: the value head at the last token (`last`), or summed over the response tokens
+    (`response_sum`: each token's value judges the text up to it, a token-level decomposition of r)."""
+    values = model.score(model.model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask)).last_hidden_state)
+    values = values.squeeze(-1).float()
+    return values[:, -1] if pooling == "last" else (values * response).sum(-1)
+
+
+def train_bt(cfg, policy_dir: Path, train, heldout, out_dir: Path, seed: int, on_log: Callable[[int, dict[str, float]], None]) -> dict[str, float]:
+    """Fit a BT reward model on `train` pairs from the SFT model at `policy_dir`; save it to out_dir/model."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    from posttrain.models import select_device
+    from posttrain.trainers.common import optimizer_and_schedule, progress
+    from posttrain.trainers.preference import check_vocabulary
+
+    rm_cfg, device = cfg.reward_model, select_device(cfg.pipeline.device)
+    tokenizer = AutoTokenizer.from_pretrained(policy_dir)
+    check_vocabulary(tokenizer, [t for p in [*train, *heldout] for t in (p.prompt, p.chosen, p.rejected)], "the preference data")
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the fresh value head is expected: do not print transformers' "newly initialized" report
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(policy_dir, num_labels=1, dtype=getattr(torch, cfg.model.dtype)).to(device)
+    finally:
+        hf_logging.set_verbosity(level)
+
+    def encode(pairs):  # rows 2i / 2i+1: chosen / rejected of pair i
+        prompts = [p.prompt for p in pairs for _ in range(2)]
+        return encode_texts(tokenizer, prompts, [t for p in pairs for t in (p.chosen, p.rejected)], device)
+
+    pooling = rm_cfg.options_for("bt").pooling
+    ids, mask, response = encode(train)
+    held_ids, held_mask, held_response = encode(heldout)
+    severity = torch.tensor([p.severity for p in heldout])
+
+    @torch.no_grad()
+    def heldout_metrics() -> dict[str, float]:
+        model.eval()
+        r = torch.cat([scores(model, held_ids[s : s + SCORE_CHUNK], held_mask[s : s + SCORE_CHUNK], held_response[s : s + SCORE_CHUNK], pooling)
+                       for s in range(0, len(held_ids), SCORE_CHUNK)])
+        model.train()
+        wins = (r[0::2] > r[1::2]).float().cpu()
+        out = {"heldout_pair_accuracy": float(wins.mean()), "heldout_score_margin": float((r[0::2] - r[1::2]).mean())}
+        for level in sorted(set(severity.tolist())):  # accuracy per severity tier: near misses are the hard pairs
+            out[f"heldout_pair_accuracy_sev{level:.2f}"] = float(wins[severity == level].mean())
+        return out
+
+    before = {f"{k}_before": v for k, v in heldout_metrics().items() if k == "heldout_pair_accuracy"}
+    optimizer, schedule = optimizer_and_schedule(list(model.parameters()), rm_cfg.lr, 0.0, rm_cfg.warmup_steps, rm_cfg.steps)
+    generator = torch.Generator().manual_seed(seed)
+    model.train()
+    bar = progress(rm_cfg.steps, "reward_model (bt)")
+    for step in range(1, rm_cfg.steps + 1):
+        picked = torch.randint(len(train), (min(rm_cfg.batch_size, len(train)),), generator=generator)
+        rows = torch.stack([2 * picked, 2 * picked + 1], dim=1).flatten().to(device)
+        r = scores(model, ids[rows], mask[rows], response[rows], pooling)
+        loss = -torch.nn.functional.logsigmoid(r[0::2] - r[1::2]).mean()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        bar.update()
+        if step % rm_cfg.log_every == 0 or step == rm_cfg.steps:
+            metrics = {"rm_loss": float(loss.detach()), "rm_train_accuracy": float((r[0::2] > r[1::2]).float().mean()), **heldout_metrics()}
+            on_log(step, metrics)
+            bar.set_postfix(loss=f"{metrics['rm_loss']:.3f}", acc=f"{metrics['heldout_pair_accuracy']:.2f}")
+    bar.close()
+    model.save_pretrained(out_dir / "model")
+    tokenizer.save_pretrained(out_dir / "model")
+    (out_dir / "model" / POOLING_FILE).write_text(json.dumps({"pooling": pooling}))
+    return {**before, **heldout_metrics()}
+
+
+reward_models.register("bt", options=BTModelOptions)(train_bt)
+
+
+@functools.lru_cache(maxsize=4)
+def _load(path: str, stamp: float):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from posttrain.models import select_device
+
+    model = AutoModelForSequenceClassification.from_pretrained(path).to(select_device("auto")).eval().requires_grad_(False)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return model, tokenizer, json.loads((Path(path) / POOLING_FILE).read_text())["pooling"]
+
+
+def load_reward_model(directory: str, kind: str):
+    """(model, tokenizer, pooling) under `directory/model` (cached while unchanged); UserError if absent."""
+    path = Path(directory) / "model"
+    if not (path / "config.json").is_file() or not (path / POOLING_FILE).is_file():
+        raise UserError(f"rl.options.{kind}.path: no trained reward model at {path} (run the reward_model stage with reward_model.kind={kind})")
+    return _load(str(path.resolve()), (path / "config.json").stat().st_mtime)
+
+
+@rewards.register("bt", needs=("rl",), options=BTOptions)
+@torch.no_grad()
+def bt_reward(task, examples, completions, finished, *, rl) -> Tensor:
+    """r(x, y) of the Bradley-Terry model trained by the reward_model stage."""
+    model, tokenizer, pooling = load_reward_model(rl.options_for("bt").path, "bt")
+    device = next(model.parameters()).device
+    out = []
+    for s in range(0, len(completions), SCORE_CHUNK):
+        ids, mask, response = encode_texts(tokenizer, [e.prompt for e in examples[s : s + SCORE_CHUNK]], completions[s : s + SCORE_CHUNK], device)
+        out.append(scores(model, ids, mask, response, pooling).cpu())
+    return torch.cat(out)

@@ -1,0 +1,46 @@
+"""Stage `reward_model`: train the reward model named by `reward_model.kind` on preference pairs.
+
+Inputs: `data` (train.jsonl, heldout.jsonl) and `policy` (the SFT model the reward model starts from).
+Pairs come from `reward_model.data` (training prompts; held-out pairs from held-out prompts) or from the
+file `reward_model.pairs`. Outputs: `model/` (what `rl.options.<kind>.path` points the RL reward at),
+`pairs_train.jsonl`, `pairs_heldout.jsonl`; metrics: held-out pair accuracy before and after training.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from posttrain.config import Config
+from posttrain.data import read_examples
+from posttrain.data.preferences import preference_data, write_pairs
+from posttrain.stages import stages
+from posttrain.stages.preference import load_pairs
+from posttrain.tasks import build_task
+
+
+@stages.register(
+    "reward_model",
+    inputs={"data": "outputs/data", "policy": "outputs/sft"},
+    requires={"data": ["train.jsonl", "heldout.jsonl"], "policy": ["model/config.json"]},
+)
+def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
+    from posttrain.models import load_pretrained, select_device
+    from posttrain.rewards import reward_models
+    from posttrain.trainers.common import seed_everything
+
+    task = build_task(cfg.task)
+    train_examples, heldout_examples = read_examples(inputs["data"] / "train.jsonl"), read_examples(inputs["data"] / "heldout.jsonl")
+    seed_everything(cfg.pipeline.seed)
+    policy = None
+    if preference_data.entry(cfg.reward_model.data).meta.get("needs_policy") and cfg.reward_model.pairs is None:
+        model, tokenizer = load_pretrained(inputs["policy"] / "model", cfg.model.dtype)
+        policy = (model.to(select_device(cfg.pipeline.device)), tokenizer)
+    train, heldout = load_pairs(cfg, cfg.reward_model, task, train_examples, heldout_examples, policy)
+    train_fn = reward_models.get(cfg.reward_model.kind)
+    metrics = train_fn(cfg, inputs["policy"] / "model", train, heldout, out_dir, cfg.pipeline.seed, on_log=lambda step, m: tracker.log_metrics(m, step))
+    write_pairs(out_dir / "pairs_train.jsonl", train)
+    write_pairs(out_dir / "pairs_heldout.jsonl", heldout)
+    tracker.log_artifacts(out_dir / "model", "model")
+    metrics.update(n_pairs=float(len(train)), n_heldout_pairs=float(len(heldout)))
+    tracker.log_metrics(metrics)
+    return metrics

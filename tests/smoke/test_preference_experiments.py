@@ -1,0 +1,33 @@
+"""The reward-model and preference claim experiments run end to end on a micro budget and write their JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from helpers import REPO
+
+EXPECTED = {
+    "reward_model_rl": ({"bt", "verifier"}, ["--arms", "bt,verifier", "--set", "reward_model.steps=3", "--set", "reward_model.n_pairs=30",
+                                             "--set", "reward_model.n_heldout_pairs=10"]),
+    "gm_dpo_flexbench": ({"dpo", "gm_dpo"}, []),
+    "abc_align_pseudo_labels": ({"pseudo_only", "gold_only", "abc_align"}, ["--gold", "8"]),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_experiment_runs_and_writes_json(name, tmp_path):
+    arms, extra = EXPECTED[name]
+    out = tmp_path / "out.json"
+    env = {"POSTTRAIN_EXP_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1", "PATH": "/usr/bin:/bin"}
+    result = subprocess.run(
+        [sys.executable, str(REPO / "experiments" / f"{name}.py"), "--steps", "2", "--micro", "--json", str(out), "--no-mlflow", *extra],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["claim"] == name and data["steps"] == 2 and set(data["arms"]) == arms and data["table"]
