@@ -127,10 +127,10 @@ class RewardSpec(Section):
 
 
 def option_schema(name: str) -> type[BaseModel] | None:
-    """The options model declared by the estimator, loss or reward registered as `name`, if any."""
+    """The options model declared by the estimator, loss, reward or auxiliary term registered as `name`, if any."""
     from posttrain.registry import all_registries
 
-    for kind in ("advantages", "losses", "rewards"):
+    for kind in ("advantages", "losses", "rewards", "auxiliaries"):
         registry = all_registries()[kind]
         if name in registry:
             return registry.entry(name).meta.get("options")
@@ -145,6 +145,7 @@ class RLConfig(Section):
     advantage: str
     loss: str
     loss_agg: str
+    aux: tuple[str, ...]  # auxiliary loss terms added to the policy loss (distillation, alignment), by registry name
     rewards: tuple[RewardSpec, ...]
     steps: int = Field(gt=0)
     prompts_per_step: int = Field(gt=0)
@@ -179,7 +180,7 @@ class RLConfig(Section):
                 schema.model_validate(values or {})
             except ValidationError as e:
                 raise ValueError(_one_line(e, schema, prefix=f"rl.options.{name}.")) from None
-        for used in (self.advantage, self.loss, *(r.name for r in self.rewards)):
+        for used in (self.advantage, self.loss, *self.aux, *(r.name for r in self.rewards)):
             if option_schema(used) is not None and used not in self.options:
                 raise ValueError(f"rl.options.{used}: missing; {used}'s settings belong in params.yaml")
         return self
@@ -197,6 +198,11 @@ class RLConfig(Section):
     @classmethod
     def _registered(cls, v: str, info: ValidationInfo) -> str:
         return _check_registered(_REGISTRY_OF[info.field_name], v)
+
+    @field_validator("aux")
+    @classmethod
+    def _known_aux(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(_check_registered("auxiliaries", name) for name in v)
 
     @field_validator("rewards")
     @classmethod
@@ -218,6 +224,22 @@ class EvalConfig(Section):
     n_table: int = Field(ge=0)
 
 
+class DistillConfig(Section):
+    method: str  # a distillation preset (objectives/distill/presets.py) applied on top of the rl section
+    steps: int = Field(gt=0)
+    prompts_per_step: int = Field(gt=0)
+
+    @field_validator("method")
+    @classmethod
+    def _known_method(cls, v: str) -> str:
+        from posttrain.objectives.distill.presets import DISTILL_METHODS
+
+        _check_registered("presets", v)
+        if v not in DISTILL_METHODS:
+            raise ValueError(f"{v!r} is not a distillation method; choose from {', '.join(DISTILL_METHODS)}")
+        return v
+
+
 class Config(Section):
     pipeline: PipelineConfig
     tracking: TrackingConfig
@@ -225,6 +247,7 @@ class Config(Section):
     model: ModelConfig
     sft: SFTConfig
     rl: RLConfig
+    distill: DistillConfig
     eval: EvalConfig
 
     def section_hash(self, *sections: str) -> str:

@@ -76,6 +76,7 @@ def all_registries() -> dict[str, Registry]:
         "advantages": objectives.advantages,
         "losses": objectives.losses,
         "loss_aggregations": objectives.aggregations,
+        "auxiliaries": objectives.auxiliaries,
         "presets": presets,
         "rewards": rewards.rewards,
         "tasks": tasks.tasks,

@@ -19,7 +19,7 @@ from posttrain.registry import Registry
 
 stages: Registry = Registry("stage")
 
-from posttrain.stages import data, eval, rl, sft  # noqa: E402,F401,A004  (registers)
+from posttrain.stages import data, distill, eval, rl, sft  # noqa: E402,F401,A004  (registers)
 
 
 def staging_dir(out_dir: Path) -> Path:
