@@ -29,8 +29,9 @@ def trace_context(example: Example, trace: str) -> str:
 
 
 def skill_context(example: Example, skill: str) -> str:
-    """PR-OPD's context: the policy's hindsight skill, then the prompt."""
-    return f"{skill}{SEP}{example.prompt}"
+    """PR-OPD's context: the policy's hindsight skill, then the prompt (an empty skill adds nothing, so the
+    teacher pass then equals the student pass)."""
+    return f"{skill}{SEP}{example.prompt}" if skill else example.prompt
 
 
 def hindsight_prompt(example: Example, response: str, success: bool) -> str:
