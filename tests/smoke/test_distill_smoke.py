@@ -90,3 +90,28 @@ def test_opd_without_a_teacher_is_one_clear_error(pipeline_outputs, tmp_path):
     result = posttrain("rl", "--set", "rl.preset=opd", "--out", "outputs/rl_opd", cwd=tmp_path, check=False)
     assert result.returncode == 2
     assert "teacher" in result.stderr.strip().splitlines()[-1] and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("method", ["grpo", "pr_opd"])
+def test_text_world_multi_turn_training_takes_two_steps(tmp_path, method):
+    from posttrain.models import build_tiny, train_char_tokenizer
+    from posttrain.tasks import build_task
+    from posttrain.trainers.common import optimizer_and_schedule
+
+    overrides = ["task.name=text_world", "task.n_train=60", "task.n_heldout=20", "rl.max_new_tokens=9", "rl.group_size=3",
+                 f"rl.preset={method}", "rl.options.pr_opd.warm_start=1"]
+    cfg = config.load(micro_params(tmp_path), overrides)
+    task = build_task(cfg.task)
+    tokenizer = train_char_tokenizer([task.alphabet()])
+    torch.manual_seed(0)
+    model = build_tiny(cfg.model, tokenizer)
+    examples = task.splits(0)["train"]
+    run = RLRun(model, tokenizer, task, examples, cfg.rl, seed=0, checkpoint_dir=REPO / "unused", config_hash="x")
+    optimizer, schedule = optimizer_and_schedule(list(model.parameters()), cfg.rl.lr, 0.0, 0, 2)
+    stream, generator = PromptStream(examples, 0), torch.Generator().manual_seed(0)
+    for step in (1, 2):
+        result = policy_step(run, stream.take(3), generator, optimizer, schedule, None)
+        assert all(math.isfinite(v) for v in result.metrics.values())
+        assert (result.batch.completion_mask == 0).any()  # observations were appended and masked
+    if method == "pr_opd":  # warm start (step 1) then the representation term (step 2)
+        assert "pr_opd/rep_loss" in result.metrics and "pr_opd" in run.state

@@ -80,7 +80,8 @@ def rollout(run: RLRun, prompts: list[Example], generator: torch.Generator) -> t
     device = next(run.policy.parameters()).device
     prompt_ids, prompt_mask = encode_prompts(tok, [e.prompt for e in prompts], device)
     start = time.perf_counter()
-    samples = sample(
+    sampler = run.task.sampler(tok) if hasattr(run.task, "sampler") else sample  # multi-turn envs sample whole episodes
+    samples = sampler(
         run.policy, prompt_ids, prompt_mask, group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
         eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, temperature=cfg.temperature, generator=generator,
     )
