@@ -27,7 +27,7 @@ def main() -> None:
     t0 = time.time()
     cfg = C.load_config(args, [])
     task, train, held, path, sft = C.sft_start(cfg, args.seed)
-    teacher_path, teacher_held = D.rl_checkpoint(cfg, task, train, held, path, args.seed, args.teacher_steps, "gats_teacher")
+    teacher_path, teacher_held = D.rl_checkpoint(cfg, task, train, held, path, args.seed, args.teacher_steps, "grpo_teacher")
     print(f"SFT held-out greedy {sft['greedy_accuracy']:.4f}; teacher ({args.teacher_steps} GRPO steps) {teacher_held['greedy_accuracy']:.4f}", flush=True)
     settings = {
         "grpo": {"advantage": "grpo"},

@@ -28,7 +28,7 @@ def main() -> None:
     t0 = time.time()
     cfg = C.load_config(args, [])
     task, train, held, path, base_held = C.sft_start(cfg, args.seed)
-    teacher_path, teacher_held = D.rl_checkpoint(cfg, task, train, held, path, args.seed, args.teacher_steps, "ride_teacher")
+    teacher_path, teacher_held = D.rl_checkpoint(cfg, task, train, held, path, args.seed, args.teacher_steps, "grpo_teacher")
     print(f"base held-out greedy {base_held['greedy_accuracy']:.4f}; teacher {teacher_held['greedy_accuracy']:.4f}", flush=True)
     settings = {
         "oprd": ("ride", 1.0), "ride": ("ride", args.lam), "output_space": ("ride_logits", args.lam),
