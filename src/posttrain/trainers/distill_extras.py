@@ -51,10 +51,28 @@ def success(run: RLRun, batch: RolloutBatch) -> Tensor:
     return rewards @ batch.reward_weights > 0
 
 
+def score_as_student(model, run: RLRun, batch: RolloutBatch, hidden: bool = False):
+    """The batch's completions read by a frozen `model` after the student's own prompts."""
+    return teacher_forward(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, run.cfg.temperature, hidden)
+
+
 def score_under(model, run: RLRun, context_texts: list[str], batch: RolloutBatch, hidden: bool = False):
     """The batch's completions read by `model` after per-row context texts (no gradient)."""
     ids, mask = encode_prompts(run.tokenizer, context_texts, batch.completion_ids.device)
     return teacher_forward(model, ids, mask, batch.completion_ids, batch.completion_mask, run.cfg.temperature, hidden)
+
+
+@torch.no_grad()
+def generate(run: RLRun, model, prompt_texts: list[str], max_tokens: int, temperature: float = 1.0, greedy: bool = False,
+             group_size: int = 1):
+    """`group_size` samples from `model` after each prompt text (no gradient): (Samples, decoded texts)."""
+    tok = run.tokenizer
+    ids, mask = encode_prompts(tok, prompt_texts, next(model.parameters()).device)
+    out = sample(
+        model, ids, mask, group_size=group_size, max_new_tokens=max_tokens, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
+        temperature=temperature, greedy=greedy,
+    )
+    return out, decode_completions(tok, out)
 
 
 def group_rows(batch: RolloutBatch) -> list[list[int]]:
@@ -70,31 +88,31 @@ def group_rows(batch: RolloutBatch) -> list[list[int]]:
 def teacher_logp(run, prompts, batch, reference) -> Tensor:
     """[B, T] sampled-token log-probs under the frozen teacher, same prompt as the student."""
     model = teacher_model(run, "teacher", "teacher_logp")
-    return teacher_forward(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, run.cfg.temperature).sampled(batch.completion_ids)
+    return score_as_student(model, run, batch).sampled(batch.completion_ids)
 
 
 def teacher_hidden(run, prompts, batch, reference) -> Tensor:
     """[L, B, T, d] hidden states of every layer of the frozen teacher on the student's rollouts."""
     model = teacher_model(run, "teacher", "teacher_hidden")
-    return teacher_forward(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, run.cfg.temperature, True).hidden
+    return score_as_student(model, run, batch, hidden=True).hidden
 
 
 def base_hidden(run, prompts, batch, reference) -> Tensor:
     """[L, B, T, d] hidden states of the frozen pre-RL base (RIDE's B)."""
     model = teacher_model(run, "base", "base_hidden")
-    return teacher_forward(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, run.cfg.temperature, True).hidden
+    return score_as_student(model, run, batch, hidden=True).hidden
 
 
 def teacher_logprobs(run, prompts, batch, reference) -> Tensor:
     """[B, T, V] full next-token log-probs of the frozen teacher."""
     model = teacher_model(run, "teacher", "teacher_logprobs")
-    return teacher_forward(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, run.cfg.temperature).logprobs
+    return score_as_student(model, run, batch).logprobs
 
 
 def base_logprobs(run, prompts, batch, reference) -> Tensor:
     """[B, T, V] full next-token log-probs of the frozen base."""
     model = teacher_model(run, "base", "base_logprobs")
-    return teacher_forward(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, run.cfg.temperature).logprobs
+    return score_as_student(model, run, batch).logprobs
 
 
 # --- self-teachers: the policy with privileged context -------------------------------------------------
@@ -114,7 +132,8 @@ def contrast_logp_gap(run, prompts, batch, reference) -> Tensor:
         for own in rows:
             mistakes = contexts.group_mistakes([texts[j] for j in rows], [ok[j] for j in rows], rows.index(own), limit)
             positive[own], negative[own] = contexts.contrastive_contexts(examples[own], mistakes)
-    return score_under(run.policy, run, positive, batch).sampled(batch.completion_ids) - score_under(run.policy, run, negative, batch).sampled(batch.completion_ids)
+    ids = batch.completion_ids
+    return score_under(run.policy, run, positive, batch).sampled(ids) - score_under(run.policy, run, negative, batch).sampled(ids)
 
 
 def peer_logp_gap(run, prompts, batch, reference) -> Tensor:
@@ -139,9 +158,7 @@ def trace_logprobs(run, prompts, batch, reference) -> Tensor:
     to the prompt, generated once per prompt and shared by the group. The teacher is the `teacher` model when
     one is given, else the policy (same-model setting)."""
     model = run.teachers.get("teacher", run.policy)
-    tok = run.tokenizer
-    ids, mask = encode_prompts(tok, [e.prompt for e in prompts], batch.group.device)
-    traces = decode_completions(tok, sample(model, ids, mask, group_size=1, max_new_tokens=run.cfg.max_new_tokens, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, greedy=True))
+    _, traces = generate(run, model, [e.prompt for e in prompts], run.cfg.max_new_tokens, greedy=True)
     _, index = torch.unique(batch.group, return_inverse=True)
     texts = [contexts.trace_context(prompts[g], traces[g]) for g in index.tolist()]
     return score_under(model, run, texts, batch).logprobs
@@ -154,10 +171,9 @@ def skill_hidden(run, prompts, batch, reference) -> Tensor:
     opts = run.cfg.options_for("pr_opd")
     if run.state.get("step", 1) <= opts.warm_start:  # GRPO warm start: no skills written, no teacher pass
         return torch.empty(0)
-    tok, examples = run.tokenizer, row_examples(prompts, batch)
-    texts, ok = decode_completions(tok, batch), success(run, batch).tolist()
-    ids, mask = encode_prompts(tok, [contexts.hindsight_prompt(e, t, s) for e, t, s in zip(examples, texts, ok)], batch.group.device)
-    skills = decode_completions(tok, sample(run.policy, ids, mask, group_size=1, max_new_tokens=opts.skill_tokens, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, temperature=run.cfg.temperature))
+    examples, texts, ok = row_examples(prompts, batch), decode_completions(run.tokenizer, batch), success(run, batch).tolist()
+    hindsight = [contexts.hindsight_prompt(e, t, s) for e, t, s in zip(examples, texts, ok)]
+    _, skills = generate(run, run.policy, hindsight, opts.skill_tokens, run.cfg.temperature)
     return score_under(run.policy, run, [contexts.skill_context(e, k) for e, k in zip(examples, skills)], batch, hidden=True).hidden
 
 
@@ -169,8 +185,9 @@ def retrospections(run, prompts, batch, reference) -> Tensor:
     opts, tok = run.cfg.options_for("roft"), run.tokenizer
     examples, texts, ok = row_examples(prompts, batch), decode_completions(tok, batch), success(run, batch).tolist()
     feedback = [e.completion if not s else t for e, t, s in zip(examples, texts, ok)]  # the checker's feedback: the expected output
-    ids, mask = encode_prompts(tok, [contexts.retrospection_prompt(e, t, f) for e, t, f in zip(examples, texts, feedback)], batch.group.device)
-    retro = sample(run.policy, ids, mask, group_size=1, max_new_tokens=opts.max_tokens, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, temperature=opts.temperature)
+    retro_prompts = [contexts.retrospection_prompt(e, t, f) for e, t, f in zip(examples, texts, feedback)]
+    ids, mask = encode_prompts(tok, retro_prompts, batch.group.device)
+    retro, _ = generate(run, run.policy, retro_prompts, opts.max_tokens, opts.temperature)
     width = ids.shape[1] + retro.completion_ids.shape[1]
     out = torch.zeros(batch.size, 3, width, dtype=torch.long, device=ids.device)
     out[:, 0] = torch.cat([ids, retro.completion_ids], 1)
@@ -191,7 +208,11 @@ def measure_success(run: RLRun, model, prompts: list[Example], samples_per_promp
     """Mean verifier success of `model` sampled on `prompts` (GATS's fixed teacher reference S_T)."""
     tok = run.tokenizer
     ids, mask = encode_prompts(tok, [e.prompt for e in prompts], next(model.parameters()).device)
-    out = sample(model, ids, mask, group_size=samples_per_prompt, max_new_tokens=run.cfg.max_new_tokens, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, temperature=run.cfg.temperature)
+    sampler = run.task.sampler(tok) if hasattr(run.task, "sampler") else sample  # episodes, for multi-turn envs
+    out = sampler(
+        model, ids, mask, group_size=samples_per_prompt, max_new_tokens=run.cfg.max_new_tokens, eos_id=tok.eos_token_id,
+        pad_id=tok.pad_token_id, temperature=run.cfg.temperature,
+    )
     texts = decode_completions(tok, out)
     rows = [e for e in prompts for _ in range(samples_per_prompt)]
     return sum(run.task.correctness_reward(t, f, e) for t, f, e in zip(texts, out.finished.tolist(), rows)) / len(rows)
