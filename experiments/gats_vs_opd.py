@@ -1,8 +1,9 @@
 """Claim (a), GATS (spec §7): with a teacher weaker than the final student, gap-adaptive OPD gets the early
 boost of distillation without the late drag of a constant OPD weight.
 
-Start: the SFT model. Teacher: the SFT model after `--teacher-steps` GRPO updates (stronger than the start,
-weaker than a fully trained student). Three arms from the SFT start, same seed and budget:
+Teacher: the SFT model after `--teacher-steps` GRPO updates (0: the SFT model itself). Student start: the
+same SFT model, or with `--student-sft-steps N` a weaker one trained N SFT steps on the same examples, so
+that the teacher is ahead early and behind a fully trained student. Three arms, same seed and budget:
   grpo      reward-only GRPO
   opd_const GRPO + constant-weight OPD (rl.options.opd: weight w, reward_weight 1)
   gats      GRPO + w(gap) OPD, w -> 0 as the student's success EMA reaches the teacher's
@@ -23,12 +24,20 @@ ARMS = ("grpo", "opd_const", "gats")
 
 def main() -> None:
     args = C.parse_args(__doc__.split("\n")[0], 200, [("--teacher-steps", int, 40, "GRPO steps that make the teacher"),
-                                                      ("--weight", float, 1.0, "OPD weight (constant arm) and GATS w_max")])
+                                                      ("--weight", float, 1.0, "OPD weight (constant arm) and GATS w_max"),
+                                                      ("--student-sft-steps", int, 0, "0: the student starts at the teacher's SFT base")])
     t0 = time.time()
     cfg = C.load_config(args, [])
     task, train, held, path, sft = C.sft_start(cfg, args.seed)
-    teacher_path, teacher_held = D.rl_checkpoint(cfg, task, train, held, path, args.seed, args.teacher_steps, "grpo_teacher")
-    print(f"SFT held-out greedy {sft['greedy_accuracy']:.4f}; teacher ({args.teacher_steps} GRPO steps) {teacher_held['greedy_accuracy']:.4f}", flush=True)
+    if args.teacher_steps:
+        teacher_path, teacher_held = D.rl_checkpoint(cfg, task, train, held, path, args.seed, args.teacher_steps, "grpo_teacher")
+    else:
+        teacher_path, teacher_held = path, sft
+    if args.student_sft_steps:
+        path = D.sft_on(cfg, task, train[: cfg.sft.n_examples or None], args.seed, "weak_student", steps=args.student_sft_steps)
+        model, tok = C.load_pretrained(path)
+        sft = C.evaluate(model, tok, task, held, cfg.eval, args.seed)[0]
+    print(f"student start held-out greedy {sft['greedy_accuracy']:.4f}; teacher ({args.teacher_steps} GRPO steps) {teacher_held['greedy_accuracy']:.4f}", flush=True)
     settings = {
         "grpo": {"advantage": "grpo"},
         "opd_const": {"advantage": "opd", "options": {**cfg.rl.options, "opd": {"weight": args.weight, "reward_weight": 1.0}}},
@@ -47,7 +56,8 @@ def main() -> None:
     rows = [D.summary_row(a, arms[a], k) for a in ARMS]
     text = C.print_table(f"\nGATS vs constant OPD vs GRPO, {args.steps} steps, teacher held-out {teacher_held['greedy_accuracy']:.4f} (first/last {k} steps)", rows)
     print("gats weight per window:", arms["gats"]["weight_curve"])
-    D.finish(args, cfg, "gats_vs_opd", arms, rows, text, {"sft_heldout": sft, "teacher_heldout": teacher_held, "teacher_steps": args.teacher_steps, "k": k}, t0)
+    D.finish(args, cfg, "gats_vs_opd", arms, rows, text, {"sft_heldout": sft, "teacher_heldout": teacher_held, "teacher_steps": args.teacher_steps,
+                                                      "student_sft_steps": args.student_sft_steps, "k": k}, t0)
 
 
 if __name__ == "__main__":

@@ -220,3 +220,32 @@ def test_uniopsd_estimator_runs_on_a_batch():
     batch = make_batch([1.0, 0.0, 0.0, 1.0]).with_extras(peer_logp_gap=torch.randn(4, 4) * 0.1, uniopsd_rho=torch.tensor(0.0), train_step=torch.tensor(1.0))
     adv = advantages.get("uniopsd")(batch, rl())
     assert adv.shape == (4, 4) and torch.isfinite(adv).all()
+
+
+# --- edge cases every estimator must survive (spec Appendix B) -------------------------------------------
+
+NEUTRAL = {  # teacher tensors that carry no information: each estimator then reduces to its reward part
+    "teacher_logp": None, "gats_weight": torch.ones(6), "contrast_logp_gap": torch.zeros(6, 4),
+    "peer_logp_gap": torch.zeros(6, 4), "uniopsd_rho": torch.tensor(0.0), "train_step": torch.tensor(1.0),
+}
+NAN = float("nan")
+
+
+@pytest.mark.parametrize("name", ["opd", "gats", "sipo", "uniopsd"])
+@pytest.mark.parametrize("rewards,group", [
+    ([1.0, 1.0, 1.0, 0.3, 0.3, 0.3], [0, 0, 0, 1, 1, 1]),  # all equal within each group
+    ([1.0, 0.0, 1.0, 0.0, 1.0, 0.5], [0, 1, 2, 3, 4, 5]),  # singleton groups (G = 1)
+    ([1.0, NAN, 0.0, 1.0, NAN, 0.5], [0, 0, 0, 1, 1, 1]),  # unscorable rows
+])
+def test_distillation_estimators_are_finite_and_leave_padding_at_zero(name, rewards, group):
+    batch = make_batch(rewards, T=4, lengths=[4, 2, 3, 1, 4, 2], group=group)
+    extras = {k: (batch.old_logp.clone() if v is None else v) for k, v in NEUTRAL.items()}
+    batch = batch.with_extras(**extras)
+    adv = advantages.get(name)(batch, rl(opd={"weight": 1.0, "reward_weight": 1.0}))
+    assert adv.shape == (6, 4) and torch.isfinite(adv).all()
+    assert (adv[batch.completion_mask == 0] == 0).all()
+    reward_part = advantages.get("grpo")(batch, rl())
+    if name != "uniopsd":  # with neutral teachers these are exactly GRPO's advantage on every produced token
+        assert torch.allclose(adv, reward_part[:, None] * batch.completion_mask)
+    nan_rows = torch.isnan(torch.as_tensor(rewards))
+    assert (adv[nan_rows] == 0).all(), "an unscorable row gets no reward advantage"

@@ -61,15 +61,19 @@ class StepTier:
         return self.has_step & self.has_teacher
 
 
-def step_tier_from(returns: Tensor, anchor: Tensor, gap: Tensor, mask: Tensor, omega: float, std_eps: float, eps: float) -> StepTier:
+def step_tier_from(
+    returns: Tensor, anchor: Tensor, gap: Tensor, mask: Tensor, omega: float, std_eps: float, eps: float, scored: Tensor | None = None
+) -> StepTier:
+    """The step tier of every row; rows without a real reward (`scored` False) get no environment advantage."""
     assert_no_grad(teacher_gap=gap)
+    scored = torch.ones_like(returns, dtype=torch.bool) if scored is None else scored
     m = mask.to(gap.dtype)
     length = m.sum(-1).clamp(min=1.0)
     dbar = (gap * m).sum(-1) / length
     var = ((gap - dbar[:, None]) ** 2 * m).sum(-1) / length
     has_teacher = ((gap != 0) & mask.bool()).any(-1)
-    a_episode = group_normalize(returns, anchor, "group", std_eps)
-    a_step = omega * group_normalize(returns, anchor, "group", std_eps)
+    a_episode = group_normalize(returns, anchor, "group", std_eps, scored)
+    a_step = omega * group_normalize(returns, anchor, "group", std_eps, scored)
     _, dbar_mean, _ = group_moments(dbar, anchor, has_teacher)
     raw = torch.where(has_teacher, dbar - dbar_mean, torch.zeros_like(dbar))
     taught = has_teacher.nonzero().squeeze(-1)
@@ -77,17 +81,17 @@ def step_tier_from(returns: Tensor, anchor: Tensor, gap: Tensor, mask: Tensor, o
         scale = a_step[taught].std() / (raw[taught].std() + eps)
     else:
         scale = torch.ones((), dtype=gap.dtype, device=gap.device)
-    n, _, ret_std = group_moments(returns, anchor)
+    n, _, ret_std = group_moments(returns, anchor, scored)
     r_var = ret_std**2
-    has_step = (n >= 2) & (r_var > 0)
+    has_step = (n >= 2) & (r_var > 0) & scored
     prec_step = torch.where(has_step, n / r_var.clamp(min=eps), torch.zeros_like(r_var))
     prec_teacher = torch.where(has_teacher, 1.0 / ((var / length) * scale**2).clamp(min=eps), torch.zeros_like(var))
     return StepTier(a_episode, a_step, scale * raw, prec_step, prec_teacher, has_step, has_teacher)
 
 
 def step_tier(batch: RolloutBatch, gap: Tensor, cfg, opts: UniOPSDOptions) -> StepTier:
-    returns, _ = weighted_reward(batch)
-    return step_tier_from(returns, batch.group, gap, batch.completion_mask, opts.step_advantage_w, cfg.std_eps, opts.eps)
+    returns, scored = weighted_reward(batch)
+    return step_tier_from(returns, batch.group, gap, batch.completion_mask, opts.step_advantage_w, cfg.std_eps, opts.eps, scored)
 
 
 def c_star(rho_used: float, u: float) -> float:
