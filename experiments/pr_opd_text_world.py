@@ -1,10 +1,10 @@
 """Claim (d), PR-OPD (spec §3) vs GRPO on the key-room text world (envs/text_world.py): after a GRPO warm
 start, aligning the skill-free hidden states to the policy's own skill-reading pass helps it learn the rooms.
 
-The start model is SFT'd on (i) reference transcripts for a third of the training start states, (ii) every
-training start state behind its written hint (`g<goal>=<prompt>` -> transcript), and (iii) hindsight
-examples (`<successful actions>=<prompt>` -> `g<goal>`), so that the policy can both use a hint and write
-one from a successful trajectory. Arms from that start, same seed and budget: `grpo` and `pr_opd`
+The start model is SFT'd on (i) reference transcripts for the start states of rooms a-d only, (ii) every
+training start state behind a hint naming a random cell (`g<cell>=<prompt>` -> the walk there), and (iii)
+hindsight examples (`<actions>=<prompt>` -> `g<cell where they stop>`), so that the policy can use a hint
+and write one from a trajectory, but knows the goals of rooms e-p only through reward. Arms from that start, same seed and budget: `grpo` and `pr_opd`
 (GRPO + lambda_rep * L_rep after `--warm-start` updates). Success is the episode reward (stop on the goal);
 held-out success is measured by sampling `--eval-samples` episodes per held-out start state.
 
@@ -13,13 +13,14 @@ held-out success is measured by sampling `--eval-samples` episodes per held-out 
 
 from __future__ import annotations
 
+import random
 import time
 
 import torch
 
 import _common as C
 import _distill as D
-from posttrain.envs.text_world import hint
+from posttrain.envs.text_world import CELLS, ROOMS, shortest_actions, transcript
 from posttrain.objectives.distill import contexts
 from posttrain.rollout.text import decode_completions
 from posttrain.tasks import Example
@@ -28,11 +29,19 @@ from posttrain.trainers.common import encode_prompts
 ARMS = ("grpo", "pr_opd")
 
 
-def sft_mix(train: list[Example]) -> list[Example]:
-    plain = train[: len(train) // 3]
-    hinted = [Example(contexts.skill_context(e, hint(e)), e.completion, e.answer) for e in train]
-    actions = lambda e: "".join(c for c in e.completion if c in "lrs")  # noqa: E731  (what a decoded response holds)
-    hindsight = [Example(contexts.hindsight_prompt(e, actions(e), True), hint(e), e.answer) for e in train]
+def sft_mix(train: list[Example], seed: int) -> list[Example]:
+    """Reference transcripts for the rooms `a`-`d` only, plus two skills taught on random goals (so they reveal
+    no room's goal): following a written hint, and writing one (`g<cell where it stopped>`) in hindsight."""
+    rng = random.Random(seed)
+    plain = [e for e in train if e.prompt[0] in ROOMS[:4]]
+    hinted, hindsight = [], []
+    for e in train:
+        room, start = e.prompt[0], int(e.prompt[1])
+        goal = rng.randrange(CELLS)
+        walk = transcript(start, shortest_actions(start, goal))
+        hinted.append(Example(contexts.skill_context(e, f"g{goal}"), walk, str(goal)))
+        actions = "".join(c for c in walk if c in "lrs")  # what a decoded response holds
+        hindsight.append(Example(contexts.hindsight_prompt(e, actions, True), f"g{goal}", str(goal)))
     return plain + hinted + hindsight
 
 
@@ -57,7 +66,7 @@ def main() -> None:
     task = C.build_task(cfg.task)
     splits = task.splits(args.seed)
     train, held = splits["train"], splits["heldout"]
-    path = D.sft_on(cfg, task, sft_mix(train), args.seed, "text_world_sft")
+    path = D.sft_on(cfg, task, sft_mix(train, args.seed), args.seed, "text_world_sft")
     model, tok = C.load_pretrained(path)
     evaluate = lambda m, t: env_success(m, t, task, held, args.eval_samples, cfg.rl.max_new_tokens, args.seed)  # noqa: E731
     start = evaluate(model, tok)

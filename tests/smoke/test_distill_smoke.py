@@ -82,6 +82,11 @@ def test_distill_stage_through_the_cli(pipeline_outputs, tmp_path):
     posttrain("distill", "--out", "outputs/distill", cwd=tmp_path)
     history = json.loads((tmp_path / "outputs" / "distill" / "history.json").read_text())
     assert len(history) == 2 and (tmp_path / "outputs" / "distill" / "model" / "config.json").is_file()
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = mlflow.search_runs(experiment_names=["posttrain"], filter_string="tags.stage = 'distill'")
+    assert list(runs["tags.objective"]) == ["gats+clip"] and list(runs["tags.distill_method"]) == ["gats"]
 
 
 def test_opd_without_a_teacher_is_one_clear_error(pipeline_outputs, tmp_path):
