@@ -78,10 +78,10 @@ def test_ride_output_space_baseline_runs(micro):
 
 def test_distill_stage_through_the_cli(pipeline_outputs, tmp_path):
     copy_outputs(pipeline_outputs, tmp_path)
-    micro_params(tmp_path, distill={"method": "gats", "steps": 2, "prompts_per_step": 3})
+    micro_params(tmp_path, distill={"method": "gats", "steps": 3, "prompts_per_step": 3})  # checkpoints at step 2 (micro rl)
     posttrain("distill", "--out", "outputs/distill", cwd=tmp_path)
     history = json.loads((tmp_path / "outputs" / "distill" / "history.json").read_text())
-    assert len(history) == 2 and (tmp_path / "outputs" / "distill" / "model" / "config.json").is_file()
+    assert len(history) == 3 and (tmp_path / "outputs" / "distill" / "model" / "config.json").is_file()
     import mlflow
 
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")

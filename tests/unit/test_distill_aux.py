@@ -269,3 +269,20 @@ def test_roft_retrospections_are_sampled_from_the_current_policy(micro):
     other = type(run)(**{**run.__dict__, "policy": changed})
     torch.manual_seed(0)
     assert not torch.equal(first, retrospections(other, examples, batch, None))
+
+
+def test_schedule_state_survives_a_weights_only_checkpoint(tmp_path):
+    from posttrain.objectives.distill.gats import GATSState
+    from posttrain.objectives.distill.uniopsd import TrustState
+    from posttrain.trainers.distill_extras import export_state, import_state
+
+    projectors = Projectors(2, 4)
+    optimizer = torch.optim.Adam(projectors.parameters(), lr=0.1)
+    projectors(torch.randn(2, 1, 3, 4)).sum().backward()
+    optimizer.step()
+    state = {"step": 7, "gats": GATSState(0.4, 0.6, True), "uniopsd": TrustState(0.3, 12), "pr_opd": (projectors, optimizer)}
+    torch.save({"run_state": export_state(state)}, tmp_path / "trainer.pt")
+    restored = import_state(torch.load(tmp_path / "trainer.pt", weights_only=True)["run_state"])
+    assert restored["gats"] == state["gats"] and restored["uniopsd"] == state["uniopsd"]
+    saved = restored["pr_opd_saved"]["projectors"]
+    assert all(torch.equal(saved[k], v) for k, v in projectors.state_dict().items())

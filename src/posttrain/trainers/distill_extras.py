@@ -12,6 +12,7 @@ the trainer owns, so the estimators themselves stay pure functions of the batch.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 import torch
@@ -245,6 +246,33 @@ def uniopsd_rho(run, prompts, batch, reference) -> Tensor:
     tier = step_tier(batch, gap, run.cfg, opts)
     state.update(tier.a_step, tier.a_teacher, tier.both, opts)
     return torch.tensor(used)
+
+
+def export_state(state: dict) -> dict:
+    """`run.state` as plain dicts and tensors (what `torch.load(weights_only=True)` reads back), for checkpoints."""
+    out = {}
+    for key in ("gats", "uniopsd"):
+        if key in state:
+            out[key] = asdict(state[key])
+    if "pr_opd" in state:
+        projectors, optimizer = state["pr_opd"]
+        out["pr_opd_saved"] = {"projectors": projectors.state_dict(), "optimizer": optimizer.state_dict()}
+    return out
+
+
+def import_state(saved: dict) -> dict:
+    """The inverse of `export_state`; PR-OPD's projectors are rebuilt from `pr_opd_saved` on first use."""
+    from posttrain.objectives.distill.gats import GATSState
+    from posttrain.objectives.distill.uniopsd import TrustState
+
+    state: dict = {}
+    if "gats" in saved:
+        state["gats"] = GATSState(**saved["gats"])
+    if "uniopsd" in saved:
+        state["uniopsd"] = TrustState(**saved["uniopsd"])
+    if "pr_opd_saved" in saved:
+        state["pr_opd_saved"] = saved["pr_opd_saved"]
+    return state
 
 
 PROVIDERS = {

@@ -195,6 +195,7 @@ EXTRAS: dict[str, Callable[..., torch.Tensor]] = {
     "ref_logp": reference_logp, "greedy_rewards": greedy_rewards, "outcomes": outcomes, "target_probs": target_probs,
 }
 from posttrain.trainers.distill_extras import PROVIDERS as _DISTILL_PROVIDERS  # noqa: E402  (teacher-side extras)
+from posttrain.trainers.distill_extras import export_state, import_state  # noqa: E402
 
 EXTRAS.update(_DISTILL_PROVIDERS)
 
@@ -291,7 +292,7 @@ def train_online_rl(
         generator.set_state(state["generator"])
         history = state["history"]
         start_step = state["step"]
-        run.state["step"] = start_step
+        run.state.update(import_state(state.get("run_state", {})), step=start_step)
 
     policy.train()
     bar = progress(cfg.steps, f"rl ({cfg.advantage}+{cfg.loss})", initial=start_step)
@@ -309,6 +310,7 @@ def train_online_rl(
                 {
                     "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(), "stream": stream.state(),
                     "generator": generator.get_state(), "history": history, "config_hash": run.config_hash,
+                    "run_state": export_state(run.state),  # schedules with memory (GATS, UniOPSD, PR-OPD projectors)
                 },
             )
     bar.close()

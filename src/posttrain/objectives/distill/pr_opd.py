@@ -59,6 +59,10 @@ def projectors_of(run, hidden: Tensor, opts: PROPDOptions) -> Projectors:
     if state is None:
         projectors = Projectors(hidden.shape[0], hidden.shape[-1]).to(hidden.device)
         optimizer = torch.optim.Adam(projectors.parameters(), lr=run.cfg.lr * opts.projector_lr_scale)
+        saved = run.state.pop("pr_opd_saved", None)  # restored from a checkpoint (trainers/distill_extras.import_state)
+        if saved is not None:
+            projectors.load_state_dict(saved["projectors"])
+            optimizer.load_state_dict(saved["optimizer"])
         state = run.state["pr_opd"] = (projectors, optimizer)
     projectors, optimizer = state
     if any(p.grad is not None for p in projectors.parameters()):  # the gradient of the previous update
