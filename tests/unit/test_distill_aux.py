@@ -3,6 +3,7 @@ ROFT (§28): every listed invariant, on hand-made tensors or a micro model."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -82,7 +83,7 @@ def test_identical_teacher_and_student_contexts_give_zero_opd_advantage(micro):
 
     run, examples = micro
     batch = rollouts(run, examples)
-    teacher = teacher_forward(freeze(__import__("copy").deepcopy(run.policy)), batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
+    teacher = teacher_forward(freeze(copy.deepcopy(run.policy)), batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
     adv = opd_token_advantage(teacher.sampled(batch.completion_ids), batch.old_logp, batch.completion_mask)
     assert adv.abs().max() < 1e-4
 
@@ -255,8 +256,6 @@ def test_roft_empty_retrospection_contributes_nothing(micro):
 
 
 def test_roft_retrospections_are_sampled_from_the_current_policy(micro):
-    import copy
-
     from posttrain.trainers.distill_extras import retrospections
 
     run, examples = micro
@@ -286,3 +285,21 @@ def test_schedule_state_survives_a_weights_only_checkpoint(tmp_path):
     assert restored["gats"] == state["gats"] and restored["uniopsd"] == state["uniopsd"]
     saved = restored["pr_opd_saved"]["projectors"]
     assert all(torch.equal(saved[k], v) for k, v in projectors.state_dict().items())
+
+
+@pytest.mark.parametrize("name,need", [("opsd", "privileged_logprobs"), ("think_opd", "trace_logprobs")])
+def test_distillation_terms_vanish_at_zero_weight_and_for_an_identical_teacher(micro, name, need):
+    from posttrain.objectives import auxiliaries
+
+    run, examples = micro
+    batch = rollouts(run, examples)
+    with torch.no_grad():
+        own = completion_forward(run.policy, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask).logprobs
+    same = batch.with_extras(**{need: own})
+    loss, _ = auxiliaries.get(name)(run, same)
+    assert abs(float(loss)) < 1e-6  # the teacher is the student: divergence 0
+    other = batch.with_extras(**{need: torch.randn_like(own).log_softmax(-1)})
+    assert float(auxiliaries.get(name)(run, other)[0]) > 0
+    cfg = run.cfg.model_copy(update={"options": {**run.cfg.options, name: {**run.cfg.options[name], "weight": 0.0}}})
+    zero = type(run)(**{**run.__dict__, "cfg": cfg})
+    assert float(auxiliaries.get(name)(zero, other)[0]) == 0.0
