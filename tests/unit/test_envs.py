@@ -64,9 +64,8 @@ def test_multi_turn_rollout_masks_observation_tokens_out_of_the_loss():
     torch.manual_seed(0)
     model = build_tiny(cfg.model, tokenizer)
     envs = [KeyRoom(p) for p in ("a0>", "b1>", "c2>", "d3>")]
-    for env in envs:
-        env.first_observation = env.reset()
-    samples = multi_turn_sample(model, tokenizer, envs, max_tokens=12, generator=torch.Generator().manual_seed(0))
+    first = [env.reset() for env in envs]
+    samples = multi_turn_sample(model, tokenizer, envs, first, max_tokens=12, generator=torch.Generator().manual_seed(0))
     for row, env in enumerate(envs):
         ids, mask, logp = samples.completion_ids[row].tolist(), samples.completion_mask[row].tolist(), samples.logp[row]
         # rebuild the expected mask: after each l/r the env writes "<cell>>" (2 tokens the policy did not produce)

@@ -21,15 +21,15 @@ from posttrain.rollout.engine import Samples, categorical
 
 @torch.no_grad()
 def multi_turn_sample(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, envs: list[Env], max_tokens: int,
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, envs: list[Env], first_observations: list[str], max_tokens: int,
     temperature: float = 1.0, generator: torch.Generator | None = None,
 ) -> Samples:
-    """Run one episode per env (already reset, their first observation being the prompt rows) until every
-    episode is done or has used `max_tokens` completion tokens (actions + observations)."""
+    """Run one episode per env (already reset; `first_observations` are what reset returned, the prompts)
+    until every episode is done or has used `max_tokens` completion tokens (actions + observations)."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    prompts = [tokenizer(env.first_observation, add_special_tokens=False).input_ids for env in envs]
+    prompts = [tokenizer(text, add_special_tokens=False).input_ids for text in first_observations]
     ids: list[list[int]] = [[] for _ in envs]
     acted: list[list[int]] = [[] for _ in envs]  # 1 on tokens the policy produced
     logps: list[list[float]] = [[] for _ in envs]
@@ -84,8 +84,7 @@ def env_sampler(tokenizer: PreTrainedTokenizerBase, make_env: Callable[[str], En
                temperature: float = 1.0, greedy: bool = False, generator: torch.Generator | None = None) -> Samples:
         texts = tokenizer.batch_decode(prompt_ids.masked_fill(prompt_mask == 0, pad_id).cpu(), skip_special_tokens=True)
         envs = [make_env(text) for text in texts for _ in range(group_size)]
-        for env in envs:
-            env.first_observation = env.reset()
-        return multi_turn_sample(model, tokenizer, envs, max_new_tokens, temperature, generator)
+        first = [env.reset() for env in envs]
+        return multi_turn_sample(model, tokenizer, envs, first, max_new_tokens, temperature, generator)
 
     return sample
