@@ -81,12 +81,12 @@ def sft_start(cfg, seed: int):
     return task, train, held, path, metrics
 
 
-def run_arm(cfg, rl_cfg, task, train, held, path, seed: int, on_step=None, on_model=None):
+def run_arm(cfg, rl_cfg, task, train, held, path, seed: int, on_step=None, teachers=None, evaluate_fn=None):
     """RL from the SFT checkpoint with `policy_step`; returns (history, held-out metrics after, seconds).
-    `on_model` receives {"model", "tokenizer"} after training, for measurements of the arm's own."""
+    `teachers` are frozen models for distillation objectives; `evaluate_fn(model, tok)` replaces the held-out eval."""
     model, tok = load_pretrained(path)
     seed_everything(seed)
-    run = RLRun(model, tok, task, train, rl_cfg, seed, CACHE / "unused_ckpt", "exp")
+    run = RLRun(model, tok, task, train, rl_cfg, seed, CACHE / "unused_ckpt", "exp", teachers=teachers or {})
     optimizer, schedule = optimizer_and_schedule([p for p in model.parameters() if p.requires_grad], rl_cfg.lr, 0.0, rl_cfg.warmup_steps, rl_cfg.steps)
     stream = PromptStream(train, seed)
     generator = torch.Generator().manual_seed(seed)
@@ -99,9 +99,7 @@ def run_arm(cfg, rl_cfg, task, train, held, path, seed: int, on_step=None, on_mo
         if on_step is not None:
             on_step(step, result)
     seconds = time.time() - start
-    after, _ = evaluate(model, tok, task, held, cfg.eval, seed)
-    if on_model is not None:
-        on_model({"model": model, "tokenizer": tok})
+    after = evaluate_fn(model, tok) if evaluate_fn else evaluate(model, tok, task, held, cfg.eval, seed)[0]
     return history, after, seconds
 
 

@@ -59,9 +59,9 @@ def main() -> None:
     arms = {}
     for arm, update in ARMS.items():
         rl_cfg = cfg.rl.model_copy(update=update)
-        final_model = {}
-        history, after, seconds = C.run_arm(cfg, rl_cfg, task, train, held, path, args.seed, on_model=final_model.update)
-        tv = heldout_tv(final_model["model"], tok, task, held, args.samples, args.seed)
+        measured = lambda m, t: {**C.evaluate(m, t, task, held, cfg.eval, args.seed)[0], "tv": heldout_tv(m, t, task, held, args.samples, args.seed)}  # noqa: E731
+        history, after, seconds = C.run_arm(cfg, rl_cfg, task, train, held, path, args.seed, evaluate_fn=measured)
+        tv = after.pop("tv")
         arms[arm] = {"tv_before": before, "tv_after": tv, "heldout_after": after, "rl_seconds": round(seconds, 1),
                      "_history": history, "_cfg": cfg.model_copy(update={"rl": rl_cfg})}
         print(f"{arm}: {seconds:.0f}s, TV mean {before['tv_mean']:.4f} -> {tv['tv_mean']:.4f}", flush=True)

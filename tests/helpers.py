@@ -18,6 +18,7 @@ MICRO = {
     "sft": {"steps": 30, "batch_size": 32, "n_examples": 0, "log_every": 10, "warmup_steps": 2},
     "rl": {"steps": 4, "prompts_per_step": 4, "group_size": 4, "checkpoint_every": 2, "warmup_steps": 0},
     "eval": {"n_prompts": 40, "batch_size": 40, "n_table": 5},
+    "distill": {"steps": 2, "prompts_per_step": 4},
 }
 
 

@@ -135,7 +135,7 @@ class RewardSpec(Section):
         return _check_registered("rewards", v)
 
 
-def option_schema(name: str, kinds: tuple[str, ...] = ("advantages", "losses", "rewards")) -> type[BaseModel] | None:
+def option_schema(name: str, kinds: tuple[str, ...] = ("advantages", "losses", "rewards", "auxiliaries")) -> type[BaseModel] | None:
     """The options model declared by the component registered as `name` in one of `kinds`, if any."""
     from posttrain.registry import all_registries
 
@@ -147,7 +147,7 @@ def option_schema(name: str, kinds: tuple[str, ...] = ("advantages", "losses", "
 
 
 _KIND_WORD = {
-    "advantages": "estimator", "losses": "loss", "rewards": "reward", "tasks": "task",
+    "advantages": "estimator", "losses": "loss", "rewards": "reward", "auxiliaries": "auxiliary term", "tasks": "task",
     "reward_models": "reward model", "preference_objectives": "preference objective",
 }
 
@@ -177,6 +177,7 @@ class RLConfig(Section):
     advantage: str
     loss: str
     loss_agg: str
+    aux: tuple[str, ...]  # auxiliary loss terms added to the policy loss (distillation, alignment), by registry name
     rewards: tuple[RewardSpec, ...]
     steps: int = Field(gt=0)
     prompts_per_step: int = Field(gt=0)
@@ -203,8 +204,8 @@ class RLConfig(Section):
 
     @model_validator(mode="after")
     def _check_options(self) -> "RLConfig":
-        used = (self.advantage, self.loss, *(r.name for r in self.rewards))
-        _validate_options(self.options, used, ("advantages", "losses", "rewards"), "rl.options")
+        used = (self.advantage, self.loss, *self.aux, *(r.name for r in self.rewards))
+        _validate_options(self.options, used, ("advantages", "losses", "rewards", "auxiliaries"), "rl.options")
         return self
 
     def options_for(self, name: str) -> BaseModel:
@@ -220,6 +221,11 @@ class RLConfig(Section):
     @classmethod
     def _registered(cls, v: str, info: ValidationInfo) -> str:
         return _check_registered(_REGISTRY_OF[info.field_name], v)
+
+    @field_validator("aux")
+    @classmethod
+    def _known_aux(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(_check_registered("auxiliaries", name) for name in v)
 
     @field_validator("rewards")
     @classmethod
@@ -354,6 +360,22 @@ class PreferenceConfig(PairTrainingConfig):
         return self.objective
 
 
+class DistillConfig(Section):
+    method: str  # a distillation preset (objectives/distill/presets.py) applied on top of the rl section
+    steps: int = Field(gt=0)
+    prompts_per_step: int = Field(gt=0)
+
+    @field_validator("method")
+    @classmethod
+    def _known_method(cls, v: str) -> str:
+        from posttrain.objectives.distill.presets import DISTILL_METHODS
+
+        _check_registered("presets", v)
+        if v not in DISTILL_METHODS:
+            raise ValueError(f"{v!r} is not a distillation method; choose from {', '.join(DISTILL_METHODS)}")
+        return v
+
+
 class Config(Section):
     pipeline: PipelineConfig
     tracking: TrackingConfig
@@ -361,6 +383,7 @@ class Config(Section):
     model: ModelConfig
     sft: SFTConfig
     rl: RLConfig
+    distill: DistillConfig
     eval: EvalConfig
     reward_model: RewardModelConfig
     preference: PreferenceConfig

@@ -78,6 +78,7 @@ def all_registries() -> dict[str, Registry]:
         "advantages": objectives.advantages,
         "losses": objectives.losses,
         "loss_aggregations": objectives.aggregations,
+        "auxiliaries": objectives.auxiliaries,
         "presets": presets,
         "rewards": rewards.rewards,
         "reward_models": rewards.reward_models,

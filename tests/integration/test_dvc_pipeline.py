@@ -40,7 +40,7 @@ def ran_stages(output: str) -> set[str]:
 
 def test_repro_runs_every_stage_then_only_what_changed(repo_copy):
     first = dvc("repro", cwd=repo_copy)
-    assert ran_stages(first) == {"data", "sft", "rl", "eval@sft", "eval@rl"}
+    assert ran_stages(first) == {"data", "sft", "rl", "eval@sft", "eval@rl", "distill"}
     for name in ("sft", "rl"):
         metrics = json.loads((repo_copy / "outputs" / "eval" / name / "metrics.json").read_text())
         assert 0.0 <= metrics["greedy_accuracy"] <= 1.0
@@ -50,4 +50,4 @@ def test_repro_runs_every_stage_then_only_what_changed(repo_copy):
     params = repo_copy / "params.yaml"
     params.write_text(params.read_text().replace("  lr: 0.0005\n", "  lr: 0.0004\n"))
     second = dvc("repro", cwd=repo_copy)
-    assert ran_stages(second) == {"rl", "eval@rl"}, second
+    assert ran_stages(second) == {"rl", "eval@rl", "distill"}, second  # distill reads the rl settings and model

@@ -3,6 +3,7 @@ costs ~8 s a call, so the matrix runs through `policy_step`), plus one CLI run o
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import math
@@ -12,7 +13,7 @@ import torch
 
 from helpers import REPO, copy_outputs, micro_params, posttrain
 from posttrain import config
-from posttrain.objectives import advantages, losses
+from posttrain.objectives import advantages, losses, needs_of
 from posttrain.trainers.online_rl import PromptStream, RLRun, policy_step
 
 # (estimator, loss) pairs that are invalid by definition, with the reason; none so far: every estimator
@@ -71,7 +72,9 @@ def two_steps(micro, **rl_updates):
     cfg, task, examples, tokenizer, state, model = micro
     model.load_state_dict(state)
     rl = cfg.rl.model_copy(update=rl_updates)
-    run = RLRun(model, tokenizer, task, examples, rl, seed=0, checkpoint_dir=REPO / "unused", config_hash="x")
+    # estimators that distil from a separate model get a frozen copy of the start as their teacher
+    teachers = {"teacher": copy.deepcopy(model).eval().requires_grad_(False)} if "teacher_logp" in needs_of(rl) else {}
+    run = RLRun(model, tokenizer, task, examples, rl, seed=0, checkpoint_dir=REPO / "unused", config_hash="x", teachers=teachers)
     optimizer, schedule = optimizer_and_schedule(list(model.parameters()), rl.lr, 0.0, 0, 2)
     stream, generator = PromptStream(examples, 0), torch.Generator().manual_seed(0)
     history = []

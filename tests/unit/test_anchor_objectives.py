@@ -22,7 +22,9 @@ from posttrain.trainers.dynamic_sampling import concat, informative_groups, sele
 NAN = float("nan")
 # the reward-based edge-case checks below apply to estimators that score rewards; witness scores outcomes
 # against a target distribution (tests/unit/test_witness.py covers its invariants)
-ESTIMATORS = [n for n in advantages.names() if {"outcomes", "target_probs"}.isdisjoint(advantages.entry(n).meta.get("needs", ()))]
+# estimators that need only what make_batch provides (the distillation family's token-level estimators need
+# teacher tensors and have their own edge-case tests in test_distill_estimators.py)
+ESTIMATORS = [n for n in advantages.names() if set(advantages.entry(n).meta.get("needs", ())) <= {"greedy_rewards"}]
 
 
 def make_batch(rewards_, group, weights=None, greedy=None, T=3) -> RolloutBatch:

@@ -63,8 +63,9 @@ EXPECTED = {
     "losses": {"clip"},
     "loss_aggregations": {"token_mean", "seq_mean"},
     "rewards": {"correctness", "format"},
-    "tasks": {"arithmetic"},
-    "stages": {"data", "sft", "rl", "eval"},
+    "tasks": {"arithmetic", "text_world"},
+    "stages": {"data", "sft", "rl", "eval", "distill"},
+    "auxiliaries": {"opsd", "think_opd", "ride", "ride_logits", "pr_opd", "roft"},
 }
 
 

@@ -21,7 +21,7 @@ stages: Registry = Registry("stage")
 # registry meta of a stage: inputs {name: default dir}, requires {name: [files]}, resumable; for the launchers
 # (orchestration/graph.py): gpu (default True), pipeline (default "text"), deterministic (default True: cacheable)
 
-from posttrain.stages import compare, data, eval, preference, reward_model, rl, rl_rm, sft  # noqa: E402,F401,A004  (registers)
+from posttrain.stages import compare, data, distill, eval, preference, reward_model, rl, rl_rm, sft  # noqa: E402,F401,A004  (registers)
 
 RUN_FILE = "mlflow_run.json"  # in every stage output: which stage and MLflow run made it (lineage for `compare`)
 

@@ -39,17 +39,25 @@ def reward_curve(history: list[dict[str, float]]):
     resumable=True,
 )
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
+    return train_and_save(cfg, inputs, out_dir, tracker, resume)
+
+
+def train_and_save(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool, load_teachers=None) -> dict[str, float]:
+    """Online RL under `cfg.rl` from `inputs["policy"]`; `load_teachers(tokenizer, device) -> {role: model}`
+    supplies frozen teacher models (the `distill` stage)."""
     from posttrain.models import load_pretrained, maybe_lora, save_pretrained, select_device
     from posttrain.trainers.common import seed_everything
     from posttrain.trainers.online_rl import RLRun, train_online_rl
 
     examples = read_examples(inputs["data"] / "train.jsonl")
     seed_everything(cfg.pipeline.seed)
+    device = select_device(cfg.pipeline.device)
     policy, tokenizer = load_pretrained(inputs["policy"] / "model", cfg.model.dtype)
-    policy = maybe_lora(policy.to(select_device(cfg.pipeline.device)), cfg.model.lora)
+    policy = maybe_lora(policy.to(device), cfg.model.lora)
     rl_run = RLRun(
         policy=policy, tokenizer=tokenizer, task=build_task(cfg.task), examples=examples, cfg=cfg.rl, seed=cfg.pipeline.seed,
         checkpoint_dir=out_dir / "checkpoints", config_hash=cfg.section_hash("pipeline", "task", "model", "rl"),
+        teachers=load_teachers(tokenizer, device) if load_teachers else {},
     )
     history, table = train_online_rl(rl_run, resume, on_log=lambda step, m: tracker.log_metrics(m, step))
     save_pretrained(policy, tokenizer, out_dir / "model")

@@ -11,7 +11,7 @@ import copy
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -20,7 +20,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from posttrain.config import RLConfig
 from posttrain.errors import UserError
 from posttrain.models.logprobs import completion_logprobs
-from posttrain.objectives import advantages, losses, needs_of
+from posttrain.objectives import advantages, auxiliaries, losses, needs_of
 from posttrain.objectives.aggregation import aggregate
 from posttrain.objectives.diagnostics import composition_metrics
 from posttrain.objectives.kl import k3_kl
@@ -70,6 +70,8 @@ class RLRun:
     seed: int
     checkpoint_dir: Path
     config_hash: str
+    teachers: dict[str, PreTrainedModel] = field(default_factory=dict)  # frozen "teacher" / "base" models (distill stage)
+    state: dict[str, object] = field(default_factory=dict)  # "step" and the state of stateful schedules (GATS, UniOPSD)
 
 
 def rollout(run: RLRun, prompts: list[Example], generator: torch.Generator) -> tuple[RolloutBatch, list[str], dict[str, float]]:
@@ -78,7 +80,8 @@ def rollout(run: RLRun, prompts: list[Example], generator: torch.Generator) -> t
     device = next(run.policy.parameters()).device
     prompt_ids, prompt_mask = encode_prompts(tok, [e.prompt for e in prompts], device)
     start = time.perf_counter()
-    samples = sample(
+    sampler = run.task.sampler(tok) if hasattr(run.task, "sampler") else sample  # multi-turn envs sample whole episodes
+    samples = sampler(
         run.policy, prompt_ids, prompt_mask, group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
         eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, temperature=cfg.temperature, generator=generator,
     )
@@ -191,6 +194,10 @@ def target_probs(run: RLRun, prompts: list[Example], batch: RolloutBatch, refere
 EXTRAS: dict[str, Callable[..., torch.Tensor]] = {
     "ref_logp": reference_logp, "greedy_rewards": greedy_rewards, "outcomes": outcomes, "target_probs": target_probs,
 }
+from posttrain.trainers.distill_extras import PROVIDERS as _DISTILL_PROVIDERS  # noqa: E402  (teacher-side extras)
+from posttrain.trainers.distill_extras import export_state, import_state  # noqa: E402
+
+EXTRAS.update(_DISTILL_PROVIDERS)
 
 
 def reward_metrics(batch: RolloutBatch) -> dict[str, float]:
@@ -225,6 +232,7 @@ def policy_step(
     cfg, policy = run.cfg, run.policy
     estimate = advantages.get(cfg.advantage)
     policy_loss = losses.get(cfg.loss)
+    run.state["step"] = run.state.get("step", 0) + 1
     batch, texts, prompts, metrics = collect(run, prompts, generator, more_prompts)
     for need in sorted(needs_of(cfg)):
         batch = batch.with_extras(**{need: EXTRAS[need](run, prompts, batch, reference)})
@@ -238,6 +246,10 @@ def policy_step(
             kl = aggregate(cfg, k3_kl(logp, batch.extras["ref_logp"]), batch.completion_mask)
             loss = loss + cfg.beta * kl
             loss_metrics["kl"] = float(kl)
+        for name in cfg.aux:  # auxiliary terms (distillation, alignment): their own forward pass, added to the loss
+            term, term_metrics = auxiliaries.get(name)(run, batch)
+            loss = loss + term
+            loss_metrics.update(term_metrics)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
         optimizer.step()
@@ -280,6 +292,7 @@ def train_online_rl(
         generator.set_state(state["generator"])
         history = state["history"]
         start_step = state["step"]
+        run.state.update(import_state(state.get("run_state", {})), step=start_step)
 
     policy.train()
     bar = progress(cfg.steps, f"rl ({cfg.advantage}+{cfg.loss})", initial=start_step)
@@ -297,6 +310,7 @@ def train_online_rl(
                 {
                     "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(), "stream": stream.state(),
                     "generator": generator.get_state(), "history": history, "config_hash": run.config_hash,
+                    "run_state": export_state(run.state),  # schedules with memory (GATS, UniOPSD, PR-OPD projectors)
                 },
             )
     bar.close()

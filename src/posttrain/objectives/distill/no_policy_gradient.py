@@ -1,0 +1,14 @@
+"""The `none` policy loss: no policy-gradient term, for objectives that are their auxiliary terms alone
+(OPSD, ThinkOPD, RIDE, ROFT). It returns an exact zero that stays on the policy's graph, so the trainer's
+backward pass is unchanged."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from posttrain.objectives import losses
+
+
+@losses.register("none", needs=())
+def no_policy_gradient(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg) -> tuple[Tensor, dict[str, float]]:
+    return (logp * 0.0).sum(), {"clip_fraction": 0.0}

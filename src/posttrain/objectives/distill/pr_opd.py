@@ -1,0 +1,82 @@
+"""PR-OPD, privileged representation on-policy self-distillation (spec §3, derived from the 2026 abstract):
+after a GRPO warm start, the policy writes a hindsight skill k_i for each of its own trajectories, re-reads
+the trajectory with k_i prepended (teacher pass, stop-gradient), and every layer's projected student hidden
+state (skill-free pass) is pulled to the teacher's on the response tokens, on top of GRPO:
+
+    H^T_{l,t} = sg hidden_l(pi; [k_i; x; y_i])[t],   H^S_{l,t} = hidden_l(pi; [x; y_i])[t]
+    L_rep = (1/L) sum_l mask-mean_t || P_l(H^S_{l,t}) - H^T_{l,t} ||^2 / d          (P_l linear, init identity)
+    L = L_GRPO + lambda_rep L_rep      (L_rep = 0 during the first `warm_start` updates)
+
+The projectors are trained with their own Adam (lr = rl.lr * projector_lr_scale), kept in `run.state`; their
+gradient comes from the trainer's backward pass and their optimizer steps at the next call, before the
+projectors are used again. Inference never uses them. Settings: rl.options.pr_opd.
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field
+from torch import Tensor, nn
+
+from posttrain.config import Section
+from posttrain.models.teacher import assert_no_grad
+from posttrain.objectives import auxiliaries
+from posttrain.objectives.distill.opsd import student_outputs
+
+
+class PROPDOptions(Section):
+    lam_rep: float = Field(ge=0)
+    warm_start: int = Field(ge=0)  # GRPO-only updates before the representation term starts
+    skill_tokens: int = Field(gt=0)  # the length budget of a hindsight skill
+    projector_lr_scale: float = Field(gt=0)
+
+
+class Projectors(nn.Module):
+    """One d -> d linear map per layer, initialised to the identity."""
+
+    def __init__(self, layers: int, width: int):
+        super().__init__()
+        self.maps = nn.ModuleList(nn.Linear(width, width) for _ in range(layers))
+        for linear in self.maps:
+            nn.init.eye_(linear.weight)
+            nn.init.zeros_(linear.bias)
+
+    def forward(self, hidden: Tensor) -> Tensor:  # [L, B, T, d]
+        return torch.stack([p(h) for p, h in zip(self.maps, hidden)])
+
+
+def representation_loss(student: Tensor, teacher: Tensor, mask: Tensor, projectors: nn.Module | None = None) -> Tensor:
+    """Mean over layers of mask-mean_t ||P_l(H^S) - H^T||^2 / d (>= 0; no projector = identity)."""
+    assert_no_grad(teacher_hidden=teacher)
+    projected = projectors(student) if projectors is not None else student
+    sq = ((projected - teacher) ** 2).mean(-1)  # / d
+    m = mask.to(sq.dtype)
+    return ((sq * m).sum((-1, -2)) / m.sum().clamp(min=1.0)).mean()
+
+
+def projectors_of(run, hidden: Tensor, opts: PROPDOptions) -> Projectors:
+    state = run.state.get("pr_opd")
+    if state is None:
+        projectors = Projectors(hidden.shape[0], hidden.shape[-1]).to(hidden.device)
+        optimizer = torch.optim.Adam(projectors.parameters(), lr=run.cfg.lr * opts.projector_lr_scale)
+        saved = run.state.pop("pr_opd_saved", None)  # restored from a checkpoint (trainers/distill_extras.import_state)
+        if saved is not None:
+            projectors.load_state_dict(saved["projectors"])
+            optimizer.load_state_dict(saved["optimizer"])
+        state = run.state["pr_opd"] = (projectors, optimizer)
+    projectors, optimizer = state
+    if any(p.grad is not None for p in projectors.parameters()):  # the gradient of the previous update
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return projectors
+
+
+@auxiliaries.register("pr_opd", needs=("skill_hidden", "train_step"), options=PROPDOptions)
+def pr_opd(run, batch):
+    opts: PROPDOptions = run.cfg.options_for("pr_opd")
+    teacher = batch.extras["skill_hidden"]
+    if int(batch.extras["train_step"]) <= opts.warm_start or opts.lam_rep == 0 or teacher.numel() == 0:
+        return torch.zeros((), device=batch.group.device), {"pr_opd/rep_loss": 0.0}
+    student = student_outputs(run, batch, hidden=True).hidden
+    value = representation_loss(student, teacher, batch.completion_mask, projectors_of(run, teacher, opts))
+    return opts.lam_rep * value, {"pr_opd/rep_loss": float(value.detach())}

@@ -1,0 +1,160 @@
+"""UniOPSD, unified on-policy self-distillation with adaptive local credit arbitration (spec §22, read from
+Zenghuang-Fu/Uniopsd `verl/trainer/ppo/rlsd_utils.py` (compute_opsd_step_tier, compute_rlsd_token_advantage,
+form "fusion") and `rlsd_ray_trainer.py` (rho EMA, c*); restated, no code copied).
+
+A self-teacher with a successful peer of the group in context re-scores each row; its gap
+Delta_t = logp_T - logp_S becomes a second estimate of the step advantage, fused with the environment's:
+
+    A^E  episode advantage (group-normalised return);  A^S = omega * step advantage within the anchor group
+    A^O  = scale * (mean_t Delta - mean_anchor mean_t Delta),  scale = std(A^S) / std(A^O_raw) on taught rows
+    prec_S = n / var(step returns in anchor)  (0 without step evidence),  prec_O = 1 / ((var_t Delta / L) scale^2)
+    z_S, z_O = precisions / their median over rows with both evidences
+    c*   = u (u - r2) / (u^2 - 2 u r2 + r2),  r2 = min(rho_used^2, u (1 - 1e-6)),  u = a_reliability
+    c_k  = k z_S / (k z_S + z_O) with k = c* / (1 - c*) (both);  c* (teacher only);  1 (no teacher, or c* = 1)
+    F_k  = c_k A^S + (1 - c_k) A^O;   w_t = clip(exp(sign(F) Delta_t), 1 - eps_w, 1 + eps_w)
+    A_hat_t = A^E + F ((1 - lambda) + lambda w_t),   lambda = lambda0 (1 - step / warmdown) before warmdown, then 0
+
+rho_used is the shrunken EMA of past steps' Pearson corr(A^S, A^O) (trainers/distill_extras.uniopsd_rho).
+On single-turn tasks every trajectory is one step and its anchor state is the prompt, so the anchor group is
+the rollout group (and A^S coincides with the normalised return times omega). Settings: rl.options.uniopsd.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from posttrain.config import Section
+from posttrain.models.teacher import assert_no_grad
+from posttrain.objectives import advantages
+from posttrain.objectives.grpo import group_moments, group_normalize, weighted_reward
+from posttrain.rollout import RolloutBatch
+
+
+class UniOPSDOptions(Section):
+    lam0: float = Field(ge=0, le=1)  # rlsd_lambda
+    warmdown_steps: int = Field(gt=0)
+    eps_w: float = Field(ge=0, lt=1)  # clip_eps of the token weight
+    a_reliability: float = Field(gt=0, lt=1)  # u
+    rho_decay: float = Field(ge=0, lt=1)
+    rho_shrink_z: float = Field(ge=0)
+    step_advantage_w: float = Field(ge=0)  # omega
+    eps: float = Field(gt=0)
+
+
+@dataclass(frozen=True)
+class StepTier:
+    a_episode: Tensor  # [B]
+    a_step: Tensor  # [B]
+    a_teacher: Tensor  # [B] (0 on untaught rows)
+    prec_step: Tensor  # [B]
+    prec_teacher: Tensor  # [B]
+    has_step: Tensor  # [B] bool
+    has_teacher: Tensor  # [B] bool
+
+    @property
+    def both(self) -> Tensor:
+        return self.has_step & self.has_teacher
+
+
+def step_tier_from(
+    returns: Tensor, anchor: Tensor, gap: Tensor, mask: Tensor, omega: float, std_eps: float, eps: float, scored: Tensor | None = None
+) -> StepTier:
+    """The step tier of every row; rows without a real reward (`scored` False) get no environment advantage."""
+    assert_no_grad(teacher_gap=gap)
+    scored = torch.ones_like(returns, dtype=torch.bool) if scored is None else scored
+    m = mask.to(gap.dtype)
+    length = m.sum(-1).clamp(min=1.0)
+    dbar = (gap * m).sum(-1) / length
+    var = ((gap - dbar[:, None]) ** 2 * m).sum(-1) / length
+    has_teacher = ((gap != 0) & mask.bool()).any(-1)
+    a_episode = group_normalize(returns, anchor, "group", std_eps, scored)
+    a_step = omega * group_normalize(returns, anchor, "group", std_eps, scored)
+    _, dbar_mean, _ = group_moments(dbar, anchor, has_teacher)
+    raw = torch.where(has_teacher, dbar - dbar_mean, torch.zeros_like(dbar))
+    taught = has_teacher.nonzero().squeeze(-1)
+    if taught.numel() > 1:
+        scale = a_step[taught].std() / (raw[taught].std() + eps)
+    else:
+        scale = torch.ones((), dtype=gap.dtype, device=gap.device)
+    n, _, ret_std = group_moments(returns, anchor, scored)
+    r_var = ret_std**2
+    has_step = (n >= 2) & (r_var > 0) & scored
+    prec_step = torch.where(has_step, n / r_var.clamp(min=eps), torch.zeros_like(r_var))
+    prec_teacher = torch.where(has_teacher, 1.0 / ((var / length) * scale**2).clamp(min=eps), torch.zeros_like(var))
+    return StepTier(a_episode, a_step, scale * raw, prec_step, prec_teacher, has_step, has_teacher)
+
+
+def step_tier(batch: RolloutBatch, gap: Tensor, cfg, opts: UniOPSDOptions) -> StepTier:
+    returns, scored = weighted_reward(batch)
+    return step_tier_from(returns, batch.group, gap, batch.completion_mask, opts.step_advantage_w, cfg.std_eps, opts.eps, scored)
+
+
+def c_star(rho_used: float, u: float) -> float:
+    """The global trust in the environment's step advantage; 1 when rho_used = 0, falling as rho_used^2 -> u."""
+    r2 = min(rho_used**2, u * (1 - 1e-6))
+    value = u * (u - r2) / (u * u - 2 * u * r2 + r2)
+    return min(max(value, 0.0), 1.0)
+
+
+def reliability(tier: StepTier, cstar: float) -> Tensor:
+    """c_k [B]: the per-row weight of A^S against A^O."""
+    ones = torch.ones_like(tier.a_step)
+    if cstar >= 1.0:
+        return ones
+    both = tier.both
+    if both.any():
+        z_step = tier.prec_step / tier.prec_step[both].median().clamp(min=1e-12)
+        z_teacher = tier.prec_teacher / tier.prec_teacher[both].median().clamp(min=1e-12)
+    else:
+        z_step, z_teacher = ones, ones
+    k = cstar / (1.0 - cstar) * z_step
+    fused = k / (k + z_teacher).clamp(min=1e-12)
+    c = torch.where(both, fused, ones)
+    return torch.where(tier.has_teacher & ~tier.has_step, torch.full_like(c, cstar), c)
+
+
+def fused_advantage(tier: StepTier, c: Tensor, gap: Tensor, mask: Tensor, lam: float, eps_w: float) -> Tensor:
+    """A_hat [B, T] = A^E + F ((1 - lambda) + lambda w_t), w_t = clip(exp(sign(F) Delta_t), 1 -+ eps_w)."""
+    fused = c * tier.a_step + (1 - c) * tier.a_teacher
+    w = torch.clamp(torch.exp(torch.sign(fused)[:, None] * gap), 1 - eps_w, 1 + eps_w)
+    return (tier.a_episode[:, None] + fused[:, None] * ((1 - lam) + lam * w)) * mask.to(gap.dtype)
+
+
+def token_lambda(step: int, opts: UniOPSDOptions) -> float:
+    """lambda at the 0-based update `step`: linear warm-down from lam0 to 0 over warmdown_steps."""
+    return opts.lam0 * (1 - step / opts.warmdown_steps) if step < opts.warmdown_steps else 0.0
+
+
+@dataclass
+class TrustState:
+    rho_ema: float | None = None
+    n_rows: int = 0
+
+    def rho_used(self, opts: UniOPSDOptions) -> float:
+        if self.rho_ema is None or self.n_rows == 0:
+            return 0.0
+        n_eff = self.n_rows / (1 - opts.rho_decay)
+        return max(0.0, self.rho_ema - opts.rho_shrink_z / math.sqrt(n_eff))
+
+    def update(self, a_step: Tensor, a_teacher: Tensor, both: Tensor, opts: UniOPSDOptions) -> None:
+        x, y = a_step[both].double(), a_teacher[both].double()
+        if x.numel() < 3 or x.std() == 0 or y.std() == 0:
+            return
+        rho = float(torch.corrcoef(torch.stack([x, y]))[0, 1])
+        self.rho_ema = rho if self.rho_ema is None else opts.rho_decay * self.rho_ema + (1 - opts.rho_decay) * rho
+        self.n_rows = int(x.numel())
+
+
+@advantages.register("uniopsd", needs=("peer_logp_gap", "uniopsd_rho", "train_step"), options=UniOPSDOptions)
+def uniopsd(batch: RolloutBatch, cfg) -> Tensor:
+    opts: UniOPSDOptions = cfg.options_for("uniopsd")
+    gap = batch.extras["peer_logp_gap"]
+    tier = step_tier(batch, gap, cfg, opts)
+    c = reliability(tier, c_star(float(batch.extras["uniopsd_rho"]), opts.a_reliability))
+    lam = token_lambda(int(batch.extras["train_step"]) - 1, opts)
+    return fused_advantage(tier, c, gap, batch.completion_mask, lam, opts.eps_w)

@@ -1,0 +1,60 @@
+"""Stage `distill`: on-policy distillation from a frozen teacher (the pipeline's RL model by default).
+
+The method (`distill.method`, one of the distillation presets) is applied on top of the `rl` section, with
+`distill.steps` and `distill.prompts_per_step`; its settings are the usual `rl.options.<name>`. Inputs:
+`data`, `policy` (the student's starting point, default the SFT model), `teacher` (default the RL model)
+and `base` (the teacher's pre-RL base, for RIDE; default the SFT model). Only the teacher models the method
+needs are loaded, frozen. Outputs as the `rl` stage: `model/`, `history.json`, `reward_curve.png`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from posttrain.config import Config, RLConfig
+from posttrain.errors import UserError
+from posttrain.stages import stages
+from posttrain.stages.rl import train_and_save
+
+# which frozen model each teacher-side need reads
+MODEL_ROLES = {
+    "teacher_logp": "teacher", "teacher_hidden": "teacher", "teacher_logprobs": "teacher", "gats_weight": "teacher",
+    "trace_logprobs": "teacher", "base_hidden": "base", "base_logprobs": "base",
+}
+
+
+def distill_rl_config(cfg: Config) -> RLConfig:
+    """The rl section with the method's preset keys and the distill budget, validated again."""
+    from pydantic import ValidationError
+
+    from posttrain.config import _one_line
+    from posttrain.objectives.presets import presets
+
+    raw = cfg.rl.model_dump(mode="json")
+    raw.update(presets.get(cfg.distill.method)(raw), steps=cfg.distill.steps, prompts_per_step=cfg.distill.prompts_per_step, preset=None)
+    try:
+        return RLConfig.model_validate(raw)
+    except ValidationError as e:
+        raise UserError(_one_line(e, RLConfig, prefix="rl.")) from None
+
+
+@stages.register(
+    "distill",
+    inputs={"data": "outputs/data", "policy": "outputs/sft", "teacher": "outputs/rl", "base": "outputs/sft"},
+    requires={"data": ["train.jsonl"], "policy": ["model/config.json"], "teacher": ["model/config.json"], "base": ["model/config.json"]},
+    resumable=True,
+)
+def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
+    from posttrain.models.teacher import load_teacher
+    from posttrain.objectives import needs_of
+
+    rl = distill_rl_config(cfg)
+    roles = {MODEL_ROLES[n] for n in needs_of(rl) if n in MODEL_ROLES}
+
+    def load_teachers(tokenizer, device):
+        return {role: load_teacher(inputs[role] / "model", tokenizer, cfg.model.dtype, device) for role in sorted(roles)}
+
+    if getattr(tracker, "_mlflow", None):  # the stage's run was opened with the rl section's objective tag
+        tracker._mlflow.set_tag("objective", "+".join([rl.advantage, rl.loss, *rl.aux]))
+        tracker._mlflow.set_tag("distill_method", cfg.distill.method)
+    return train_and_save(cfg.model_copy(update={"rl": rl}), inputs, out_dir, tracker, resume, load_teachers)

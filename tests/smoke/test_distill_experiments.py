@@ -1,0 +1,45 @@
+"""The distillation claim experiments run end to end on a micro budget and write their JSON + MLflow runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import mlflow
+import pytest
+
+from helpers import REPO
+
+ARMS = {
+    "gats_vs_opd": ({"grpo", "opd_const", "gats"}, ["--teacher-steps", "2"]),
+    "sipo_vs_grpo": ({"grpo", "sipo"}, []),
+    "ride_vs_oprd": ({"oprd", "ride", "output_space"}, ["--teacher-steps", "2"]),
+    "pr_opd_text_world": ({"grpo", "pr_opd"}, ["--warm-start", "1", "--eval-samples", "1"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ARMS))
+def test_distillation_experiment_runs_and_writes_json(name, tmp_path):
+    arms, extra = ARMS[name]
+    out, uri = tmp_path / "out.json", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    logged = name == "gats_vs_opd"  # the MLflow path (_distill.finish) is shared: checked once, the others skip it
+    tracking = ["--tracking-uri", uri] if logged else ["--no-mlflow"]
+    env = {"POSTTRAIN_EXP_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1", "PATH": "/usr/bin:/bin"}
+    result = subprocess.run(
+        [sys.executable, str(REPO / "experiments" / f"{name}.py"), "--steps", "2", "--micro", "--json", str(out), *tracking, *extra],
+        cwd=tmp_path, capture_output=True, text=True, timeout=180, env=env,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["claim"] == name and set(data["arms"]) == arms and data["steps"] == 2
+    assert {row["arm"] for row in data["table"]} == arms
+    assert all(len(a["train_accuracy_curve"]) >= 1 and "sampled_accuracy" in a["heldout_after"] for a in data["arms"].values())
+    if name == "sipo_vs_grpo":
+        assert data["arms"]["sipo"]["signal"]["groups"] == 2 * 4  # 2 steps x 4 prompts (micro)
+    if not logged:
+        assert data["mlflow_runs"] == {}
+        return
+    mlflow.set_tracking_uri(uri)
+    runs = mlflow.search_runs(experiment_names=["claims"])
+    assert set(runs["tags.mlflow.runName"]) == {f"{name}/{a}" for a in arms}
