@@ -3,7 +3,7 @@
     python benchmarks/pairing.py --json outputs/bench/pairing.json [--n 1000000] [--d-max 10] [--repeats 5]
 
 Panoramas: `n` captures from the synthetic city generator (11 street-grid cities, GPS jitter; a location's
-captures sit metres apart, neighbouring locations 12 m apart), so d_max = 10 m finds real pairs and many
+captures sit metres apart, neighbouring locations 20 m apart), so d_max = 10 m finds real pairs and many
 near misses. The peer is the best general-purpose tool for the job: scipy's `cKDTree.query_pairs` on
 unit-sphere (x, y, z) with the chord radius 2 sin(d_max / 2R), exact for great-circle distance on the same
 sphere. Each side's time includes everything from (lat, lon) in degrees to the pair array; the two are

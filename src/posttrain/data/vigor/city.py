@@ -37,7 +37,7 @@ METRES_PER_DEG_LAT = 111_195.0
 @dataclass(frozen=True)
 class Layout:
     street_spacing_m: float = 80.0
-    location_spacing_m: float = 12.0
+    location_spacing_m: float = 20.0
     gps_jitter_m: float = 1.5
     historical_per_location: float = 1.2  # mean number of historical captures per location (Poisson)
     distractor_rate: float = 0.25  # share of historical captures that are distractors
@@ -115,7 +115,7 @@ def scene_table(n_locations: int, seed: int) -> pd.DataFrame:
     side = rng.choice(np.array(SIDES), n_locations)
     return pd.DataFrame({
         "location": np.arange(n_locations), "left": left, "right": right,
-        "road_width": rng.uniform(0.3, 0.45, n_locations), "change": change,
+        "road_width": rng.uniform(0.2, 0.3, n_locations), "change": change,
         "side": np.where(change == "road", "centre", np.where(change == "no_change", "none", side)),
         "hue": rng.uniform(0, 1, n_locations), "height": rng.uniform(0.35, 0.7, n_locations),
         "change_year": rng.integers(*Layout().change_years, endpoint=True, size=n_locations),

@@ -18,7 +18,7 @@ import pandas as pd
 from PIL import Image
 
 from posttrain.data.vigor.pairing import haversine_m, pairs_within
-from posttrain.data.vigor.steps import change_classifiers, cosine, embedders, instruction_writers, quality, validate_instruction
+from posttrain.data.vigor.steps import change_classifiers, embedders, instruction_writers, persistent_similarity, quality, validate_instruction
 from posttrain.errors import UserError
 
 PANORAMA_COLUMNS = {"id": "string", "city": "string", "lat": "float", "lon": "float", "capture_date": "date", "heading": "float",
@@ -160,7 +160,7 @@ def curate(sources: Sources, cfg) -> Quadruplets:
     for pair in pairs.itertuples(index=False):
         old, new = panos.iloc[pair.old], panos.iloc[pair.new]
         s_old, s_new = image(old["image_path"]), image(new["image_path"])
-        similarity = cosine(embed(s_old), embed(s_new))
+        similarity = persistent_similarity(embed, s_old, s_new)
         (b_old, sharp_old), (b_new, sharp_new) = quality(s_old), quality(s_new)
         if similarity < cfg.min_similarity or min(b_old, b_new) < cfg.min_brightness or min(sharp_old, sharp_new) < cfg.min_sharpness:
             continue

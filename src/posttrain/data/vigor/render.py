@@ -33,7 +33,7 @@ def _columns(size: int, slot: str) -> slice:
 def street_view(scene: dict, size: int, rng: np.random.Generator) -> np.ndarray:
     img = np.empty((size, size, 3))
     horizon = size // 2
-    rows = np.linspace(0, 1, horizon)[:, None]
+    rows = np.linspace(0, 1, horizon)[:, None, None]
     img[:horizon] = (1 - rows) * np.array([0.45, 0.65, 0.95]) + rows * np.array([0.8, 0.88, 0.97])  # sky
     img[horizon:] = GROUND * 0.9
     yy, xx = np.mgrid[horizon:size, 0:size]

@@ -25,14 +25,34 @@ instruction_writers: Registry = Registry("instruction writer")
 @embedders.register("thumbnail")
 def thumbnail_embedding(image: np.ndarray) -> np.ndarray:
     """An 8x8 colour thumbnail, mean-centred and unit-normalised: layout and colour, robust to sensor noise."""
-    h, w, _ = image.shape
-    small = image[: h - h % 8, : w - w % 8].reshape(8, h // 8, 8, w // 8, 3).mean(axis=(1, 3)).ravel()
+    small = _resize(image, 8).ravel()
     centred = small - small.mean()
     return centred / (np.linalg.norm(centred) + 1e-8)
 
 
+def _resize(image: np.ndarray, size: int) -> np.ndarray:
+    """Area-average to size x size (any input size): the mean over each cell of a size x size grid."""
+    h, w, _ = image.shape
+    rows = np.minimum((np.arange(h) * size) // h, size - 1)
+    cols = np.minimum((np.arange(w) * size) // w, size - 1)
+    total = np.zeros((size, size, image.shape[2]))
+    np.add.at(total, (rows[:, None], cols[None, :]), image)
+    count = np.zeros((size, size))
+    np.add.at(count, (rows[:, None], cols[None, :]), 1.0)
+    return total / count[..., None]
+
+
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-8))
+
+
+def persistent_similarity(embed, old: np.ndarray, new: np.ndarray) -> float:
+    """Similarity of the content that persists: the views are cut into left, centre and right thirds and
+    compared third by third; a real change touches one third, so the median of the three similarities
+    ignores it, while a different place or viewpoint differs in at least two."""
+    w = old.shape[1]
+    cuts = [slice(0, w // 3), slice(w // 3, w - w // 3), slice(w - w // 3, w)]
+    return float(np.median([cosine(embed(old[:, c]), embed(new[:, c])) for c in cuts]))
 
 
 def quality(image: np.ndarray) -> tuple[float, float]:
