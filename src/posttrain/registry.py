@@ -70,7 +70,9 @@ class Registry(Generic[T]):
 def all_registries() -> dict[str, Registry]:
     """Every registry, with its implementations imported so that all names are present."""
     from posttrain import objectives, rewards, stages, tasks
+    from posttrain.data.vigor.steps import change_classifiers, embedders, instruction_writers
     from posttrain.objectives.presets import presets
+    from posttrain.rewards.image import image_rewards
 
     return {
         "advantages": objectives.advantages,
@@ -80,4 +82,8 @@ def all_registries() -> dict[str, Registry]:
         "rewards": rewards.rewards,
         "tasks": tasks.tasks,
         "stages": stages.stages,
+        "image_rewards": image_rewards,
+        "embedders": embedders,
+        "change_classifiers": change_classifiers,
+        "instruction_writers": instruction_writers,
     }

@@ -20,6 +20,7 @@ from posttrain.registry import Registry
 stages: Registry = Registry("stage")
 
 from posttrain.stages import data, eval, rl, sft  # noqa: E402,F401,A004  (registers)
+from posttrain.stages import city, curate, flow_eval, flow_rl, flow_sft  # noqa: E402,F401  (registers: the image pipeline)
 
 
 def staging_dir(out_dir: Path) -> Path:
