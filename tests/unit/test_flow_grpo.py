@@ -128,3 +128,14 @@ def test_gdpo_differs_from_sum_then_normalize_on_judges():
     split = image_advantages(rewards, group, torch.ones(3), cfg(advantage="gdpo"))
     assert torch.isclose(summed[0], summed[1]) and torch.isclose(summed[1], summed[2])
     assert not torch.allclose(split, summed)
+
+
+def test_only_reward_matrix_estimators_are_accepted_for_images(tmp_path):
+    from helpers import REPO
+    from posttrain import config
+    from posttrain.errors import UserError
+
+    assert config.load(REPO / "params.yaml").flow_rl.advantage == "gdpo"
+    with pytest.raises(UserError, match="flow_rl.advantage.*needs token-level rollouts.*gdpo"):
+        config.load(REPO / "params.yaml", ["flow_rl.advantage=remax"])
+    assert config.load(REPO / "params.yaml", ["flow_rl.advantage=sum_then_normalize"]).flow_rl.advantage == "sum_then_normalize"

@@ -80,12 +80,13 @@ def image_advantages(rewards: Tensor, group: Tensor, weights: Tensor, cfg: FlowR
 
 def policy_update(model: ConditionalFlowModel, reference: ConditionalFlowModel | None, trajectory: Trajectory, conditions: Tensor,
                   text: Tensor, adv: Tensor, sigmas: list[float], cfg: FlowRLConfig) -> dict[str, float]:
-    """Accumulate the per-step clipped surrogate (+ beta KL) gradients over the denoising chain."""
+    """Accumulate the per-step clipped surrogate (+ beta KL) gradients over the first timestep_fraction of the
+    denoising chain (Flow-GRPO's `timestep_fraction`: the last steps have a vanishing variance and are left out)."""
     loss_fn = losses.get(cfg.loss)
-    steps = len(sigmas) - 1
+    steps = max(1, int(cfg.timestep_fraction * (len(sigmas) - 1)))  # the first `steps` transitions are trained
     mask = torch.ones(adv.shape[0], 1)
     totals = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0}
-    for j, (sigma, sigma_prev) in enumerate(zip(sigmas[:-1], sigmas[1:])):
+    for j, (sigma, sigma_prev) in enumerate(zip(sigmas[:steps], sigmas[1 : steps + 1])):
         x, prev = trajectory.states[j], trajectory.states[j + 1]
         step = sde_step(x, model(x, torch.tensor(sigma), conditions, text), sigma, sigma_prev, cfg.noise_level, sigmas[1], prev=prev)
         loss, metrics = loss_fn(step.logp[:, None], trajectory.logp[j][:, None], adv, mask, cfg)
