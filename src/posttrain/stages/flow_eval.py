@@ -41,9 +41,8 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     import torch
 
     from posttrain.data.vigor.edits import load_edits
-    from posttrain.models.flow import instruction_features, load_flow_model
-    from posttrain.rewards.image import image_reward_matrix
-    from posttrain.trainers.flow_rl import sample_ode
+    from posttrain.eval.images import judge_edits
+    from posttrain.models.flow import load_flow_model
 
     ev = cfg.flow_eval
     edits = load_edits(inputs["data"], "heldout", cfg.flow.image_size)
@@ -54,13 +53,10 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     generated, table = {}, []
     for name in ("sft", "rl"):
         model = load_flow_model(inputs[name] / "model").eval()
-        text = instruction_features(list(batch.instructions), model.text_dim)
-        images = sample_ode(model, batch.conditions, text, ev.sampling_steps, torch.Generator().manual_seed(cfg.pipeline.seed))
-        scores, names, _ = image_reward_matrix(cfg.flow_rl.rewards, (images + 1) / 2, batch.judged())
+        scores, names, generated[name] = judge_edits(model, batch, cfg.flow_rl.rewards, ev.sampling_steps, cfg.pipeline.seed)
         for k, judge in enumerate(names):
             metrics[f"{name}_{judge}"] = float(scores[:, k].mean())
         metrics[f"{name}_overall"] = float(scores.mean())  # overall = mean of the judges, in [0, 1]
-        generated[name] = (images + 1) / 2
         table += [{"model": name, "instruction": batch.instructions[i], "change": batch.changes[i],
                    **{judge: float(scores[i, k]) for k, judge in enumerate(names)}} for i in range(len(index))]
     metrics["overall_change_pct"] = 100 * (metrics["rl_overall"] - metrics["sft_overall"]) / max(metrics["sft_overall"], 1e-8)
