@@ -296,7 +296,7 @@ class FlowRLConfig(Section):  # Flow-GRPO (spec §0.4) with the text pipeline's 
     prompts_per_step: int = Field(gt=0)
     group_size: int = Field(ge=2)
     sampling_steps: int = Field(ge=2)
-    timestep_fraction: float = Field(gt=0, le=1)  # train on the first int(fraction * sampling_steps) denoising steps
+    timestep_fraction: float = Field(gt=0, le=1)  # the first int(fraction * sampling_steps) steps are SDE steps, trained on
     noise_level: float = Field(ge=0)
     clip_eps_low: float = Field(ge=0)
     clip_eps_high: float = Field(ge=0)

@@ -83,3 +83,18 @@ def test_ode_sampler_is_the_zero_noise_sde_sampler():
     ode = sample_ode(model, cond, text, 4, torch.Generator().manual_seed(5))
     sde = sample_sde(model, cond, text, sigma_schedule(4), 0.0, torch.Generator().manual_seed(5))
     torch.testing.assert_close(sde.images, ode, atol=1e-5, rtol=1e-5)
+
+
+def test_only_the_stochastic_head_injects_noise():
+    """timestep_fraction: SDE steps first, then Euler steps that leave the state a function of the head."""
+    torch.manual_seed(0)
+    model = build_flow_model(CFG, 8).eval()
+    _, cond, text = inputs(2)
+    sigmas = sigma_schedule(4)
+    traj = sample_sde(model, cond, text, sigmas, 0.7, torch.Generator().manual_seed(2), stochastic=2)
+    assert (traj.logp[2:] == 0).all() and (traj.logp[:2] != 0).all()
+    for j in (2, 3):  # the tail is the Euler step from the recorded state
+        x = traj.states[j]
+        with torch.no_grad():
+            euler = x + model(x, torch.tensor(sigmas[j]), cond, text) * (sigmas[j + 1] - sigmas[j])
+        torch.testing.assert_close(traj.states[j + 1], euler)

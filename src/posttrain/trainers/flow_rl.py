@@ -46,13 +46,23 @@ class Trajectory:
     images: Tensor  # [B, 3, H, W] the final sample in [-1, 1]
 
 
+def stochastic_steps(cfg: FlowRLConfig) -> int:
+    """How many leading denoising steps are sampled with noise and trained on (Flow-GRPO's timestep_fraction)."""
+    return max(1, int(cfg.timestep_fraction * cfg.sampling_steps))
+
+
 @torch.no_grad()
 def sample_sde(model: ConditionalFlowModel, conditions: Tensor, text: Tensor, sigmas: list[float], noise_level: float,
-               generator: torch.Generator) -> Trajectory:
+               generator: torch.Generator, stochastic: int | None = None) -> Trajectory:
+    """SDE steps for the first `stochastic` steps (all by default), then Euler steps: in pixel space the noise
+    injected by a late SDE step would stay in the image, while the ODE tail denoises it (the SDE keeps the
+    marginals, so the state entering the tail is a proper sample at its noise level)."""
     x = torch.randn((conditions.shape[0], 3, *conditions.shape[-2:]), generator=generator)
     states, logps = [x], []
-    for sigma, sigma_prev in zip(sigmas[:-1], sigmas[1:]):
-        step = sde_step(x, model(x, torch.tensor(sigma), conditions, text), sigma, sigma_prev, noise_level, sigmas[1], generator=generator)
+    stochastic = len(sigmas) - 1 if stochastic is None else stochastic
+    for j, (sigma, sigma_prev) in enumerate(zip(sigmas[:-1], sigmas[1:])):
+        level = noise_level if j < stochastic else 0.0
+        step = sde_step(x, model(x, torch.tensor(sigma), conditions, text), sigma, sigma_prev, level, sigmas[1], generator=generator)
         x = step.prev
         states.append(x)
         logps.append(step.logp)
@@ -80,10 +90,10 @@ def image_advantages(rewards: Tensor, group: Tensor, weights: Tensor, cfg: FlowR
 
 def policy_update(model: ConditionalFlowModel, reference: ConditionalFlowModel | None, trajectory: Trajectory, conditions: Tensor,
                   text: Tensor, adv: Tensor, sigmas: list[float], cfg: FlowRLConfig) -> dict[str, float]:
-    """Accumulate the per-step clipped surrogate (+ beta KL) gradients over the first timestep_fraction of the
-    denoising chain (Flow-GRPO's `timestep_fraction`: the last steps have a vanishing variance and are left out)."""
+    """Accumulate the per-step clipped surrogate (+ beta KL) gradients over the stochastic head of the chain
+    (Flow-GRPO's `timestep_fraction`; the deterministic tail has no density and is not trained)."""
     loss_fn = losses.get(cfg.loss)
-    steps = max(1, int(cfg.timestep_fraction * (len(sigmas) - 1)))  # the first `steps` transitions are trained
+    steps = stochastic_steps(cfg)  # the stochastic transitions are the trained ones
     mask = torch.ones(adv.shape[0], 1)
     totals = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0}
     for j, (sigma, sigma_prev) in enumerate(zip(sigmas[:steps], sigmas[1 : steps + 1])):
@@ -123,7 +133,7 @@ def train_flow_rl(model: ConditionalFlowModel, edits: Edits, cfg: FlowRLConfig, 
         text = text_all[index]
         group = torch.arange(prompts.numel()).repeat_interleave(cfg.group_size)
         model.eval()  # sampling and re-scoring must use the same network function (no dropout)
-        trajectory = sample_sde(model, batch.conditions, text, sigmas, cfg.noise_level, generator)
+        trajectory = sample_sde(model, batch.conditions, text, sigmas, cfg.noise_level, generator, stochastic_steps(cfg))
         rewards, names, weights = image_reward_matrix(cfg.rewards, (trajectory.images + 1) / 2, batch.judged())
         adv = image_advantages(rewards, group, weights, cfg)
         optimizer.zero_grad(set_to_none=True)
