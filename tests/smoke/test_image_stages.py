@@ -1,5 +1,5 @@
 """The image pipeline's stages through the CLI on a micro config: city -> curate -> flow_sft -> flow_rl ->
-flow_eval, a real flow model path with LoRA, and a corrupt or incomplete panorama table stopping `curate`
+flow_eval (the saved-model + LoRA path is tests/unit/test_flow_model.py), and a corrupt or incomplete panorama table stopping `curate`
 with one clear line, exit code 2, no partial output and the previous output untouched."""
 
 from __future__ import annotations
@@ -59,12 +59,6 @@ def test_every_stage_writes_its_outputs(image_run):
 def test_images_are_logged_to_mlflow(image_run):
     artifacts = {p.name for p in (image_run / "mlartifacts").rglob("*.png")}
     assert {"samples.png", "reward_curve.png"} <= artifacts
-
-
-def test_flow_sft_from_a_saved_model_with_lora(image_run):
-    posttrain("flow_sft", "--in", "data=out/curate", "--out", "out/lora", "--set", f"flow.path={image_run / 'out/flow_sft/model'}",
-              "--set", "flow.lora.r=2", "--set", "flow.lora.target_modules=[conv1, conv2]", cwd=image_run)
-    assert (image_run / "out" / "lora" / "model" / "unet" / "diffusion_pytorch_model.safetensors").is_file()
 
 
 def snapshot(root: Path) -> dict[str, str]:
