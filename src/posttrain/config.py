@@ -376,6 +376,128 @@ class DistillConfig(Section):
         return v
 
 
+class CityConfig(Section):  # the synthetic city (stage `city`), the embedded default source of `curate`
+    n_locations: int = Field(gt=0)
+    n_cities: int = Field(ge=1, le=11)
+    image_size: int = Field(ge=12, multiple_of=4)
+
+
+class CurateConfig(Section):  # VIGOR-his curation (spec §1)
+    d_max_m: float = Field(gt=0)  # pairing radius (haversine)
+    min_gap_years: int = Field(ge=0)  # newer capture year - older capture year
+    tile_radius_m: float = Field(gt=0)  # satellite tiles farther than this from the recent panorama are not used
+    embedder: str  # registry: image embedders
+    min_similarity: float = Field(ge=-1, le=1)  # persistent-content cosine similarity
+    min_brightness: float = Field(ge=0, le=1)
+    min_sharpness: float = Field(ge=0)
+    classifier: str  # registry: change classifiers
+    min_changed: float = Field(ge=0, le=1)  # share of satellite pixels whose material changed, below: no_change
+    instruction_writer: str  # registry: instruction writers
+    min_region_share: float = Field(ge=0, le=1)  # share of the street-level difference inside the edited region
+    heldout_fraction: float = Field(ge=0, lt=1)
+
+    @field_validator("embedder", "classifier", "instruction_writer")
+    @classmethod
+    def _registered_step(cls, v: str, info: ValidationInfo) -> str:
+        registry = {"embedder": "embedders", "classifier": "change_classifiers", "instruction_writer": "instruction_writers"}
+        return _check_registered(registry[info.field_name], v)
+
+
+class FlowModelConfig(Section):  # the conditional flow-matching image model
+    path: str | None  # a saved flow model directory (from_pretrained); None builds a tiny one
+    image_size: int = Field(ge=8, multiple_of=4)  # the model's resolution; curated images are area-averaged down to it
+    block_channels: tuple[int, ...]
+    layers_per_block: int = Field(gt=0)
+    norm_groups: int = Field(gt=0)
+    text_dim: int = Field(gt=0)  # hashed bag-of-words size of the instruction encoder
+    lora: LoraConfig
+
+    @field_validator("path")
+    @classmethod
+    def _path_exists(cls, v: str | None) -> str | None:
+        if v is not None and not Path(v).is_dir():
+            raise ValueError(f"flow model directory not found: {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _groups_divide(self) -> "FlowModelConfig":
+        bad = [c for c in self.block_channels if c % self.norm_groups]
+        if not self.block_channels or bad:
+            raise ValueError(f"block_channels {list(self.block_channels)} must be non-empty multiples of norm_groups {self.norm_groups}")
+        return self
+
+
+class FlowSFTConfig(Section):
+    steps: int = Field(gt=0)
+    batch_size: int = Field(gt=0)
+    lr: float = Field(gt=0)
+    warmup_steps: int = Field(ge=0)
+    log_every: int = Field(gt=0)
+
+
+class ImageRewardSpec(Section):
+    name: str
+    weight: float
+
+    @field_validator("name")
+    @classmethod
+    def _known_image_reward(cls, v: str) -> str:
+        return _check_registered("image_rewards", v)
+
+
+class FlowRLConfig(Section):  # Flow-GRPO (spec §0.4) with the text pipeline's advantage estimators and losses
+    advantage: str  # an estimator that works on the reward matrix alone (gdpo, sum_then_normalize, grpo)
+    loss: str  # registry: losses, applied per denoising step
+    loss_agg: str
+    rewards: tuple[ImageRewardSpec, ...]
+    steps: int = Field(gt=0)
+    prompts_per_step: int = Field(gt=0)
+    group_size: int = Field(ge=2)
+    sampling_steps: int = Field(ge=2)
+    timestep_fraction: float = Field(gt=0, le=1)  # the first int(fraction * sampling_steps) steps are SDE steps, trained on
+    noise_level: float = Field(ge=0)
+    clip_eps_low: float = Field(ge=0)
+    clip_eps_high: float = Field(ge=0)
+    adv_clip_max: float = Field(gt=0)
+    std_scaling: Literal["group", "batch", "none"]
+    std_eps: float = Field(gt=0)
+    beta: float = Field(ge=0)  # closed-form Gaussian KL to the SFT model; 0 skips the reference
+    lr: float = Field(gt=0)
+    max_grad_norm: float = Field(gt=0)
+    log_every: int = Field(gt=0)
+
+    @field_validator("advantage")
+    @classmethod
+    def _reward_matrix_estimator(cls, v: str) -> str:
+        from posttrain.objectives import advantages
+
+        _check_registered("advantages", v)
+        if "on_rewards" not in advantages.entry(v).meta:
+            usable = [e.name for e in advantages if "on_rewards" in e.meta]
+            raise ValueError(f"advantage {v!r} needs token-level rollouts; images take one of {', '.join(usable)}")
+        return v
+
+    @field_validator("loss", "loss_agg")
+    @classmethod
+    def _registered_loss(cls, v: str, info: ValidationInfo) -> str:
+        return _check_registered(_REGISTRY_OF[info.field_name], v)
+
+    @field_validator("rewards")
+    @classmethod
+    def _some_image_rewards(cls, v: tuple[ImageRewardSpec, ...]) -> tuple[ImageRewardSpec, ...]:
+        names = [r.name for r in v]
+        if not v or len(set(names)) != len(names):
+            raise ValueError(f"needs at least one reward, each listed once: {names}")
+        return v
+
+
+class FlowEvalConfig(Section):
+    sampling_steps: int = Field(ge=2)
+    n_prompts: int = Field(gt=0)  # held-out quadruplets scored (at most all of them)
+    samples_per_prompt: int = Field(gt=0)
+    n_grid: int = Field(ge=0)  # rows in the logged source / target / generated grid
+
+
 class Config(Section):
     pipeline: PipelineConfig
     tracking: TrackingConfig
@@ -388,6 +510,12 @@ class Config(Section):
     reward_model: RewardModelConfig
     preference: PreferenceConfig
     orchestration: OrchestrationConfig
+    city: CityConfig
+    curate: CurateConfig
+    flow: FlowModelConfig
+    flow_sft: FlowSFTConfig
+    flow_rl: FlowRLConfig
+    flow_eval: FlowEvalConfig
 
     @model_validator(mode="after")
     def _task_fits_methods(self) -> "Config":

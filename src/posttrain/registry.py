@@ -72,7 +72,9 @@ def all_registries() -> dict[str, Registry]:
     from posttrain import objectives, rewards, stages, tasks
     from posttrain.data.preferences import preference_data
     from posttrain.objectives.preference import preference_objectives
+    from posttrain.data.vigor.steps import change_classifiers, embedders, instruction_writers
     from posttrain.objectives.presets import presets
+    from posttrain.rewards.image import image_rewards
 
     return {
         "advantages": objectives.advantages,
@@ -86,4 +88,8 @@ def all_registries() -> dict[str, Registry]:
         "preference_data": preference_data,
         "tasks": tasks.tasks,
         "stages": stages.stages,
+        "image_rewards": image_rewards,
+        "embedders": embedders,
+        "change_classifiers": change_classifiers,
+        "instruction_writers": instruction_writers,
     }

@@ -34,7 +34,22 @@ def validate_examples(frame: pd.DataFrame, task: Task, expected_rows: dict[str, 
     suite.add_expectation(e.ExpectColumnValuesToBeInSet(column="completion_verified", value_set=[True]))
     alphabet = "".join(sorted(set(task.alphabet())))
     suite.add_expectation(e.ExpectColumnValuesToMatchRegex(column="prompt", regex=f"^[{_escape(alphabet)}]+$"))
-    result = batch.validate(suite, result_format="SUMMARY")
+    return suite_report(batch.validate(suite, result_format="SUMMARY"))
+
+
+def raise_if_failed(report: dict[str, Any], what: str) -> None:
+    """A failing suite stops the stage with one line naming each failed expectation and examples."""
+    if report["success"]:
+        return
+    from posttrain.errors import UserError
+
+    failed = [c for c in report["checks"] if not c["success"]]
+    summary = "; ".join(f"{c['expectation']}({c['column']}): {c['unexpected_count']} bad, e.g. {c['examples'][:2]}" for c in failed)
+    raise UserError(f"{what} validation failed: {summary}")
+
+
+def suite_report(result) -> dict[str, Any]:
+    """A validation result as JSON: {success, checks: [{expectation, column, success, unexpected_count, examples}]}."""
     checks = [
         {
             "expectation": r.expectation_config.type,

@@ -48,7 +48,7 @@ def collapsed_fraction(column: Tensor, group: Tensor) -> float:
 
 def composition_metrics(batch: RolloutBatch, adv: Tensor, eps: float = 1e-4) -> dict[str, float]:
     a = sequence_advantage(adv.detach(), batch.completion_mask).to(batch.rewards.dtype)
-    contributions = per_reward_normalized(batch, eps) * batch.reward_weights.to(batch.rewards.dtype)  # [B, K]
+    contributions = per_reward_normalized(batch.rewards, batch.group, eps) * batch.reward_weights.to(batch.rewards.dtype)  # [B, K]
     alignment = (contributions * a[:, None]).sum(0).abs()  # [K]
     total = float(alignment.sum())
     metrics = {}

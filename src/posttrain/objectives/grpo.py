@@ -77,14 +77,22 @@ def masked_std(values: Tensor, valid: Tensor) -> Tensor:
 
 def weighted_reward(batch: RolloutBatch) -> tuple[Tensor, Tensor]:
     """(r [B] = NaN-as-0 weighted sum of the reward columns, scored [B] = row has at least one real reward)."""
-    rewards = batch.rewards
-    weights = batch.reward_weights.to(rewards.dtype)
+    return weighted_sum(batch.rewards, batch.reward_weights)
+
+
+def weighted_sum(rewards: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
     scored = ~torch.isnan(rewards).all(dim=1)
-    return torch.nan_to_num(rewards, nan=0.0) @ weights, scored
+    return torch.nan_to_num(rewards, nan=0.0) @ weights.to(rewards.dtype), scored
 
 
-@advantages.register("sum_then_normalize", needs=())
-@advantages.register("grpo", needs=())
+def grpo_on_rewards(rewards: Tensor, group: Tensor, weights: Tensor, cfg) -> Tensor:
+    """GRPO advantages [B] from a reward matrix [B, K], group ids [B] and weights [K] (the image pipeline's
+    entry point, registered as `on_rewards`); cfg gives std_scaling and std_eps."""
+    reward, scored = weighted_sum(rewards, weights)
+    return group_normalize(reward, group, cfg.std_scaling, cfg.std_eps, scored)
+
+
+@advantages.register("sum_then_normalize", needs=(), on_rewards=grpo_on_rewards)
+@advantages.register("grpo", needs=(), on_rewards=grpo_on_rewards)
 def grpo(batch: RolloutBatch, cfg) -> Tensor:
-    reward, scored = weighted_reward(batch)
-    return group_normalize(reward, batch.group, cfg.std_scaling, cfg.std_eps, scored)
+    return grpo_on_rewards(batch.rewards, batch.group, batch.reward_weights, cfg)

@@ -10,7 +10,6 @@ from pathlib import Path
 
 from posttrain.config import Config
 from posttrain.data import write_examples
-from posttrain.errors import UserError
 from posttrain.stages import stages
 from posttrain.tasks import build_task
 
@@ -23,7 +22,7 @@ def verified(task, example) -> bool:
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     import pandas as pd
 
-    from posttrain.data.validation import validate_examples
+    from posttrain.data.validation import raise_if_failed, validate_examples
 
     task = build_task(cfg.task)
     splits = task.splits(cfg.pipeline.seed)
@@ -36,10 +35,7 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     )
     report = validate_examples(frame, task, {"train": cfg.task.n_train, "heldout": cfg.task.n_heldout})
     (out_dir / "validation.json").write_text(json.dumps(report, indent=2) + "\n")
-    if not report["success"]:
-        failed = [c for c in report["checks"] if not c["success"]]
-        summary = "; ".join(f"{c['expectation']}({c['column']}): {c['unexpected_count']} bad, e.g. {c['examples'][:2]}" for c in failed)
-        raise UserError(f"data validation failed: {summary}")
+    raise_if_failed(report, "data")
     for name, rows in splits.items():
         write_examples(out_dir / f"{name}.jsonl", rows)
     tracker.log_artifacts(out_dir, "data")

@@ -1,0 +1,1 @@
+"""VIGOR-his curation (spec §1): synthetic city, spatial pairing, screening, change labels, instructions."""

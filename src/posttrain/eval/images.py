@@ -1,0 +1,21 @@
+"""Judge a flow model's edits: Euler samples from fixed noise, scored by the configured image rewards."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from posttrain.data.vigor.edits import Edits
+from posttrain.models.flow import ConditionalFlowModel, instruction_features
+from posttrain.rewards.image import image_reward_matrix
+
+
+def judge_edits(model: ConditionalFlowModel, batch: Edits, specs, sampling_steps: int, seed: int) -> tuple[Tensor, tuple[str, ...], Tensor]:
+    """([N, K] judge scores, judge names, generated images [N, 3, H, W] in [0, 1]); the same seed gives every
+    model the same initial noise. overall = scores.mean(dim=1), in [0, 1]."""
+    from posttrain.trainers.flow_rl import sample_ode
+
+    text = instruction_features(list(batch.instructions), model.text_dim)
+    images = (sample_ode(model, batch.conditions, text, sampling_steps, torch.Generator().manual_seed(seed)) + 1) / 2
+    scores, names, _ = image_reward_matrix(specs, images, batch.judged())
+    return scores, names, images

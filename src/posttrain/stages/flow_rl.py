@@ -1,0 +1,45 @@
+"""Stage `flow_rl`: Flow-GRPO from the SFT flow model, rewarded by IA / BP / QP and aggregated by GDPO.
+
+Inputs `data` (curate's output) and `policy` (flow_sft's output). Output: model/, history.json,
+reward_curve.png (one line per judge).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from posttrain.config import Config
+from posttrain.stages import stages
+
+
+@stages.register(
+    "flow_rl",
+    inputs={"data": "outputs/images/curate", "policy": "outputs/images/flow_sft"},
+    requires={"data": ["quadruplets.parquet", "images.npz"], "policy": ["model/flow_config.json"]},
+)
+def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
+    from posttrain.data.vigor.edits import load_edits
+    from posttrain.models.flow import load_flow_model, maybe_flow_lora, save_flow_model
+    from posttrain.stages.rl import reward_curve
+    from posttrain.trainers.common import seed_everything
+    from posttrain.trainers.flow_rl import train_flow_rl
+
+    seed_everything(cfg.pipeline.seed)
+    edits = load_edits(inputs["data"], "train", cfg.flow.image_size)
+    model = maybe_flow_lora(load_flow_model(inputs["policy"] / "model"), cfg.flow.lora)
+    history = train_flow_rl(model, edits, cfg.flow_rl, cfg.pipeline.seed, on_log=lambda step, m: tracker.log_metrics(m, step))
+    save_flow_model(model, out_dir / "model")
+    (out_dir / "history.json").write_text(json.dumps(history) + "\n")
+    figure = reward_curve(history)
+    figure.savefig(out_dir / "reward_curve.png", dpi=100)
+    tracker.log_figure(figure, "reward_curve.png")
+    tracker.log_artifacts(out_dir / "model", "model")
+    first, last = history[: max(1, len(history) // 5)], history[-max(1, len(history) // 5) :]
+    mean = lambda rows, key: sum(r[key] for r in rows) / len(rows)  # noqa: E731
+    return {
+        "first_overall_reward": mean(first, "reward/overall_mean"),
+        "final_overall_reward": mean(last, "reward/overall_mean"),
+        "steps": float(len(history)),
+        "seconds_per_step": mean(history, "step_seconds"),
+    }

@@ -1,0 +1,40 @@
+"""Stage `flow_sft`: flow-matching SFT of the conditional image model on the curated training quadruplets.
+
+Input `data` (curate's output). Output: model/ (a saved flow model), history.json. `flow.path` starts from a
+saved flow model instead of a tiny new one; `flow.lora.r > 0` trains LoRA adapters (merged on save).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from posttrain.config import Config
+from posttrain.errors import UserError
+from posttrain.stages import stages
+
+
+def starting_model(cfg: Config, image_size: int):
+    from posttrain.models.flow import build_flow_model, load_flow_model, maybe_flow_lora
+
+    model = load_flow_model(cfg.flow.path) if cfg.flow.path else build_flow_model(cfg.flow, image_size)
+    if model.image_size != image_size:
+        raise UserError(f"flow.path holds a {model.image_size}px model but flow.image_size is {image_size}")
+    return maybe_flow_lora(model, cfg.flow.lora)
+
+
+@stages.register("flow_sft", inputs={"data": "outputs/images/curate"}, requires={"data": ["quadruplets.parquet", "images.npz"]})
+def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
+    from posttrain.data.vigor.edits import load_edits
+    from posttrain.models.flow import save_flow_model
+    from posttrain.trainers.common import seed_everything
+    from posttrain.trainers.flow_sft import train_flow_sft
+
+    seed_everything(cfg.pipeline.seed)
+    edits = load_edits(inputs["data"], "train", cfg.flow.image_size)
+    model = starting_model(cfg, cfg.flow.image_size)
+    history = train_flow_sft(model, edits, cfg.flow_sft, cfg.pipeline.seed, on_log=lambda step, m: tracker.log_metrics(m, step))
+    save_flow_model(model, out_dir / "model")
+    (out_dir / "history.json").write_text(json.dumps(history) + "\n")
+    tracker.log_artifacts(out_dir / "model", "model")
+    return {"final_loss": history[-1]["loss"], "n_train": float(len(edits)), "steps": float(cfg.flow_sft.steps)}

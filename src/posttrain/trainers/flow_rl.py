@@ -1,0 +1,154 @@
+"""Flow-GRPO (spec §0.4) for the conditional flow model, with advantages from the shared estimators (GDPO by
+default, spec §0.5) over the image judges IA / BP / QP (spec §1).
+
+One step: take `prompts_per_step` training edits, sample `group_size` images each with the SDE sampler
+(objectives/flow_grpo.py), recording every denoising step's input, output and log-prob; score the final
+images with the configured rewards into a [B, K] matrix; turn it into advantages with the estimator's
+`on_rewards` core, clipped to +-adv_clip_max; then, per denoising step, re-score the recorded transition
+under the current model and apply the registered policy loss (the clipped ratio) plus beta times the
+closed-form Gaussian KL to the frozen SFT model. Gradients accumulate over the steps; one optimizer step
+per batch (so the ratio is exactly 1 on that update, as in Flow-GRPO's first inner epoch).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from posttrain.config import FlowRLConfig
+from posttrain.data.vigor.edits import Edits
+from posttrain.models.flow import ConditionalFlowModel, instruction_features
+from posttrain.objectives import advantages as estimators
+from posttrain.objectives import losses
+from posttrain.objectives.flow_grpo import clip_advantages, gaussian_kl, sde_step
+from posttrain.rewards.image import image_reward_matrix
+from posttrain.trainers.common import progress
+
+
+def sigma_schedule(steps: int) -> list[float]:
+    """The flow-matching sigmas from 1 (noise) to 0, as diffusers' FlowMatchEulerDiscreteScheduler sets them."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    scheduler = FlowMatchEulerDiscreteScheduler()
+    scheduler.set_timesteps(steps)
+    return [float(s) for s in scheduler.sigmas]
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    states: Tensor  # [J + 1, B, 3, H, W] x at every sigma, states[0] the initial noise
+    logp: Tensor  # [J, B] log-prob of each recorded transition at sampling time
+    images: Tensor  # [B, 3, H, W] the final sample in [-1, 1]
+
+
+def stochastic_steps(cfg: FlowRLConfig) -> int:
+    """How many leading denoising steps are sampled with noise and trained on (Flow-GRPO's timestep_fraction)."""
+    return max(1, int(cfg.timestep_fraction * cfg.sampling_steps))
+
+
+@torch.no_grad()
+def sample_sde(model: ConditionalFlowModel, conditions: Tensor, text: Tensor, sigmas: list[float], noise_level: float,
+               generator: torch.Generator, stochastic: int | None = None) -> Trajectory:
+    """SDE steps for the first `stochastic` steps (all by default), then Euler steps: in pixel space the noise
+    injected by a late SDE step would stay in the image, while the ODE tail denoises it (the SDE keeps the
+    marginals, so the state entering the tail is a proper sample at its noise level)."""
+    x = torch.randn((conditions.shape[0], 3, *conditions.shape[-2:]), generator=generator)
+    states, logps = [x], []
+    stochastic = len(sigmas) - 1 if stochastic is None else stochastic
+    for j, (sigma, sigma_prev) in enumerate(zip(sigmas[:-1], sigmas[1:])):
+        level = noise_level if j < stochastic else 0.0
+        step = sde_step(x, model(x, torch.tensor(sigma), conditions, text), sigma, sigma_prev, level, sigmas[1], generator=generator)
+        x = step.prev
+        states.append(x)
+        logps.append(step.logp)
+    return Trajectory(torch.stack(states), torch.stack(logps), x)
+
+
+@torch.no_grad()
+def sample_ode(model: ConditionalFlowModel, conditions: Tensor, text: Tensor, steps: int, generator: torch.Generator) -> Tensor:
+    """Deterministic Euler sampling with diffusers' FlowMatchEulerDiscreteScheduler (evaluation)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    scheduler = FlowMatchEulerDiscreteScheduler()
+    scheduler.set_timesteps(steps)
+    x = torch.randn((conditions.shape[0], 3, *conditions.shape[-2:]), generator=generator)
+    for t in scheduler.timesteps:
+        x = scheduler.step(model(x, t / 1000.0, conditions, text), t, x).prev_sample
+    return x
+
+
+def image_advantages(rewards: Tensor, group: Tensor, weights: Tensor, cfg: FlowRLConfig) -> Tensor:
+    """The registered estimator's reward-matrix core (e.g. GDPO), then Flow-GRPO's clip to +-adv_clip_max."""
+    core = estimators.entry(cfg.advantage).meta["on_rewards"]
+    return clip_advantages(core(rewards, group, weights, cfg), cfg.adv_clip_max)
+
+
+def policy_update(model: ConditionalFlowModel, reference: ConditionalFlowModel | None, trajectory: Trajectory, conditions: Tensor,
+                  text: Tensor, adv: Tensor, sigmas: list[float], cfg: FlowRLConfig) -> dict[str, float]:
+    """Accumulate the per-step clipped surrogate (+ beta KL) gradients over the stochastic head of the chain
+    (Flow-GRPO's `timestep_fraction`; the deterministic tail has no density and is not trained)."""
+    loss_fn = losses.get(cfg.loss)
+    steps = stochastic_steps(cfg)  # the stochastic transitions are the trained ones
+    mask = torch.ones(adv.shape[0], 1)
+    totals = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0}
+    for j, (sigma, sigma_prev) in enumerate(zip(sigmas[:steps], sigmas[1 : steps + 1])):
+        x, prev = trajectory.states[j], trajectory.states[j + 1]
+        step = sde_step(x, model(x, torch.tensor(sigma), conditions, text), sigma, sigma_prev, cfg.noise_level, sigmas[1], prev=prev)
+        loss, metrics = loss_fn(step.logp[:, None], trajectory.logp[j][:, None], adv, mask, cfg)
+        if reference is not None and cfg.beta > 0 and float(step.scale) > 0:
+            with torch.no_grad():
+                ref = sde_step(x, reference(x, torch.tensor(sigma), conditions, text), sigma, sigma_prev, cfg.noise_level, sigmas[1], prev=prev)
+            kl = gaussian_kl(step.mean, ref.mean, step.scale).mean()
+            loss = loss + cfg.beta * kl
+            totals["kl"] += float(kl.detach()) / steps
+        (loss / steps).backward()
+        totals["loss"] += float(loss.detach()) / steps
+        totals["clip_fraction"] += metrics["clip_fraction"] / steps
+        totals["ratio_mean"] += metrics["ratio_mean"] / steps
+    return totals
+
+
+def train_flow_rl(model: ConditionalFlowModel, edits: Edits, cfg: FlowRLConfig, seed: int,
+                  on_log: Callable[[int, dict[str, float]], None]) -> list[dict[str, float]]:
+    generator = torch.Generator().manual_seed(seed)
+    text_all = instruction_features(list(edits.instructions), model.text_dim)
+    sigmas = sigma_schedule(cfg.sampling_steps)
+    reference = None
+    if cfg.beta > 0:
+        reference = copy.deepcopy(model).eval().requires_grad_(False)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    history = []
+    bar = progress(cfg.steps, "flow_rl")
+    for step_index in range(1, cfg.steps + 1):
+        start = time.perf_counter()
+        prompts = torch.randperm(len(edits), generator=generator)[: cfg.prompts_per_step]
+        index = prompts.repeat_interleave(cfg.group_size)
+        batch = edits.take(index)
+        text = text_all[index]
+        group = torch.arange(prompts.numel()).repeat_interleave(cfg.group_size)
+        model.eval()  # sampling and re-scoring must use the same network function (no dropout)
+        trajectory = sample_sde(model, batch.conditions, text, sigmas, cfg.noise_level, generator, stochastic_steps(cfg))
+        rewards, names, weights = image_reward_matrix(cfg.rewards, (trajectory.images + 1) / 2, batch.judged())
+        adv = image_advantages(rewards, group, weights, cfg)
+        optimizer.zero_grad(set_to_none=True)
+        metrics = policy_update(model, reference, trajectory, batch.conditions, text, adv, sigmas, cfg)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+        optimizer.step()
+        for k, name in enumerate(names):
+            metrics[f"reward/{name}_mean"] = float(rewards[:, k].mean())
+        metrics["reward/overall_mean"] = float(rewards.mean())
+        metrics["grad_norm"] = float(grad_norm)
+        metrics["step_seconds"] = time.perf_counter() - start
+        history.append({"step": step_index, **metrics})
+        if step_index % cfg.log_every == 0:
+            on_log(step_index, metrics)
+        bar.update(1)
+    bar.close()
+    model.eval()
+    return history

@@ -1,0 +1,88 @@
+"""The image pipeline's stages through the CLI on a micro config: city -> curate -> flow_sft -> flow_rl ->
+flow_eval (the saved-model + LoRA path is tests/unit/test_flow_model.py), and a corrupt or incomplete panorama table stopping `curate`
+with one clear line, exit code 2, no partial output and the previous output untouched."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from helpers import micro_params, posttrain
+
+IMAGE_MICRO = {
+    "city": {"n_locations": 60, "n_cities": 2, "image_size": 32},
+    "flow": {"image_size": 8, "block_channels": [8, 16], "text_dim": 16},
+    "flow_sft": {"steps": 4, "batch_size": 8, "log_every": 2, "warmup_steps": 0},
+    "flow_rl": {"steps": 2, "prompts_per_step": 2, "group_size": 2, "sampling_steps": 3},
+    "flow_eval": {"sampling_steps": 3, "n_prompts": 3, "samples_per_prompt": 1, "n_grid": 2},
+}
+
+
+@pytest.fixture(scope="module")
+def image_run(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("images")
+    micro_params(root, **IMAGE_MICRO)
+    posttrain("city", "--out", "out/city", cwd=root)
+    posttrain("curate", "--in", "source=out/city", "--out", "out/curate", cwd=root)
+    posttrain("flow_sft", "--in", "data=out/curate", "--out", "out/flow_sft", cwd=root)
+    posttrain("flow_rl", "--in", "data=out/curate", "--in", "policy=out/flow_sft", "--out", "out/flow_rl", cwd=root)
+    posttrain("flow_eval", "--in", "data=out/curate", "--in", "sft=out/flow_sft", "--in", "rl=out/flow_rl", "--out", "out/flow_eval", cwd=root)
+    return root
+
+
+def metrics(path: Path) -> dict:
+    return json.loads((path / "metrics.json").read_text())
+
+
+def test_every_stage_writes_its_outputs(image_run):
+    out = image_run / "out"
+    curate = metrics(out / "curate")
+    assert curate["n_quadruplets"] > 10 and curate["pairing_precision"] > 0.8 and curate["pairing_recall"] > 0.8
+    assert curate["panoramas_per_second"] > 0
+    assert json.loads((out / "curate" / "validation.json").read_text())["success"]
+    report = json.loads((out / "curate" / "report.json").read_text())
+    assert report["counts"]["total"]["total"] == curate["n_quadruplets"]
+    assert (out / "flow_sft" / "model" / "unet" / "config.json").is_file()
+    assert len(json.loads((out / "flow_rl" / "history.json").read_text())) == 2
+    ev = metrics(out / "flow_eval")
+    for model in ("sft", "rl"):
+        assert 0 <= ev[f"{model}_overall"] <= 1
+        assert ev[f"{model}_overall"] == pytest.approx((ev[f"{model}_ia"] + ev[f"{model}_bp"] + ev[f"{model}_qp"]) / 3)
+    assert (out / "flow_eval" / "samples.png").is_file()
+
+
+def test_images_are_logged_to_mlflow(image_run):
+    artifacts = {p.name for p in (image_run / "mlartifacts").rglob("*.png")}
+    assert {"samples.png", "reward_curve.png"} <= artifacts
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("damage,needle", [
+    (lambda d: d.drop(columns=["capture_date"]), "lacks column(s) capture_date"),  # incomplete
+    (None, "cannot read"),  # corrupt: a truncated file (the other damages are unit tests: test_vigor_curation.py)
+])
+def test_a_bad_panorama_table_stops_curate_cleanly(image_run, tmp_path, damage, needle):
+    source = tmp_path / "city"
+    shutil.copytree(image_run / "out" / "city", source)
+    table = source / "panoramas.parquet"
+    if damage is None:
+        table.write_bytes(table.read_bytes()[: len(table.read_bytes()) // 2])
+    else:
+        damage(pd.read_parquet(table)).to_parquet(table, index=False)
+    previous = tmp_path / "curate"
+    shutil.copytree(image_run / "out" / "curate", previous)
+    before = snapshot(previous)
+    result = posttrain("curate", "--in", f"source={source}", "--out", str(previous), cwd=image_run, check=False)
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in result.stderr and needle in lines[0], result.stderr
+    assert snapshot(previous) == before  # nothing already written is lost
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["city", "curate"]  # no partial output or staging left
