@@ -15,6 +15,7 @@ TINY = {
     "sft": {"steps": 10, "batch_size": 16, "n_examples": 0, "log_every": 5, "warmup_steps": 1},
     "rl": {"steps": 2, "prompts_per_step": 2, "group_size": 2, "checkpoint_every": 1, "warmup_steps": 0},
     "eval": {"n_prompts": 20, "batch_size": 20, "n_table": 2},
+    "distill": {"steps": 2, "prompts_per_step": 2},
 }
 BIN = Path(sys.executable).parent
 

@@ -44,7 +44,7 @@ print(json.dumps({{"errors": {{k: str(v) for k, v in bag.import_errors.items()}}
     found = json.loads(result.stdout.strip().splitlines()[-1])
     assert found["errors"] == {} and found["heavy"] == []
     assert {"posttrain_text", "posttrain_sweep"} <= set(found["tasks"])
-    assert {"preflight", "data", "sft", "rl", "eval_sft", "eval_rl", "finalize"} == set(found["tasks"]["posttrain_text"])
+    assert {"preflight", "data", "sft", "rl", "distill", "eval_sft", "eval_rl", "finalize"} == set(found["tasks"]["posttrain_text"])
     assert {"objective", "compare", "finalize"} <= set(found["tasks"]["posttrain_sweep"])
     expected = param_specs(REPO / "params.yaml")
     text_params = found["params"]["posttrain_text"]
@@ -92,7 +92,7 @@ def test_dags_test_runs_every_stage_and_logs_to_mlflow(tmp_path):
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     assert set(_task_states(tmp_path).values()) == {"success"}
     runs = _runs(tmp_path)
-    assert sorted(r.data.tags["stage"] for r in runs) == ["data", "eval", "eval", "rl", "sft"]
+    assert sorted(r.data.tags["stage"] for r in runs) == ["data", "distill", "eval", "eval", "rl", "sft"]
     assert {r.info.status for r in runs} == {"FINISHED"} and {r.data.tags["launcher"] for r in runs} == {"airflow"}
     assert len({r.data.tags["pipeline_run"] for r in runs}) == 1
     (run_dir,) = (tmp_path / "runs").iterdir()

@@ -17,7 +17,7 @@ def test_dvc_exp_run_of_a_second_objective_then_compare_writes_table_and_plot(dv
     shutil.copytree(dvc_repro_run, repo, symlinks=True)  # its grpo run is the first arm; data and sft stay cached
     output = dvc("exp", "run", "-S", "rl.advantage=rloo", cwd=repo)
     ran = {line.split("'")[1] for line in output.splitlines() if line.startswith("Running stage")}
-    assert ran == {"rl", "eval@rl"}, output
+    assert ran == {"rl", "eval@rl", "distill"}, output  # distill reads the rl settings and model
     result = subprocess.run([str(BIN / "posttrain"), "compare", "--out", "outputs/compare"], cwd=repo, env=tool_env(), capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = json.loads((repo / "outputs/compare/comparison.json").read_text())

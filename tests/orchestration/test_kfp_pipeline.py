@@ -148,7 +148,7 @@ def test_local_execution_of_the_compiled_yaml_matches_dvc_repro(dvc_repro_run, t
         assert [_digest(kfp_out / "model" / w.name) for w in weights] == [_digest(w) for w in weights], task.id
     assert sorted(dvc_repro_run.glob("outputs/*/model/*.safetensors"))  # there were weights to compare
     runs = _mlflow_runs(tmp_path, pipeline_run="local-job")
-    assert sorted(r.data.tags["stage"] for r in runs) == ["data", "eval", "eval", "rl", "sft"]
+    assert sorted(r.data.tags["stage"] for r in runs) == ["data", "distill", "eval", "eval", "rl", "sft"]
     assert {r.info.status for r in runs} == {"FINISHED"} and {r.data.tags["launcher"] for r in runs} == {"kubeflow"}
 
 
