@@ -34,8 +34,9 @@ run: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro && \
 	$(BIN)/posttrain summary --wall-seconds $$($(BIN)/python -c "import time; print(round(time.time() - $$start, 1))")
 
+# two workers, one torch thread per process: most tests wait on single-threaded subprocesses (CLI, dvc, airflow)
 test: install-dev
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 
 bench: install-dev
 	$(BIN)/python benchmarks/grpo_step.py --json outputs/bench/grpo_step.json
