@@ -10,7 +10,7 @@ export GX_ANALYTICS_ENABLED := false
 export MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR := false
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test install install-dev bench clean pipelines image image-cpu sweep
+.PHONY: run test install install-dev bench clean pipelines image image-cpu sweep test-gpu bench-gpu
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -60,3 +60,12 @@ sweep: install
 
 clean:
 	rm -rf outputs mlflow.db mlartifacts .pytest_cache
+
+# CUDA checks (tests/gpu) and the rollout speed benchmark on a GPU; CPU CI runs neither
+test-gpu: install-dev
+	POSTTRAIN_GPU_TESTS=1 $(BIN)/python -m pytest tests/gpu $(PYTEST_ARGS)
+GPU_BENCH_MODEL := --set model.hidden_size=896 --set model.intermediate_size=4864 --set model.layers=24 --set model.heads=14 \
+	--set model.kv_heads=2 --set model.max_positions=512 --set model.dtype=bfloat16
+bench-gpu: install-dev
+	$(BIN)/python benchmarks/rollout.py --device cuda --json outputs/bench/rollout_gpu.json $(GPU_BENCH_MODEL) \
+	  --set rl.prompts_per_step=64 --set rl.group_size=8 --set rl.max_new_tokens=256

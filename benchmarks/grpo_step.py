@@ -266,16 +266,19 @@ def run_steps(cfg, task, train, tokenizer, model, total_steps: int, threads: int
 # -- rollout -------------------------------------------------------------------------------------------
 
 
-def run_rollouts(cfg, train, tokenizer, model, repeats: int) -> dict[str, float]:
+def run_rollouts(cfg, train, tokenizer, model, repeats: int, device: str = "cpu", warmup: int = 2) -> dict[str, float]:
+    """Median seconds of our `sample()` and of `model.generate` on the same prompts, alternated, on `device`."""
     import torch
 
     from posttrain.rollout.engine import sample
     from posttrain.trainers.common import encode_prompts
 
     rl = cfg.rl
-    model = copy.deepcopy(model).eval()
-    ids, mask = encode_prompts(tokenizer, [e.prompt for e in train[: rl.prompts_per_step]], torch.device("cpu"))
-    generator = torch.Generator().manual_seed(cfg.pipeline.seed)
+    device = torch.device(device)
+    model = copy.deepcopy(model).to(device).eval()
+    ids, mask = encode_prompts(tokenizer, [e.prompt for e in train[: rl.prompts_per_step]], device)
+    generator = torch.Generator(device=device).manual_seed(cfg.pipeline.seed)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     torch.manual_seed(cfg.pipeline.seed)
     rows, width = ids.shape[0] * rl.group_size, rl.max_new_tokens
 
@@ -293,12 +296,13 @@ def run_rollouts(cfg, train, tokenizer, model, repeats: int) -> dict[str, float]
         return int(out[:, ids.shape[1]:].numel())
 
     times: dict[str, list[float]] = {"ours": [], "hf": []}
-    for _ in range(2):  # warm-up
+    for _ in range(warmup):
         ours(), hf()
     for _ in range(repeats):
         for name, fn in (("ours", ours), ("hf", hf)):
+            sync()
             start = time.perf_counter()
-            produced = fn()
+            produced = fn()  # its int() reads the result back, which waits for the device
             times[name].append(time.perf_counter() - start)
             assert produced == rows * width, f"{name} produced {produced} tokens, expected {rows * width}"
     ours_s, hf_s = median(times["ours"]), median(times["hf"])

@@ -21,6 +21,9 @@ for key, value in {
 
 from helpers import micro_params, posttrain  # noqa: E402
 
+# CUDA checks run on a GPU machine through `make test-gpu`; `make test` (CPU, CI) does not collect them
+collect_ignore = [] if os.environ.get("POSTTRAIN_GPU_TESTS") == "1" else ["gpu"]
+
 
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:

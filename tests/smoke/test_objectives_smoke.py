@@ -76,7 +76,8 @@ def two_steps(micro, **rl_updates):
     teachers = {"teacher": copy.deepcopy(model).eval().requires_grad_(False)} if "teacher_logp" in needs_of(rl) else {}
     run = RLRun(model, tokenizer, task, examples, rl, seed=0, checkpoint_dir=REPO / "unused", config_hash="x", teachers=teachers)
     optimizer, schedule = optimizer_and_schedule(list(model.parameters()), rl.lr, 0.0, 0, 2)
-    stream, generator = PromptStream(examples, 0), torch.Generator().manual_seed(0)
+    device = next(model.parameters()).device  # the CUDA checks (tests/gpu) reuse this on a GPU
+    stream, generator = PromptStream(examples, 0), torch.Generator(device=device).manual_seed(0)
     history = []
     for _ in range(2):
         prompts = stream.take(rl.prompts_per_step)
