@@ -1,0 +1,34 @@
+"""The knowledge and edit stages on a micro config (lifelong editing, spec §15), and a bad edit file's one-line error."""
+
+from __future__ import annotations
+
+import json
+
+from helpers import micro_params, posttrain
+
+MICRO_EDIT = {
+    "facts": {"n_subjects": 4, "relations": 2, "objects_per_relation": 3, "seed": 0},
+    "pretrain": {"steps": 3, "batch_size": 8, "lr": 0.003, "warmup_steps": 0, "weight_decay": 0.0, "n_examples": 0, "log_every": 1},
+    "n_edits": 2, "steps_per_edit": 1, "log_every": 1,
+}
+
+
+def test_knowledge_then_edit_then_a_bad_edit_file(tmp_path):
+    micro_params(tmp_path, edit=MICRO_EDIT)
+    knowledge = json.loads(posttrain("knowledge", cwd=tmp_path).stdout.strip().splitlines()[-1])
+    assert knowledge["n_facts"] == 8 and 0.0 <= knowledge["heldout_template_accuracy"] <= 1.0
+    assert (tmp_path / "outputs" / "knowledge" / "facts.json").is_file()
+
+    metrics = json.loads(posttrain("edit", cwd=tmp_path).stdout.strip().splitlines()[-1])
+    assert {"edit_success", "retention", "generalization", "locality", "unedited_accuracy", "base_unedited_accuracy"} <= set(metrics)
+    out = tmp_path / "outputs" / "edit"
+    assert (out / "model" / "config.json").is_file() and len((out / "edits.jsonl").read_text().splitlines()) == 2
+    assert [h["edit"] for h in json.loads((out / "history.json").read_text())] == [1.0, 2.0]
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"subject": "nobody", "relation": "color", "new": "red"}) + "\n")
+    result = posttrain("edit", "--set", f"edit.edits={bad}", "--out", "outputs/edit_bad", cwd=tmp_path, check=False)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert f"{bad}:1" in lines[0] and "no fact ('nobody', 'color')" in lines[0]
+    assert not (tmp_path / "outputs" / "edit_bad").exists() and not (tmp_path / "outputs" / ".edit_bad.partial").exists()
