@@ -1,8 +1,13 @@
-"""The knowledge and edit stages on a micro config (lifelong editing, spec §15), and a bad edit file's one-line error."""
+"""The knowledge and edit stages on a micro config (lifelong editing, spec §15), and a bad edit file's one-line error.
+`knowledge` runs through the installed CLI; `edit` runs through the same CLI entry point in this process (the
+imports are already paid for), MLflow logging included."""
 
 from __future__ import annotations
 
 import json
+import sys
+
+import pytest
 
 from helpers import micro_params, posttrain
 
@@ -13,22 +18,36 @@ MICRO_EDIT = {
 }
 
 
-def test_knowledge_then_edit_then_a_bad_edit_file(tmp_path):
+def cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    from posttrain.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["posttrain", *args])
+    with pytest.raises(SystemExit) as done:
+        main()
+        sys.exit(0)
+    out = capsys.readouterr()
+    return done.value.code, out.out, out.err
+
+
+def test_knowledge_then_edit_then_a_bad_edit_file(tmp_path, monkeypatch, capsys):
     micro_params(tmp_path, edit=MICRO_EDIT)
     knowledge = json.loads(posttrain("knowledge", cwd=tmp_path).stdout.strip().splitlines()[-1])
     assert knowledge["n_facts"] == 8 and 0.0 <= knowledge["heldout_template_accuracy"] <= 1.0
     assert (tmp_path / "outputs" / "knowledge" / "facts.json").is_file()
 
-    metrics = json.loads(posttrain("edit", cwd=tmp_path).stdout.strip().splitlines()[-1])
-    assert {"edit_success", "retention", "generalization", "locality", "unedited_accuracy", "base_unedited_accuracy"} <= set(metrics)
+    monkeypatch.chdir(tmp_path)
+    code, stdout, _ = cli(monkeypatch, capsys, "edit")
+    metrics = json.loads(stdout.strip().splitlines()[-1])
+    assert code == 0 and {"edit_success", "retention", "generalization", "locality", "unedited_accuracy", "base_unedited_accuracy"} <= set(metrics)
     out = tmp_path / "outputs" / "edit"
     assert (out / "model" / "config.json").is_file() and len((out / "edits.jsonl").read_text().splitlines()) == 2
     assert [h["edit"] for h in json.loads((out / "history.json").read_text())] == [1.0, 2.0]
+    assert json.loads((out / "mlflow_run.json").read_text())["run_id"]
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"subject": "nobody", "relation": "color", "new": "red"}) + "\n")
-    result = posttrain("edit", "--set", f"edit.edits={bad}", "--out", "outputs/edit_bad", cwd=tmp_path, check=False)
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    code, _, stderr = cli(monkeypatch, capsys, "edit", "--set", f"edit.edits={bad}", "--out", "outputs/edit_bad")
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in stderr, stderr[-2000:]
     assert f"{bad}:1" in lines[0] and "no fact ('nobody', 'color')" in lines[0]
     assert not (tmp_path / "outputs" / "edit_bad").exists() and not (tmp_path / "outputs" / ".edit_bad.partial").exists()
