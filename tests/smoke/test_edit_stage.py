@@ -1,6 +1,6 @@
 """The knowledge and edit stages on a micro config (lifelong editing, spec §15), and a bad edit file's one-line error.
-`knowledge` runs through the installed CLI; `edit` runs through the same CLI entry point in this process (the
-imports are already paid for), MLflow logging included."""
+Both run through the `posttrain` CLI entry point (`posttrain.cli.main`, what the installed script calls) in this
+process, so the imports are paid once; MLflow logging included."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from helpers import micro_params, posttrain
+from helpers import micro_params
 
 MICRO_EDIT = {
     "facts": {"n_subjects": 4, "relations": 2, "objects_per_relation": 3, "seed": 0},
@@ -31,11 +31,12 @@ def cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
 
 def test_knowledge_then_edit_then_a_bad_edit_file(tmp_path, monkeypatch, capsys):
     micro_params(tmp_path, edit=MICRO_EDIT)
-    knowledge = json.loads(posttrain("knowledge", cwd=tmp_path).stdout.strip().splitlines()[-1])
-    assert knowledge["n_facts"] == 8 and 0.0 <= knowledge["heldout_template_accuracy"] <= 1.0
+    monkeypatch.chdir(tmp_path)
+    code, stdout, _ = cli(monkeypatch, capsys, "knowledge")
+    knowledge = json.loads(stdout.strip().splitlines()[-1])
+    assert code == 0 and knowledge["n_facts"] == 8 and 0.0 <= knowledge["heldout_template_accuracy"] <= 1.0
     assert (tmp_path / "outputs" / "knowledge" / "facts.json").is_file()
 
-    monkeypatch.chdir(tmp_path)
     code, stdout, _ = cli(monkeypatch, capsys, "edit")
     metrics = json.loads(stdout.strip().splitlines()[-1])
     assert code == 0 and {"edit_success", "retention", "generalization", "locality", "unedited_accuracy", "base_unedited_accuracy"} <= set(metrics)
