@@ -148,7 +148,7 @@ def option_schema(name: str, kinds: tuple[str, ...] = ("advantages", "losses", "
 
 _KIND_WORD = {
     "advantages": "estimator", "losses": "loss", "rewards": "reward", "auxiliaries": "auxiliary term", "tasks": "task",
-    "reward_models": "reward model", "preference_objectives": "preference objective",
+    "reward_models": "reward model", "preference_objectives": "preference objective", "edit_methods": "edit method",
 }
 
 
@@ -360,6 +360,64 @@ class PreferenceConfig(PairTrainingConfig):
         return self.objective
 
 
+class FactsConfig(Section):  # edit.facts: the synthetic fact set (data/facts.py)
+    n_subjects: int = Field(gt=0, le=1000)
+    relations: int = Field(ge=1, le=5)  # the first `relations` relations of data/facts.py RELATIONS
+    objects_per_relation: int = Field(ge=2, le=8)  # the first k objects of each relation's vocabulary
+    seed: int  # draws the subjects' names and their objects
+
+    @model_validator(mode="after")
+    def _enough_facts(self) -> "FactsConfig":
+        if self.n_subjects * self.relations < 2:
+            raise ValueError("needs at least 2 facts (one to edit, one to keep)")
+        return self
+
+
+class EditConfig(Section):
+    """Stages `knowledge` (a base model that knows the fact set) and `edit` (a stream of knowledge edits, spec §15)."""
+
+    facts: FactsConfig
+    pretrain: SFTConfig  # the `knowledge` stage's SFT on every fact under every template
+    method: str  # edit_methods registry: naive | glime
+    edits: str | None  # a JSON-lines edit stream {subject, relation, new}; null: `n_edits` seeded edits
+    n_edits: int = Field(gt=0)
+    steps_per_edit: int = Field(gt=0)
+    lr: float = Field(gt=0)  # SGD, fresh for each edit
+    max_grad_norm: float = Field(gt=0)
+    params: tuple[str, ...]  # edited parameters: names containing one of these (e.g. "mlp": every FFN)
+    log_every: int = Field(gt=0)  # edits between running-retention probes
+    options: dict[str, dict[str, Any]]  # edit.options.<method>.<key>
+
+    @field_validator("method")
+    @classmethod
+    def _known_method(cls, v: str) -> str:
+        return _check_registered("edit_methods", v)
+
+    @field_validator("edits")
+    @classmethod
+    def _edits_exist(cls, v: str | None) -> str | None:
+        if v is not None and not Path(v).is_file():
+            raise ValueError(f"edit file not found: {v}")
+        return v
+
+    @field_validator("params")
+    @classmethod
+    def _some_params(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if not v:
+            raise ValueError("needs at least one parameter-name pattern")
+        return v
+
+    @model_validator(mode="after")
+    def _check_options(self) -> "EditConfig":
+        _validate_options(self.options, (self.method,), ("edit_methods",), "edit.options")
+        return self
+
+    def options_for(self, name: str) -> BaseModel | None:
+        """The validated settings of the method registered as `name` (None for a method without settings)."""
+        schema = option_schema(name, ("edit_methods",))
+        return None if schema is None else schema.model_validate(self.options[name] or {})
+
+
 class DistillConfig(Section):
     method: str  # a distillation preset (objectives/distill/presets.py) applied on top of the rl section
     steps: int = Field(gt=0)
@@ -509,6 +567,7 @@ class Config(Section):
     eval: EvalConfig
     reward_model: RewardModelConfig
     preference: PreferenceConfig
+    edit: EditConfig
     orchestration: OrchestrationConfig
     city: CityConfig
     curate: CurateConfig

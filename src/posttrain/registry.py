@@ -72,6 +72,7 @@ def all_registries() -> dict[str, Registry]:
     from posttrain import objectives, rewards, stages, tasks
     from posttrain.data.preferences import preference_data
     from posttrain.objectives.preference import preference_objectives
+    from posttrain.objectives.editing import edit_methods
     from posttrain.data.vigor.steps import change_classifiers, embedders, instruction_writers
     from posttrain.objectives.presets import presets
     from posttrain.rewards.image import image_rewards
@@ -86,6 +87,7 @@ def all_registries() -> dict[str, Registry]:
         "reward_models": rewards.reward_models,
         "preference_objectives": preference_objectives,
         "preference_data": preference_data,
+        "edit_methods": edit_methods,
         "tasks": tasks.tasks,
         "stages": stages.stages,
         "image_rewards": image_rewards,

@@ -16,7 +16,7 @@ RLHF = REPO / "rlhf" / "dvc.yaml"
 def test_rlhf_commands_inputs_outputs_and_params():
     root, rlhf = expanded_stages(), expanded_stages(RLHF)
     produced = {o for s in [*root.values(), *rlhf.values()] for o in s.get("outs", [])}
-    assert {"reward_model", "rl_rm", "preference", "eval@rl_rm", "eval@preference"} == set(rlhf)
+    assert {"reward_model", "rl_rm", "preference", "eval@rl_rm", "eval@preference", "knowledge", "edit"} == set(rlhf)
     for name, stage in rlhf.items():
         assert stage["wdir"] == "..", name  # paths below are relative to the repository root
         argv = shlex.split(stage["cmd"])
@@ -26,7 +26,7 @@ def test_rlhf_commands_inputs_outputs_and_params():
         assert set(inputs) <= set(entry.meta["inputs"]), (name, inputs)
         out = argv[argv.index("--out") + 1]
         assert all(o.startswith(out + "/") for o in stage["outs"]), name
-        assert set(stage["params"]) <= set(Config.model_fields), name
+        assert {p.split(".")[0] for p in stage["params"]} <= set(Config.model_fields), name  # a section or section.key
         for dep in stage["deps"]:
             assert not dep.startswith("outputs/") or dep in produced, (name, dep)
             assert (REPO / dep).exists() or dep.startswith("outputs/"), (name, dep)
@@ -35,4 +35,4 @@ def test_rlhf_commands_inputs_outputs_and_params():
 
 
 def test_default_pipeline_stays_without_the_extra_models():
-    assert not {"reward_model", "rl_rm", "preference"} & set(expanded_stages())
+    assert not {"reward_model", "rl_rm", "preference", "knowledge", "edit"} & set(expanded_stages())

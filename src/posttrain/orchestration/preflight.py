@@ -52,7 +52,7 @@ def without_nulls(section: dict[str, Any]) -> dict[str, Any]:
     return {k: without_nulls(v) if isinstance(v, dict) else v for k, v in section.items() if v is not None}
 
 
-_OPTION_REGISTRIES = ("advantages", "losses", "rewards", "auxiliaries", "tasks", "reward_models", "preference_objectives")
+_OPTION_REGISTRIES = ("advantages", "losses", "rewards", "auxiliaries", "tasks", "reward_models", "preference_objectives", "edit_methods")
 
 
 def _absent_optional_is_null(raw: dict[str, Any], model: type[BaseModel] = Config) -> None:

@@ -1,0 +1,41 @@
+"""Stage `edit`: lifelong knowledge editing (spec §15). A stream of edits (new objects for chosen facts) is applied
+one by one to the `knowledge` stage's base model with `edit.method` (naive sequential fine-tuning, or GLIME).
+
+Inputs: `base` (`model/`, `facts.json`). The stream is `edit.edits` (a JSON-lines file, checked before any model is
+loaded) or `edit.n_edits` seeded edits. Outputs: `model/`, `edits.jsonl`, `history.json` (one row per edit);
+metrics: edit success, retention of earlier edits, paraphrase generalisation, locality and unedited-fact accuracy
+(each with its `base_` value before the first edit).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from posttrain.config import Config
+from posttrain.stages import stages
+
+
+@stages.register("edit", inputs={"base": "outputs/knowledge"}, requires={"base": ["model/config.json", "facts.json"]})
+def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
+    from posttrain.data.facts import FactSet, edit_stream, read_edits, write_edits
+    from posttrain.models import load_pretrained, save_pretrained, select_device
+    from posttrain.trainers.common import seed_everything
+    from posttrain.trainers.editing import apply_edits
+
+    facts = FactSet.from_json((inputs["base"] / "facts.json").read_text())
+    edits = read_edits(Path(cfg.edit.edits), facts) if cfg.edit.edits else edit_stream(facts, cfg.edit.n_edits, cfg.pipeline.seed)
+    seed_everything(cfg.pipeline.seed)
+    model, tokenizer = load_pretrained(inputs["base"] / "model", cfg.model.dtype)
+    model = model.to(select_device(cfg.pipeline.device))
+    log = lambda index, m: tracker.log_metrics(m, index)  # noqa: E731
+    history, metrics = apply_edits(model, tokenizer, facts, edits, cfg.edit, cfg.pipeline.seed, on_log=log)
+    save_pretrained(model, tokenizer, out_dir / "model")
+    write_edits(out_dir / "edits.jsonl", edits)
+    (out_dir / "history.json").write_text(json.dumps(history) + "\n")
+    rows = [{"edit": i + 1, **asdict(e), "success": h["edit_success"]} for i, (e, h) in enumerate(zip(edits, history))]
+    tracker.log_table(rows, "edits.json")
+    tracker.log_artifacts(out_dir / "model", "model")
+    tracker.log_metrics(metrics)
+    return metrics
