@@ -404,7 +404,9 @@ class CurateConfig(Section):  # VIGOR-his curation (spec §1)
 
 
 class FlowModelConfig(Section):  # the conditional flow-matching image model
-    path: str | None  # a saved flow model directory (from_pretrained); None builds a tiny one
+    kind: str  # registry: flow_backends (unet: the tiny UNet; flux: a diffusers FLUX checkpoint + LoRA)
+    path: str | None  # unet: a saved flow model directory or None (tiny new one); flux: the checkpoint directory
+    flux_guidance: float = Field(ge=0)  # flux: the distilled guidance value fed to a transformer with guidance embeddings
     image_size: int = Field(ge=8, multiple_of=4)  # the model's resolution; curated images are area-averaged down to it
     block_channels: tuple[int, ...]
     layers_per_block: int = Field(gt=0)
@@ -418,6 +420,17 @@ class FlowModelConfig(Section):  # the conditional flow-matching image model
         if v is not None and not Path(v).is_dir():
             raise ValueError(f"flow model directory not found: {v}")
         return v
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, v: str) -> str:
+        return _check_registered("flow_backends", v)
+
+    @model_validator(mode="after")
+    def _flux_needs_checkpoint_and_lora(self) -> "FlowModelConfig":
+        if self.kind == "flux" and (self.path is None or self.lora.r == 0):
+            raise ValueError("flow.kind flux needs flow.path (a diffusers FLUX checkpoint directory) and flow.lora.r > 0 (only adapters train)")
+        return self
 
     @model_validator(mode="after")
     def _groups_divide(self) -> "FlowModelConfig":
@@ -465,6 +478,7 @@ class FlowRLConfig(Section):  # Flow-GRPO (spec §0.4) with the text pipeline's 
     lr: float = Field(gt=0)
     max_grad_norm: float = Field(gt=0)
     log_every: int = Field(gt=0)
+    checkpoint_every: int = Field(ge=0)  # 0: no checkpoints (flow_rl --resume then starts over)
 
     @field_validator("advantage")
     @classmethod

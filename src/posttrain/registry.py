@@ -75,6 +75,8 @@ def all_registries() -> dict[str, Registry]:
     from posttrain.data.vigor.steps import change_classifiers, embedders, instruction_writers
     from posttrain.objectives.presets import presets
     from posttrain.rewards.image import image_rewards
+    from posttrain.models.flow import flow_backends
+    import posttrain.models.flux  # noqa: F401  (registers the flux kind)
 
     return {
         "advantages": objectives.advantages,
@@ -92,4 +94,5 @@ def all_registries() -> dict[str, Registry]:
         "embedders": embedders,
         "change_classifiers": change_classifiers,
         "instruction_writers": instruction_writers,
+        "flow_backends": flow_backends,
     }
