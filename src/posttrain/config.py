@@ -388,6 +388,8 @@ class CurateConfig(Section):  # VIGOR-his curation (spec §1)
     tile_radius_m: float = Field(gt=0)  # satellite tiles farther than this from the recent panorama are not used
     embedder: str  # registry: image embedders
     min_similarity: float = Field(ge=-1, le=1)  # persistent-content cosine similarity
+    geometric_check: str  # registry: geometric_checks (none skips it)
+    min_inlier_ratio: float = Field(ge=0, le=1)  # geometric agreement: RANSAC inliers / keypoints
     min_brightness: float = Field(ge=0, le=1)
     min_sharpness: float = Field(ge=0)
     classifier: str  # registry: change classifiers
@@ -396,10 +398,11 @@ class CurateConfig(Section):  # VIGOR-his curation (spec §1)
     min_region_share: float = Field(ge=0, le=1)  # share of the street-level difference inside the edited region
     heldout_fraction: float = Field(ge=0, lt=1)
 
-    @field_validator("embedder", "classifier", "instruction_writer")
+    @field_validator("embedder", "geometric_check", "classifier", "instruction_writer")
     @classmethod
     def _registered_step(cls, v: str, info: ValidationInfo) -> str:
-        registry = {"embedder": "embedders", "classifier": "change_classifiers", "instruction_writer": "instruction_writers"}
+        registry = {"embedder": "embedders", "geometric_check": "geometric_checks", "classifier": "change_classifiers",
+                    "instruction_writer": "instruction_writers"}
         return _check_registered(registry[info.field_name], v)
 
 
