@@ -430,9 +430,13 @@ class FlowModelConfig(Section):  # the conditional flow-matching image model
         return _check_registered("flow_backends", v)
 
     @model_validator(mode="after")
-    def _flux_needs_checkpoint_and_lora(self) -> "FlowModelConfig":
-        if self.kind == "flux" and (self.path is None or self.lora.r == 0):
-            raise ValueError("flow.kind flux needs flow.path (a diffusers FLUX checkpoint directory) and flow.lora.r > 0 (only adapters train)")
+    def _kind_requirements(self) -> "FlowModelConfig":
+        """A kind registered with needs_checkpoint / needs_lora (flux) refuses a missing path or r = 0 up front."""
+        from posttrain.registry import all_registries
+
+        meta = all_registries()["flow_backends"].entry(self.kind).meta
+        if (meta.get("needs_checkpoint") and self.path is None) or (meta.get("needs_lora") and self.lora.r == 0):
+            raise ValueError(f"flow.kind {self.kind} needs flow.path (a checkpoint directory) and flow.lora.r > 0 (only adapters train)")
         return self
 
     @model_validator(mode="after")

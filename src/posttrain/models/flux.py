@@ -47,7 +47,7 @@ class FluxEditModel(nn.Module):
         self.text_encoder, self.text_encoder_2 = pipe.text_encoder, pipe.text_encoder_2
         for frozen in (self.transformer, self.vae, self.text_encoder, self.text_encoder_2):
             frozen.requires_grad_(False)
-        object.__setattr__(self, "pipe", pipe)  # tokenizers and encode_prompt; not a submodule
+        self.pipe = pipe  # tokenizers, encode_prompt and the latent packing (a pipeline is not an nn.Module)
         self.base, self.image_size, self.guidance = Path(base).resolve(), image_size, guidance
         self.latent_channels = pipe.vae.config.latent_channels
         self.grid = image_size // scale  # packed tokens per side
@@ -149,7 +149,7 @@ class FluxBackend:
         return model
 
 
-flow_backends.register("flux")(FluxBackend)
+flow_backends.register("flux", needs_checkpoint=True, needs_lora=True)(FluxBackend)
 
 
 def write_tiny_flux_checkpoint(out: Path, seed: int = 0) -> Path:
