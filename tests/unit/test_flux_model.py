@@ -14,6 +14,7 @@ from posttrain.data.vigor.edits import Edits
 from posttrain.errors import UserError
 from posttrain.models.flow import load_flow_model, save_flow_model, start_flow_model
 from posttrain.models.flux import FluxEditModel, write_tiny_flux_checkpoint
+from posttrain.trainers.checkpoint import load_checkpoint, save_checkpoint
 from posttrain.trainers.flow_rl import sample_sde, sigma_schedule, train_flow_rl
 from posttrain.trainers.flow_sft import train_flow_sft
 
@@ -74,6 +75,8 @@ def test_load_by_path_train_sft_and_rl_steps_and_reload_adapters(checkpoint, tmp
     assert (tmp_path / "adapters" / "transformer_lora" / "adapter_model.safetensors").is_file()
     assert not (tmp_path / "adapters" / "transformer_lora" / "diffusion_pytorch_model.safetensors").exists()
     reloaded = load_flow_model(tmp_path / "adapters").eval()
+    # flow_rl's resume checkpoints hold the whole module (adapters, frozen base, tied T5 embeddings) and load back
+    load_checkpoint(save_checkpoint(tmp_path / "checkpoints", 1, model, {"config_hash": "h"}), reloaded, "h")
     x = torch.randn(model.latent_shape(2), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         torch.testing.assert_close(reloaded(x, torch.tensor(0.4), cond, text), model.eval()(x, torch.tensor(0.4), cond, text))
