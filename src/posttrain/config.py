@@ -446,6 +446,8 @@ class CurateConfig(Section):  # VIGOR-his curation (spec §1)
     tile_radius_m: float = Field(gt=0)  # satellite tiles farther than this from the recent panorama are not used
     embedder: str  # registry: image embedders
     min_similarity: float = Field(ge=-1, le=1)  # persistent-content cosine similarity
+    geometric_check: str  # registry: geometric_checks (none skips it)
+    min_inlier_ratio: float = Field(ge=0, le=1)  # geometric agreement: RANSAC inliers / keypoints
     min_brightness: float = Field(ge=0, le=1)
     min_sharpness: float = Field(ge=0)
     classifier: str  # registry: change classifiers
@@ -454,15 +456,18 @@ class CurateConfig(Section):  # VIGOR-his curation (spec §1)
     min_region_share: float = Field(ge=0, le=1)  # share of the street-level difference inside the edited region
     heldout_fraction: float = Field(ge=0, lt=1)
 
-    @field_validator("embedder", "classifier", "instruction_writer")
+    @field_validator("embedder", "geometric_check", "classifier", "instruction_writer")
     @classmethod
     def _registered_step(cls, v: str, info: ValidationInfo) -> str:
-        registry = {"embedder": "embedders", "classifier": "change_classifiers", "instruction_writer": "instruction_writers"}
+        registry = {"embedder": "embedders", "geometric_check": "geometric_checks", "classifier": "change_classifiers",
+                    "instruction_writer": "instruction_writers"}
         return _check_registered(registry[info.field_name], v)
 
 
 class FlowModelConfig(Section):  # the conditional flow-matching image model
-    path: str | None  # a saved flow model directory (from_pretrained); None builds a tiny one
+    kind: str  # registry: flow_backends (unet: the tiny UNet; flux: a diffusers FLUX checkpoint + LoRA)
+    path: str | None  # unet: a saved flow model directory or None (tiny new one); flux: the checkpoint directory
+    flux_guidance: float = Field(ge=0)  # flux: the distilled guidance value fed to a transformer with guidance embeddings
     image_size: int = Field(ge=8, multiple_of=4)  # the model's resolution; curated images are area-averaged down to it
     block_channels: tuple[int, ...]
     layers_per_block: int = Field(gt=0)
@@ -476,6 +481,21 @@ class FlowModelConfig(Section):  # the conditional flow-matching image model
         if v is not None and not Path(v).is_dir():
             raise ValueError(f"flow model directory not found: {v}")
         return v
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, v: str) -> str:
+        return _check_registered("flow_backends", v)
+
+    @model_validator(mode="after")
+    def _kind_requirements(self) -> "FlowModelConfig":
+        """A kind registered with needs_checkpoint / needs_lora (flux) refuses a missing path or r = 0 up front."""
+        from posttrain.registry import all_registries
+
+        meta = all_registries()["flow_backends"].entry(self.kind).meta
+        if (meta.get("needs_checkpoint") and self.path is None) or (meta.get("needs_lora") and self.lora.r == 0):
+            raise ValueError(f"flow.kind {self.kind} needs flow.path (a checkpoint directory) and flow.lora.r > 0 (only adapters train)")
+        return self
 
     @model_validator(mode="after")
     def _groups_divide(self) -> "FlowModelConfig":
@@ -523,6 +543,7 @@ class FlowRLConfig(Section):  # Flow-GRPO (spec §0.4) with the text pipeline's 
     lr: float = Field(gt=0)
     max_grad_norm: float = Field(gt=0)
     log_every: int = Field(gt=0)
+    checkpoint_every: int = Field(ge=0)  # 0: no checkpoints (flow_rl --resume then starts over)
 
     @field_validator("advantage")
     @classmethod

@@ -73,9 +73,11 @@ def all_registries() -> dict[str, Registry]:
     from posttrain.data.preferences import preference_data
     from posttrain.objectives.preference import preference_objectives
     from posttrain.objectives.editing import edit_methods
-    from posttrain.data.vigor.steps import change_classifiers, embedders, instruction_writers
+    from posttrain.data.vigor.steps import change_classifiers, embedders, geometric_checks, instruction_writers
     from posttrain.objectives.presets import presets
     from posttrain.rewards.image import image_rewards
+    from posttrain.models.flow import flow_backends
+    import posttrain.models.flux  # noqa: F401  (registers the flux kind)
 
     return {
         "advantages": objectives.advantages,
@@ -92,6 +94,8 @@ def all_registries() -> dict[str, Registry]:
         "stages": stages.stages,
         "image_rewards": image_rewards,
         "embedders": embedders,
+        "geometric_checks": geometric_checks,
         "change_classifiers": change_classifiers,
         "instruction_writers": instruction_writers,
+        "flow_backends": flow_backends,
     }

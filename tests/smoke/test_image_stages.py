@@ -18,7 +18,7 @@ IMAGE_MICRO = {
     "city": {"n_locations": 60, "n_cities": 2, "image_size": 32},
     "flow": {"image_size": 8, "block_channels": [8, 16], "text_dim": 16},
     "flow_sft": {"steps": 4, "batch_size": 8, "log_every": 2, "warmup_steps": 0},
-    "flow_rl": {"steps": 2, "prompts_per_step": 2, "group_size": 2, "sampling_steps": 3},
+    "flow_rl": {"steps": 2, "prompts_per_step": 2, "group_size": 2, "sampling_steps": 3, "checkpoint_every": 1},
     "flow_eval": {"sampling_steps": 3, "n_prompts": 3, "samples_per_prompt": 1, "n_grid": 2},
 }
 
@@ -49,6 +49,7 @@ def test_every_stage_writes_its_outputs(image_run):
     assert report["counts"]["total"]["total"] == curate["n_quadruplets"]
     assert (out / "flow_sft" / "model" / "unet" / "config.json").is_file()
     assert len(json.loads((out / "flow_rl" / "history.json").read_text())) == 2
+    assert not (out / "flow_rl" / "checkpoints").exists()  # checkpoints live in the staging directory only
     ev = metrics(out / "flow_eval")
     for model in ("sft", "rl"):
         assert 0 <= ev[f"{model}_overall"] <= 1

@@ -82,7 +82,7 @@ def test_ode_sampler_is_the_zero_noise_sde_sampler():
     _, cond, text = inputs(2)
     ode = sample_ode(model, cond, text, 4, torch.Generator().manual_seed(5))
     sde = sample_sde(model, cond, text, sigma_schedule(4), 0.0, torch.Generator().manual_seed(5))
-    torch.testing.assert_close(sde.images, ode, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(sde.final, ode, atol=1e-5, rtol=1e-5)
 
 
 def test_only_the_stochastic_head_injects_noise():

@@ -11,12 +11,13 @@ import pytest
 from posttrain.data.vigor.city import CHANGE_CLASSES, past_scene, recent_scene, scene_table, true_pairs
 from posttrain.data.vigor.curate import curate, read_sources, report
 from posttrain.data.vigor.render import satellite_tile, street_view
-from posttrain.data.vigor.steps import satellite_diff, template_writer, validate_instruction
+from posttrain.data.vigor.steps import geometric_checks, satellite_diff, template_writer, validate_instruction
 from posttrain.data.vigor.synthetic import write_city
 from posttrain.errors import UserError
 
 CFG = SimpleNamespace(  # the params.yaml defaults (checked below)
-    d_max_m=10.0, min_gap_years=5, tile_radius_m=6.0, embedder="thumbnail", min_similarity=0.92, min_brightness=0.3,
+    d_max_m=10.0, min_gap_years=5, tile_radius_m=6.0, embedder="thumbnail", min_similarity=0.92,
+    geometric_check="orb_ransac", min_inlier_ratio=0.25, min_brightness=0.3,
     min_sharpness=0.027, classifier="satellite_diff", min_changed=0.02, instruction_writer="template", min_region_share=0.5,
     heldout_fraction=0.2,
 )
@@ -130,3 +131,23 @@ def test_an_unreadable_table_is_a_user_error(city, tmp_path):
     (copy / "tiles.parquet").write_bytes(b"not parquet at all")
     with pytest.raises(UserError, match="cannot read"):
         read_sources(copy)
+
+
+def test_geometric_check_separates_the_same_place_from_a_look_alike():
+    """Same scene captured twice (other sensor noise, one slot changed) keeps its keypoints in place; a scene
+    that only looks alike at thumbnail scale (same layout, other heights and widths) does not."""
+    rng = np.random.default_rng(0)
+    scene = {"left": "building", "right": "tree", "road_width": 0.25, "hue": 0.1, "height": 0.6}
+    changed = {**scene, "right": "empty"}
+    look_alike = {**scene, "road_width": 0.21, "height": 0.4}
+    agree = geometric_checks.get("orb_ransac")
+    same = agree(street_view(scene, 32, rng), street_view(changed, 32, rng))
+    other = agree(street_view(scene, 32, rng), street_view(look_alike, 32, rng))
+    assert same >= CFG.min_inlier_ratio > other
+    view = street_view(scene, 32, rng)
+    assert agree(view, view) > same  # identical views agree most
+    assert geometric_checks.get("none")(np.zeros((4, 4, 3)), np.ones((4, 4, 3))) == 1.0
+
+
+def test_emitted_quadruplets_passed_the_geometric_check(curated):
+    assert (curated.table["inlier_ratio"] >= CFG.min_inlier_ratio).all() and (curated.table["inlier_ratio"] <= 1).all()

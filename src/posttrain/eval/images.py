@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from posttrain.data.vigor.edits import Edits
-from posttrain.models.flow import ConditionalFlowModel, instruction_features
+from posttrain.models.flow import ConditionalFlowModel
 from posttrain.rewards.image import image_reward_matrix
 
 
@@ -15,7 +15,9 @@ def judge_edits(model: ConditionalFlowModel, batch: Edits, specs, sampling_steps
     model the same initial noise. overall = scores.mean(dim=1), in [0, 1]."""
     from posttrain.trainers.flow_rl import sample_ode
 
-    text = instruction_features(list(batch.instructions), model.text_dim)
-    images = (sample_ode(model, batch.conditions, text, sampling_steps, torch.Generator().manual_seed(seed)) + 1) / 2
+    text = model.encode_text(list(batch.instructions))
+    conditions = model.encode_conditions(batch.conditions)
+    latents = sample_ode(model, conditions, text, sampling_steps, torch.Generator().manual_seed(seed))
+    images = (model.from_latent(latents) + 1) / 2
     scores, names, _ = image_reward_matrix(specs, images, batch.judged())
     return scores, names, images

@@ -10,8 +10,13 @@ schedulers use. Images live in [-1, 1].
 
 A saved model is a directory: `unet/` (diffusers `save_pretrained`), `text_proj.safetensors` and
 `flow_config.json`; `load_flow_model(path)` reads it back with `UNet2DModel.from_pretrained`. LoRA adapters
-go through peft on the UNet and are merged before saving. (A FLUX checkpoint has a different transformer and
-text encoder; loading one needs its own conditioning adapter, which this module does not provide.)
+go through peft on the UNet and are merged before saving.
+
+`flow.kind` selects the model family from the `flow_backends` registry: `unet` (this module) or `flux`
+(models/flux.py: a diffusers FLUX checkpoint directory, Kontext-style conditioning, LoRA adapters). Both
+expose the same surface to the trainers: `encode_text`, `encode_conditions`, `to_latent` / `from_latent`,
+`latent_shape`, `forward(x, sigma, conditions, text) -> velocity`, `add_lora`, `save`. The samplers and
+losses run in the model's latent space (pixels here, packed VAE latents for FLUX).
 """
 
 from __future__ import annotations
@@ -25,7 +30,9 @@ import torch
 from torch import Tensor, nn
 
 from posttrain.config import FlowModelConfig, LoraConfig
+from posttrain.registry import Registry
 
+flow_backends: Registry = Registry("flow model kind")  # entries: objects with start(cfg, image_size) and load(path)
 CONDITION_CHANNELS = 9  # S_new, A_old, A_new
 
 
@@ -41,6 +48,8 @@ def instruction_features(texts: list[str], dim: int) -> Tensor:
 
 
 class ConditionalFlowModel(nn.Module):
+    kind = "unet"
+
     def __init__(self, unet: nn.Module, text_dim: int):
         super().__init__()
         self.unet = unet
@@ -57,6 +66,44 @@ class ConditionalFlowModel(nn.Module):
         sigma = torch.as_tensor(sigma, dtype=x.dtype, device=x.device).expand(x.shape[0])
         return self.unet(torch.cat([x, conditions], dim=1), sigma * 1000.0, class_labels=self.text_proj(text)).sample
 
+    # the model-family surface the trainers use (see the module docstring); pixels are the latents here
+    def encode_text(self, texts: list[str]) -> Tensor:
+        return instruction_features(texts, self.text_dim)
+
+    def encode_conditions(self, conditions: Tensor) -> Tensor:
+        return conditions
+
+    def to_latent(self, images: Tensor) -> Tensor:
+        return images
+
+    def from_latent(self, latents: Tensor) -> Tensor:
+        return latents
+
+    def latent_shape(self, n: int) -> tuple[int, ...]:
+        return (n, 3, self.image_size, self.image_size)
+
+    def add_lora(self, cfg: LoraConfig) -> "ConditionalFlowModel":
+        """Wrap the UNet in peft LoRA adapters (only they train; the projection is frozen too)."""
+        from peft import LoraConfig as PeftLoraConfig
+        from peft import get_peft_model
+
+        peft_cfg = PeftLoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules))
+        self.unet = get_peft_model(self.unet, peft_cfg)
+        self.text_proj.requires_grad_(False)
+        return self
+
+    def save(self, out: Path) -> None:
+        """A `load_flow_model`-loadable directory; LoRA adapters are merged into the UNet first."""
+        from safetensors.torch import save_file
+
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        unet = self.unet.merge_and_unload() if hasattr(self.unet, "merge_and_unload") else self.unet
+        unet.save_pretrained(out / "unet")
+        save_file({k: v.contiguous() for k, v in self.text_proj.state_dict().items()}, out / "text_proj.safetensors")
+        meta = {"kind": self.kind, "text_dim": self.text_dim, "image_size": self.image_size}
+        (out / "flow_config.json").write_text(json.dumps(meta) + "\n")
+
 
 def build_flow_model(cfg: FlowModelConfig, image_size: int) -> ConditionalFlowModel:
     from diffusers import UNet2DModel
@@ -72,7 +119,7 @@ def build_flow_model(cfg: FlowModelConfig, image_size: int) -> ConditionalFlowMo
     return ConditionalFlowModel(unet, cfg.text_dim)
 
 
-def load_flow_model(path: str | Path) -> ConditionalFlowModel:
+def _load_unet_model(path: str | Path) -> ConditionalFlowModel:
     from diffusers import UNet2DModel
     from safetensors.torch import load_file
 
@@ -83,26 +130,41 @@ def load_flow_model(path: str | Path) -> ConditionalFlowModel:
     return model
 
 
-def save_flow_model(model: ConditionalFlowModel, out: Path) -> None:
-    """Save a `load_flow_model`-loadable directory; LoRA adapters are merged into the UNet first."""
-    from safetensors.torch import save_file
+class UNetBackend:
+    """`flow.kind: unet`: a tiny model from the sizes in `flow`, or a saved one from `flow.path`."""
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    unet = model.unet.merge_and_unload() if hasattr(model.unet, "merge_and_unload") else model.unet
-    unet.save_pretrained(out / "unet")
-    save_file({k: v.contiguous() for k, v in model.text_proj.state_dict().items()}, out / "text_proj.safetensors")
-    (out / "flow_config.json").write_text(json.dumps({"text_dim": model.text_dim, "image_size": model.image_size}) + "\n")
+    @staticmethod
+    def start(cfg: FlowModelConfig, image_size: int) -> ConditionalFlowModel:
+        return _load_unet_model(cfg.path) if cfg.path else build_flow_model(cfg, image_size)
+
+    load = staticmethod(_load_unet_model)
 
 
-def maybe_flow_lora(model: ConditionalFlowModel, cfg: LoraConfig) -> ConditionalFlowModel:
-    """With cfg.r > 0, wrap the UNet in peft LoRA adapters (only they train; the projection is frozen too)."""
-    if cfg.r == 0:
+flow_backends.register("unet")(UNetBackend)
+
+
+def load_flow_model(path: str | Path):
+    """A model saved by `save_flow_model`, read back by the backend named in its flow_config.json."""
+    import posttrain.models.flux  # noqa: F401  (registers the `flux` kind)
+
+    meta = json.loads((Path(path) / "flow_config.json").read_text())
+    return flow_backends.get(meta.get("kind", "unet")).load(path)
+
+
+def start_flow_model(cfg: FlowModelConfig, image_size: int):
+    """The model flow_sft starts from: the `flow.kind` backend's tiny or saved model, plus LoRA when r > 0."""
+    import posttrain.models.flux  # noqa: F401  (registers the `flux` kind)
+
+    return maybe_flow_lora(flow_backends.get(cfg.kind).start(cfg, image_size), cfg.lora)
+
+
+def save_flow_model(model, out: Path) -> None:
+    model.save(Path(out))
+
+
+def maybe_flow_lora(model, cfg: LoraConfig):
+    """With cfg.r > 0, add peft LoRA adapters (only they train); a model that already carries trained
+    adapters (a saved FLUX LoRA) keeps training those."""
+    if cfg.r == 0 or getattr(model, "has_adapters", False):
         return model
-    from peft import LoraConfig as PeftLoraConfig
-    from peft import get_peft_model
-
-    peft_cfg = PeftLoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules))
-    model.unet = get_peft_model(model.unet, peft_cfg)
-    model.text_proj.requires_grad_(False)
-    return model
+    return model.add_lora(cfg)

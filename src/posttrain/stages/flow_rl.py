@@ -1,7 +1,8 @@
 """Stage `flow_rl`: Flow-GRPO from the SFT flow model, rewarded by IA / BP / QP and aggregated by GDPO.
 
 Inputs `data` (curate's output) and `policy` (flow_sft's output). Output: model/, history.json,
-reward_curve.png (one line per judge).
+reward_curve.png (one line per judge). With `--resume` a stopped run continues from its last checkpoint
+(`flow_rl.checkpoint_every`) to the same result as an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -17,18 +18,21 @@ from posttrain.stages import stages
     "flow_rl",
     inputs={"data": "outputs/images/curate", "policy": "outputs/images/flow_sft"},
     requires={"data": ["quadruplets.parquet", "images.npz"], "policy": ["model/flow_config.json"]},
+    resumable=True,
 )
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     from posttrain.data.vigor.edits import load_edits
     from posttrain.models.flow import load_flow_model, maybe_flow_lora, save_flow_model
     from posttrain.stages.rl import reward_curve
     from posttrain.trainers.common import seed_everything
-    from posttrain.trainers.flow_rl import train_flow_rl
+    from posttrain.trainers.flow_rl import Checkpointing, train_flow_rl
 
     seed_everything(cfg.pipeline.seed)
     edits = load_edits(inputs["data"], "train", cfg.flow.image_size)
     model = maybe_flow_lora(load_flow_model(inputs["policy"] / "model"), cfg.flow.lora)
-    history = train_flow_rl(model, edits, cfg.flow_rl, cfg.pipeline.seed, on_log=lambda step, m: tracker.log_metrics(m, step))
+    checkpointing = Checkpointing(out_dir / "checkpoints", cfg.section_hash("pipeline", "flow", "flow_rl"), resume)
+    history = train_flow_rl(model, edits, cfg.flow_rl, cfg.pipeline.seed, on_log=lambda step, m: tracker.log_metrics(m, step),
+                            checkpointing=checkpointing)
     save_flow_model(model, out_dir / "model")
     (out_dir / "history.json").write_text(json.dumps(history) + "\n")
     figure = reward_curve(history)

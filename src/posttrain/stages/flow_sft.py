@@ -1,7 +1,8 @@
 """Stage `flow_sft`: flow-matching SFT of the conditional image model on the curated training quadruplets.
 
-Input `data` (curate's output). Output: model/ (a saved flow model), history.json. `flow.path` starts from a
-saved flow model instead of a tiny new one; `flow.lora.r > 0` trains LoRA adapters (merged on save).
+Input `data` (curate's output). Output: model/ (a saved flow model), history.json. `flow.kind` picks the model
+family (`unet`: a tiny new model, or a saved one from `flow.path`; `flux`: the diffusers FLUX checkpoint at
+`flow.path`); `flow.lora.r > 0` trains LoRA adapters (merged on save for the UNet, saved as adapters for FLUX).
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ from posttrain.stages import stages
 
 
 def starting_model(cfg: Config, image_size: int):
-    from posttrain.models.flow import build_flow_model, load_flow_model, maybe_flow_lora
+    from posttrain.models.flow import start_flow_model
 
-    model = load_flow_model(cfg.flow.path) if cfg.flow.path else build_flow_model(cfg.flow, image_size)
+    model = start_flow_model(cfg.flow, image_size)
     if model.image_size != image_size:
         raise UserError(f"flow.path holds a {model.image_size}px model but flow.image_size is {image_size}")
-    return maybe_flow_lora(model, cfg.flow.lora)
+    return model
 
 
 @stages.register("flow_sft", inputs={"data": "outputs/images/curate"}, requires={"data": ["quadruplets.parquet", "images.npz"]})

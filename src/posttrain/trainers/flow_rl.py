@@ -8,6 +8,11 @@ images with the configured rewards into a [B, K] matrix; turn it into advantages
 under the current model and apply the registered policy loss (the clipped ratio) plus beta times the
 closed-form Gaussian KL to the frozen SFT model. Gradients accumulate over the steps; one optimizer step
 per batch (so the ratio is exactly 1 on that update, as in Flow-GRPO's first inner epoch).
+
+Everything runs in the model's latent space (pixels for the UNet, packed VAE latents for FLUX); the final
+sample is decoded to pixels for the judges. Every `checkpoint_every` steps the trainer saves the weights,
+the optimizer, the sampler's generator, every RNG and the history (trainers/checkpoint.py); a resumed run
+continues from the last checkpoint to the same result as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -16,17 +21,19 @@ import copy
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from posttrain.config import FlowRLConfig
 from posttrain.data.vigor.edits import Edits
-from posttrain.models.flow import ConditionalFlowModel, instruction_features
+from posttrain.models.flow import ConditionalFlowModel
 from posttrain.objectives import advantages as estimators
 from posttrain.objectives import losses
 from posttrain.objectives.flow_grpo import clip_advantages, gaussian_kl, sde_step
 from posttrain.rewards.image import image_reward_matrix
+from posttrain.trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from posttrain.trainers.common import progress
 
 
@@ -41,9 +48,9 @@ def sigma_schedule(steps: int) -> list[float]:
 
 @dataclass(frozen=True)
 class Trajectory:
-    states: Tensor  # [J + 1, B, 3, H, W] x at every sigma, states[0] the initial noise
+    states: Tensor  # [J + 1, B, *latent] x at every sigma, states[0] the initial noise
     logp: Tensor  # [J, B] log-prob of each recorded transition at sampling time
-    images: Tensor  # [B, 3, H, W] the final sample in [-1, 1]
+    final: Tensor  # [B, *latent] the final sample (pixels in [-1, 1] for the UNet; decode with model.from_latent)
 
 
 def stochastic_steps(cfg: FlowRLConfig) -> int:
@@ -57,7 +64,7 @@ def sample_sde(model: ConditionalFlowModel, conditions: Tensor, text: Tensor, si
     """SDE steps for the first `stochastic` steps (all by default), then Euler steps: in pixel space the noise
     injected by a late SDE step would stay in the image, while the ODE tail denoises it (the SDE keeps the
     marginals, so the state entering the tail is a proper sample at its noise level)."""
-    x = torch.randn((conditions.shape[0], 3, *conditions.shape[-2:]), generator=generator)
+    x = torch.randn(model.latent_shape(conditions.shape[0]), generator=generator)
     states, logps = [x], []
     stochastic = len(sigmas) - 1 if stochastic is None else stochastic
     for j, (sigma, sigma_prev) in enumerate(zip(sigmas[:-1], sigmas[1:])):
@@ -76,7 +83,7 @@ def sample_ode(model: ConditionalFlowModel, conditions: Tensor, text: Tensor, st
 
     scheduler = FlowMatchEulerDiscreteScheduler()
     scheduler.set_timesteps(steps)
-    x = torch.randn((conditions.shape[0], 3, *conditions.shape[-2:]), generator=generator)
+    x = torch.randn(model.latent_shape(conditions.shape[0]), generator=generator)
     for t in scheduler.timesteps:
         x = scheduler.step(model(x, t / 1000.0, conditions, text), t, x).prev_sample
     return x
@@ -113,31 +120,46 @@ def policy_update(model: ConditionalFlowModel, reference: ConditionalFlowModel |
     return totals
 
 
+@dataclass(frozen=True)
+class Checkpointing:
+    directory: Path  # where step-NNNNNN checkpoints go
+    config_hash: str  # a resume under other settings is refused
+    resume: bool
+
+
 def train_flow_rl(model: ConditionalFlowModel, edits: Edits, cfg: FlowRLConfig, seed: int,
-                  on_log: Callable[[int, dict[str, float]], None]) -> list[dict[str, float]]:
+                  on_log: Callable[[int, dict[str, float]], None], checkpointing: Checkpointing | None = None) -> list[dict[str, float]]:
     generator = torch.Generator().manual_seed(seed)
-    text_all = instruction_features(list(edits.instructions), model.text_dim)
     sigmas = sigma_schedule(cfg.sampling_steps)
     reference = None
-    if cfg.beta > 0:
+    if cfg.beta > 0:  # the starting policy, also when resuming (copied before any checkpoint is loaded)
         reference = copy.deepcopy(model).eval().requires_grad_(False)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
-    history = []
-    bar = progress(cfg.steps, "flow_rl")
-    for step_index in range(1, cfg.steps + 1):
+    history: list[dict[str, float]] = []
+    start_step = 0
+    found = latest_checkpoint(checkpointing.directory) if checkpointing and checkpointing.resume else None
+    if found is not None:
+        state = load_checkpoint(found, model, checkpointing.config_hash)
+        optimizer.load_state_dict(state["optimizer"])
+        generator.set_state(state["generator"])
+        history, start_step = state["history"], state["step"]
+    bar = progress(cfg.steps, "flow_rl", initial=start_step)
+    for step_index in range(start_step + 1, cfg.steps + 1):
         start = time.perf_counter()
         prompts = torch.randperm(len(edits), generator=generator)[: cfg.prompts_per_step]
         index = prompts.repeat_interleave(cfg.group_size)
         batch = edits.take(index)
-        text = text_all[index]
+        text = model.encode_text(list(batch.instructions))
+        conditions = model.encode_conditions(batch.conditions)
         group = torch.arange(prompts.numel()).repeat_interleave(cfg.group_size)
         model.eval()  # sampling and re-scoring must use the same network function (no dropout)
-        trajectory = sample_sde(model, batch.conditions, text, sigmas, cfg.noise_level, generator, stochastic_steps(cfg))
-        rewards, names, weights = image_reward_matrix(cfg.rewards, (trajectory.images + 1) / 2, batch.judged())
+        trajectory = sample_sde(model, conditions, text, sigmas, cfg.noise_level, generator, stochastic_steps(cfg))
+        images = model.from_latent(trajectory.final)
+        rewards, names, weights = image_reward_matrix(cfg.rewards, (images + 1) / 2, batch.judged())
         adv = image_advantages(rewards, group, weights, cfg)
         optimizer.zero_grad(set_to_none=True)
-        metrics = policy_update(model, reference, trajectory, batch.conditions, text, adv, sigmas, cfg)
+        metrics = policy_update(model, reference, trajectory, conditions, text, adv, sigmas, cfg)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
         optimizer.step()
         for k, name in enumerate(names):
@@ -149,6 +171,11 @@ def train_flow_rl(model: ConditionalFlowModel, edits: Edits, cfg: FlowRLConfig, 
         if step_index % cfg.log_every == 0:
             on_log(step_index, metrics)
         bar.update(1)
+        if checkpointing and cfg.checkpoint_every and step_index % cfg.checkpoint_every == 0 and step_index < cfg.steps:
+            save_checkpoint(checkpointing.directory, step_index, model, {
+                "optimizer": optimizer.state_dict(), "generator": generator.get_state(), "history": history,
+                "config_hash": checkpointing.config_hash,
+            })
     bar.close()
     model.eval()
     return history

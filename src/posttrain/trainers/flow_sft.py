@@ -4,7 +4,8 @@ Lipman et al. 2022, arXiv 2210.02747, the conditional flow-matching loss, eq. 23
     x_sigma = (1 - sigma) x_0 + sigma noise,   sigma ~ U(0, 1)
     loss    = || v_theta(x_sigma, sigma | S_new, A_old, A_new, text) - (noise - x_0) ||^2
 
-x_0 is the past street view S_old; the conditions are the recent view and the satellite pair.
+x_0 is the past street view S_old (in the model's latent space: pixels for the UNet, packed VAE latents for
+FLUX); the conditions are the recent view and the satellite pair.
 """
 
 from __future__ import annotations
@@ -16,22 +17,23 @@ from torch import Tensor
 
 from posttrain.config import FlowSFTConfig
 from posttrain.data.vigor.edits import Edits
-from posttrain.models.flow import ConditionalFlowModel, instruction_features
+from posttrain.models.flow import ConditionalFlowModel
 from posttrain.trainers.common import optimizer_and_schedule, progress
 
 
-def flow_matching_loss(model: ConditionalFlowModel, batch: Edits, text: Tensor, generator: torch.Generator) -> Tensor:
-    x0 = batch.target
+def flow_matching_loss(model: ConditionalFlowModel, batch: Edits, generator: torch.Generator) -> Tensor:
+    x0 = model.to_latent(batch.target)
     noise = torch.randn(x0.shape, generator=generator)
     sigma = torch.rand(x0.shape[0], generator=generator)
-    x_sigma = (1 - sigma[:, None, None, None]) * x0 + sigma[:, None, None, None] * noise
-    return ((model(x_sigma, sigma, batch.conditions, text) - (noise - x0)) ** 2).mean()
+    s = sigma.view(-1, *([1] * (x0.dim() - 1)))
+    x_sigma = (1 - s) * x0 + s * noise
+    velocity = model(x_sigma, sigma, model.encode_conditions(batch.conditions), model.encode_text(list(batch.instructions)))
+    return ((velocity - (noise - x0)) ** 2).mean()
 
 
 def train_flow_sft(model: ConditionalFlowModel, edits: Edits, cfg: FlowSFTConfig, seed: int,
                    on_log: Callable[[int, dict[str, float]], None]) -> list[dict[str, float]]:
     generator = torch.Generator().manual_seed(seed)
-    text = instruction_features(list(edits.instructions), model.text_dim)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer, schedule = optimizer_and_schedule(params, cfg.lr, 0.0, cfg.warmup_steps, cfg.steps)
     history, window = [], []
@@ -39,7 +41,7 @@ def train_flow_sft(model: ConditionalFlowModel, edits: Edits, cfg: FlowSFTConfig
     bar = progress(cfg.steps, "flow_sft")
     for step in range(1, cfg.steps + 1):
         index = torch.randint(len(edits), (min(cfg.batch_size, len(edits)),), generator=generator)
-        loss = flow_matching_loss(model, edits.take(index), text[index], generator)
+        loss = flow_matching_loss(model, edits.take(index), generator)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -3,7 +3,8 @@
     read_sources      the panorama and tile tables, checked row by row (a bad table is a UserError)
     pair_panoramas    spatial index pairs within d_max, then the capture-gap rule (pairing.py)
     attach_tiles      the old and new satellite tile nearest the recent panorama
-    screen            same place and viewpoint (embedding similarity) and usable captures (brightness, sharpness)
+    screen            same place and viewpoint (embedding similarity, geometric agreement of feature matches) and
+                      usable captures (brightness, sharpness)
     label             change class from the satellite pair, description + instruction, instruction validation
 A quadruplet is (S_old, S_new, A_old, A_new) + instruction; the task is (S_new, A_old, A_new, text) -> S_old.
 """
@@ -18,7 +19,8 @@ import pandas as pd
 from PIL import Image
 
 from posttrain.data.vigor.pairing import haversine_m, pairs_within
-from posttrain.data.vigor.steps import change_classifiers, embedders, instruction_writers, persistent_similarity, quality, validate_instruction
+from posttrain.data.vigor.steps import (change_classifiers, embedders, geometric_checks, instruction_writers, persistent_similarity,
+                                        quality, validate_instruction)
 from posttrain.errors import UserError
 
 PANORAMA_COLUMNS = {"id": "string", "city": "string", "lat": "float", "lon": "float", "capture_date": "date", "heading": "float",
@@ -146,6 +148,7 @@ def curate(sources: Sources, cfg) -> Quadruplets:
     funnel["with_tiles"] = len(pairs)
 
     embed = embedders.get(cfg.embedder)
+    agreement = geometric_checks.get(cfg.geometric_check)
     classify = change_classifiers.get(cfg.classifier)
     write = instruction_writers.get(cfg.instruction_writer)
     cache: dict[str, np.ndarray] = {}
@@ -164,6 +167,9 @@ def curate(sources: Sources, cfg) -> Quadruplets:
         (b_old, sharp_old), (b_new, sharp_new) = quality(s_old), quality(s_new)
         if similarity < cfg.min_similarity or min(b_old, b_new) < cfg.min_brightness or min(sharp_old, sharp_new) < cfg.min_sharpness:
             continue
+        inlier_ratio = agreement(s_old, s_new)  # after the cheap tests: feature matching costs the most
+        if inlier_ratio < cfg.min_inlier_ratio:
+            continue
         counts["screened"] += 1
         a_old, a_new = image(tiles["image_path"].iloc[pair.tile_old]), image(tiles["image_path"].iloc[pair.tile_new])
         change, region, direction = classify(a_old, a_new, cfg.min_changed)
@@ -175,7 +181,7 @@ def curate(sources: Sources, cfg) -> Quadruplets:
         rows.append({
             "pair_id": f"{old['id']}__{new['id']}", "old_id": old["id"], "new_id": new["id"], "city": new["city"],
             "year_old": int(old["year"]), "year_new": int(new["year"]), "gap_years": int(pair.gap_years),
-            "distance_m": float(pair.distance_m), "similarity": similarity, "brightness": min(b_old, b_new),
+            "distance_m": float(pair.distance_m), "similarity": similarity, "inlier_ratio": inlier_ratio, "brightness": min(b_old, b_new),
             "sharpness": min(sharp_old, sharp_new), "change": change, "region": region, "direction": direction,
             "description": description, "instruction": instruction,
             "street_old": old["image_path"], "street_new": new["image_path"],

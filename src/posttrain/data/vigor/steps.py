@@ -2,6 +2,9 @@
 
 - `embedders`: image -> feature vector for the consistency screen (default `thumbnail`, no download; a
   DINO/CLIP embedder registers the same way).
+- `geometric_checks`: (old view, new view) -> geometric agreement in [0, 1], the screen's second test
+  (default `orb_ransac`: ORB keypoints, cross-checked descriptor matches, RANSAC inlier ratio; `none` skips it;
+  a LoFTR/SuperGlue matcher registers the same way).
 - `change_classifiers`: (satellite old, satellite new) -> (class, region, direction) (default
   `satellite_diff`: per-pixel material labels of the two epochs; a VLM classifier registers the same way).
 - `instruction_writers`: (class, region, direction, years) -> (description, instruction) (default
@@ -18,6 +21,7 @@ from posttrain.data.vigor.render import MATERIALS, SLOT_COLUMNS, slot_mask
 from posttrain.registry import Registry
 
 embedders: Registry = Registry("image embedder")
+geometric_checks: Registry = Registry("geometric check")
 change_classifiers: Registry = Registry("change classifier")
 instruction_writers: Registry = Registry("instruction writer")
 
@@ -53,6 +57,51 @@ def persistent_similarity(embed, old: np.ndarray, new: np.ndarray) -> float:
     w = old.shape[1]
     cuts = [slice(0, w // 3), slice(w // 3, w - w // 3), slice(w - w // 3, w)]
     return float(np.median([cosine(embed(old[:, c]), embed(new[:, c])) for c in cuts]))
+
+
+@geometric_checks.register("none")
+def no_geometric_check(old: np.ndarray, new: np.ndarray) -> float:
+    """Skip the geometric test (agreement 1 for every pair)."""
+    return 1.0
+
+
+ORB_UPSCALE = 4  # ORB needs patches of ~15 px; street views may be a few dozen pixels wide
+RANSAC_PX = 1.5  # reprojection tolerance in pixels of the original view
+
+
+def _gray(image: np.ndarray):
+    import cv2
+
+    gray = cv2.cvtColor((np.clip(image, 0, 1) * 255).round().astype(np.uint8), cv2.COLOR_RGB2GRAY)
+    return cv2.resize(gray, None, fx=ORB_UPSCALE, fy=ORB_UPSCALE, interpolation=cv2.INTER_LINEAR)
+
+
+@geometric_checks.register("orb_ransac")
+def orb_ransac_agreement(old: np.ndarray, new: np.ndarray) -> float:
+    """Geometric agreement of the persistent content (spec §1 step 2, "#feature-match inliers + RANSAC"):
+    ORB keypoints and binary descriptors (Rublee et al. 2011) on both views, mutual nearest-neighbour
+    matches under the Hamming distance, a RANSAC-fitted similarity transform (OpenCV
+    `estimateAffinePartial2D`, Fischler & Bolles 1981), and the share of keypoints that are RANSAC inliers:
+    inliers / min(#keypoints old, #keypoints new). The same place seen from the same viewpoint keeps most
+    of its structure in place (a real change removes one part of it); another place that merely looks alike
+    at thumbnail scale has edges and corners elsewhere. OpenCV's RNG is seeded so the answer is repeatable."""
+    import cv2
+
+    cv2.setRNGSeed(0)
+    orb = cv2.ORB_create(nfeatures=300, edgeThreshold=15, patchSize=15, fastThreshold=10)
+    keys_old, desc_old = orb.detectAndCompute(_gray(old), None)
+    keys_new, desc_new = orb.detectAndCompute(_gray(new), None)
+    if desc_old is None or desc_new is None or min(len(keys_old), len(keys_new)) < 3:
+        return 0.0
+    matches = cv2.BFMatcher(cv2.NORM_HAMMING, crossCheck=True).match(desc_old, desc_new)
+    if len(matches) < 3:
+        return 0.0
+    src = np.float32([keys_old[m.queryIdx].pt for m in matches])
+    dst = np.float32([keys_new[m.trainIdx].pt for m in matches])
+    transform, inliers = cv2.estimateAffinePartial2D(src, dst, method=cv2.RANSAC, ransacReprojThreshold=RANSAC_PX * ORB_UPSCALE)
+    if transform is None:
+        return 0.0
+    return float(inliers.sum()) / min(len(keys_old), len(keys_new))
 
 
 def quality(image: np.ndarray) -> tuple[float, float]:

@@ -38,6 +38,7 @@ def validate_quadruplets(table: pd.DataFrame, source_root: Path, cfg) -> dict[st
     suite.add_expectation(e.ExpectColumnValuesToBeBetween(column="distance_m", min_value=0, max_value=cfg.d_max_m))
     suite.add_expectation(e.ExpectColumnValuesToBeBetween(column="gap_years", min_value=cfg.min_gap_years))
     suite.add_expectation(e.ExpectColumnValuesToBeBetween(column="similarity", min_value=cfg.min_similarity, max_value=1.0 + 1e-6))
+    suite.add_expectation(e.ExpectColumnValuesToBeBetween(column="inlier_ratio", min_value=cfg.min_inlier_ratio, max_value=1.0))
     suite.add_expectation(e.ExpectColumnValuesToBeBetween(column="brightness", min_value=cfg.min_brightness))
     suite.add_expectation(e.ExpectColumnValuesToBeBetween(column="sharpness", min_value=cfg.min_sharpness))
     suite.add_expectation(e.ExpectColumnValuesToBeInSet(column="change", value_set=list(CHANGE_CLASSES)))

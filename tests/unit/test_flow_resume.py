@@ -1,0 +1,76 @@
+"""flow_rl resume at micro size: a run stopped after a checkpoint and resumed ends with the same weights and
+the same history as an uninterrupted run; a checkpoint made under other settings is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import yaml
+
+from helpers import REPO
+from posttrain.config import FlowModelConfig, FlowRLConfig
+from posttrain.data.vigor.edits import Edits
+from posttrain.errors import UserError
+from posttrain.models.flow import build_flow_model
+from posttrain.trainers.flow_rl import Checkpointing, train_flow_rl
+
+PARAMS = yaml.safe_load((REPO / "params.yaml").read_text())
+MODEL = FlowModelConfig.model_validate({**PARAMS["flow"], "block_channels": [8, 16], "text_dim": 16})
+RL = FlowRLConfig.model_validate({**PARAMS["flow_rl"], "steps": 4, "prompts_per_step": 2, "group_size": 2, "sampling_steps": 3,
+                                  "checkpoint_every": 2, "lr": 1e-3})
+SIZE = 8
+
+
+class Stop(Exception):
+    pass
+
+
+def edits(n: int = 3) -> Edits:
+    g = torch.Generator().manual_seed(0)
+    images = torch.rand(n, 4, 3, SIZE, SIZE, generator=g) * 2 - 1
+    mask = torch.zeros(n, 1, SIZE, SIZE)
+    mask[..., :3] = 1
+    return Edits(images[:, 0], images[:, 1], images[:, 1:].reshape(n, 9, SIZE, SIZE), mask,
+                 ("remove the tree on the left side",) * n, ("vegetation",) * n)
+
+
+def fresh_model():
+    torch.manual_seed(0)
+    return build_flow_model(MODEL, SIZE)
+
+
+def stop_at(step: int):
+    def on_log(index: int, metrics: dict) -> None:
+        if index == step:
+            raise Stop
+
+    return on_log
+
+
+def without_timing(history: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if k != "step_seconds"} for row in history]
+
+
+def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path):
+    straight = fresh_model()
+    history = train_flow_rl(straight, edits(), RL, 0, on_log=lambda *_: None, checkpointing=Checkpointing(tmp_path / "a", "h", False))
+
+    with pytest.raises(Stop):  # dies in step 3, after the step-2 checkpoint
+        train_flow_rl(fresh_model(), edits(), RL, 0, on_log=stop_at(3), checkpointing=Checkpointing(tmp_path / "b", "h", False))
+    assert sorted(p.name for p in (tmp_path / "b").glob("step-*")) == ["step-000002"]
+    torch.manual_seed(123)  # a new process: other global RNG state, restored from the checkpoint
+    resumed = fresh_model()
+    resumed_history = train_flow_rl(resumed, edits(), RL, 0, on_log=lambda *_: None, checkpointing=Checkpointing(tmp_path / "b", "h", True))
+
+    assert [row["step"] for row in resumed_history] == [1, 2, 3, 4]
+    assert without_timing(resumed_history) == without_timing(history)
+    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), f"{name} differs after resume"
+    assert sorted(p.name for p in (tmp_path / "a").glob("step-*")) == ["step-000002"]  # none at the last step
+
+
+def test_resume_refuses_a_checkpoint_made_with_other_settings(tmp_path):
+    with pytest.raises(Stop):
+        train_flow_rl(fresh_model(), edits(), RL, 0, on_log=stop_at(3), checkpointing=Checkpointing(tmp_path, "h", False))
+    with pytest.raises(UserError, match="other settings"):
+        train_flow_rl(fresh_model(), edits(), RL, 0, on_log=lambda *_: None, checkpointing=Checkpointing(tmp_path, "other", True))
