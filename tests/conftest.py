@@ -19,7 +19,7 @@ for key, value in {
 }.items():
     os.environ[key] = value
 
-from helpers import micro_params, posttrain  # noqa: E402
+from helpers import built_once, micro_params, posttrain  # noqa: E402
 
 # CUDA checks run on a GPU machine through `make test-gpu`; `make test` (CPU, CI) does not collect them
 collect_ignore = [] if os.environ.get("POSTTRAIN_GPU_TESTS") == "1" else ["gpu"]
@@ -34,8 +34,10 @@ def workdir(tmp_path: Path) -> Path:
 @pytest.fixture(scope="session")
 def pipeline_outputs(tmp_path_factory) -> Path:
     """data -> sft -> rl run once on the micro config, shared read-only by tests that need checkpoints."""
-    root = tmp_path_factory.mktemp("pipeline")
-    micro_params(root)
-    for stage in ("data", "sft", "rl"):
-        posttrain(stage, cwd=root)
-    return root
+
+    def build(root: Path) -> None:
+        micro_params(root)
+        for stage in ("data", "sft", "rl"):
+            posttrain(stage, cwd=root)
+
+    return built_once(tmp_path_factory, "pipeline", build)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -22,6 +24,14 @@ MICRO = {
 }
 
 
+# smaller than MICRO still: these tests check wiring and equality across launchers, not learning
+TINY = {
+    "task": {"n_train": 120, "n_heldout": 20},
+    "sft": {"steps": 10, "batch_size": 16, "n_examples": 0, "log_every": 5, "warmup_steps": 1},
+    "rl": {"steps": 2, "prompts_per_step": 2, "group_size": 2, "checkpoint_every": 1, "warmup_steps": 0},
+    "eval": {"n_prompts": 20, "batch_size": 20, "n_table": 2},
+    "distill": {"steps": 2, "prompts_per_step": 2},
+}
 def micro_params(directory: Path, **sections: dict) -> Path:
     """Write the repo's params.yaml, shrunk to micro sizes (plus `sections` overrides), into `directory`."""
     params = yaml.safe_load((REPO / "params.yaml").read_text())
@@ -34,6 +44,10 @@ def micro_params(directory: Path, **sections: dict) -> Path:
     return path
 
 
+def tiny_params(directory: Path, **sections: dict) -> Path:
+    return micro_params(directory, **{**TINY, **sections})
+
+
 def posttrain(*args: str, cwd: Path, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run the installed `posttrain` CLI as a user would."""
     result = subprocess.run([POSTTRAIN, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
@@ -44,3 +58,23 @@ def posttrain(*args: str, cwd: Path, check: bool = True, timeout: float = 300) -
 
 def copy_outputs(source: Path, target: Path) -> None:
     shutil.copytree(source / "outputs", target / "outputs")
+
+
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
+    """A read-only directory that `build` fills once per test session, shared by every pytest-xdist worker
+    (the workers' temp dirs share a parent; a file lock makes the first worker build and the others wait)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        root = tmp_path_factory.mktemp(name)
+        build(root)
+        return root
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp().parent
+    root, done = shared / name, shared / f"{name}.done"
+    with FileLock(str(shared / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(root, ignore_errors=True)  # a worker that failed half-way left this
+            root.mkdir()
+            build(root)
+            done.touch()
+    return root

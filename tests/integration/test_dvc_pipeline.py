@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, micro_params
+from helpers import REPO, tiny_params
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +28,7 @@ def repo_copy(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("repo")
     shutil.copy(REPO / "dvc.yaml", root / "dvc.yaml")
     shutil.copytree(REPO / "src", root / "src", ignore=shutil.ignore_patterns("__pycache__"))
-    micro_params(root)
+    tiny_params(root)  # wiring and caching are under test here, not learning
     dvc("init", "--no-scm", "-q", cwd=root)
     dvc("config", "core.analytics", "false", cwd=root)
     return root

@@ -7,25 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from helpers import micro_params
+from helpers import TINY, tiny_params  # noqa: F401  (re-exported for the orchestration tests)
 
-# smaller than MICRO still: these tests check wiring and equality across launchers, not learning
-TINY = {
-    "task": {"n_train": 120, "n_heldout": 20},
-    "sft": {"steps": 10, "batch_size": 16, "n_examples": 0, "log_every": 5, "warmup_steps": 1},
-    "rl": {"steps": 2, "prompts_per_step": 2, "group_size": 2, "checkpoint_every": 1, "warmup_steps": 0},
-    "eval": {"n_prompts": 20, "batch_size": 20, "n_table": 2},
-    "distill": {"steps": 2, "prompts_per_step": 2},
-}
 BIN = Path(sys.executable).parent
 
 
 def tool_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", **extra}
-
-
-def tiny_params(directory: Path, **sections: dict) -> Path:
-    return micro_params(directory, **{**TINY, **sections})
 
 
 def dvc(*args: str, cwd: Path) -> str:
