@@ -74,6 +74,7 @@ def all_registries() -> dict[str, Registry]:
     from posttrain.objectives.preference import preference_objectives
     from posttrain.data.vigor.steps import change_classifiers, embedders, instruction_writers
     from posttrain.objectives.presets import presets
+    from posttrain.rewards.care_reward import care_weight_sources
     from posttrain.rewards.image import image_rewards
 
     return {
@@ -84,6 +85,7 @@ def all_registries() -> dict[str, Registry]:
         "presets": presets,
         "rewards": rewards.rewards,
         "reward_models": rewards.reward_models,
+        "care_weight_sources": care_weight_sources,
         "preference_objectives": preference_objectives,
         "preference_data": preference_data,
         "tasks": tasks.tasks,
