@@ -36,7 +36,8 @@ ARMS = ("generator", "uniform", "oracle")
 
 def rubric_generator(cfg, seed: int):
     """(directory holding model/, the care stage's metrics): trained once per config."""
-    out = C.CACHE / f"care_{cfg.section_hash('model', 'rl', 'care')}_s{seed}"
+    objective = "_".join(str(getattr(cfg.rl, k)) for k in ("advantage", "loss", "loss_agg", "beta", "clip_eps_low", "clip_eps_high"))
+    out = C.CACHE / f"care_{cfg.section_hash('model', 'care')}_{objective}_s{seed}"  # the rl budget of the policy arms does not matter here
     if not (out / "done").exists():
         out.mkdir(parents=True, exist_ok=True)
         metrics, _, _ = train_rubric_generator(cfg, out, on_log=lambda s, m: None)
@@ -94,7 +95,8 @@ def main() -> None:
                      "reward_last": C.window_mean(history, "reward/care_mean", False, k),
                      "true_quality_before": sft["greedy_true_quality"], "true_quality_after": after["greedy_true_quality"],
                      "best_reply_before": sft["greedy_accuracy"], "best_reply_after": after["greedy_accuracy"]})
-        print(f"{source}: {seconds:.0f}s, held-out true quality {sft['greedy_true_quality']:.4f} -> {after['greedy_true_quality']:.4f}", flush=True)
+        print(f"{source}: {seconds:.0f}s, held-out true quality {sft['greedy_true_quality']:.4f} -> {after['greedy_true_quality']:.4f}",
+              flush=True)
     text = C.print_table(
         f"\nOnline RL on the dialogue task, {args.steps} steps: care weights from the generator vs uniform vs oracle "
         f"(held-out greedy replies; true quality = w* . s, best reply = reaches the context's maximum)\n"

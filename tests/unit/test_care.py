@@ -20,7 +20,7 @@ from posttrain.trainers import rubric_generator as G
 
 def contexts() -> list[str]:
     """One context per (state, turn) of the truth table, with a distracting history."""
-    return ["|".join([f"hj>qr"] * (turn - 1) + [f"{state}m>"]) for state in D.STATES for turn in range(1, D.MAX_TURNS + 1)]
+    return ["|".join(["hj>qr"] * (turn - 1) + [f"{state}m>"]) for state in D.STATES for turn in range(1, D.MAX_TURNS + 1)]
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +131,7 @@ def test_simulated_labels_and_preferences(cfg):
     assert 0.5 * float((noisy - torch.tensor(D.ideal_weights("wm>"))).abs().sum()) == pytest.approx(0.1)
     for w, l in G.human_pairs("om>|hm>", 50, 0.0, rng):
         assert D.true_quality("om>|hm>", w) > D.true_quality("om>|hm>", l)
-    truth = G.rubric_quality([G.true_rubric(c) for c in contexts()], [Example(c, "", G.encode_pairs(G.human_pairs(c, 4, 0.0, rng))) for c in contexts()])
+    held = [Example(c, "", G.encode_pairs(G.human_pairs(c, 4, 0.0, rng))) for c in contexts()]
+    truth = G.rubric_quality([G.true_rubric(c) for c in contexts()], held)
     assert truth == {"weight_error": pytest.approx(0.0, abs=1e-6), "pair_accuracy": 1.0, "top2_agreement": 1.0, "parse_rate": 1.0}
     assert float(turn_reward(torch.full((3,), 1 / 3), torch.tensor(D.judge_scores("qrve")))) == pytest.approx(2 / 3)

@@ -93,11 +93,12 @@ class RubricTask(Task):
         contexts = D.distinct_contexts(c.n_sft + c.n_preference + c.n_heldout, 1_000_003 + seed)
         sft, pref, held = contexts[: c.n_sft], contexts[c.n_sft : c.n_sft + c.n_preference], contexts[c.n_sft + c.n_preference :]
         label = lambda ctx: annotator_label(ctx, c.label_bias, c.label_noise, rng)  # noqa: E731
+        prefs = lambda ctx, flip: encode_pairs(human_pairs(ctx, c.pairs_per_context, flip, rng))  # noqa: E731
         return {
             "sft": [Example(ctx, label(ctx), "") for ctx in sft],
-            "train": [Example(ctx, label(ctx), encode_pairs(human_pairs(ctx, c.pairs_per_context, c.preference_flip, rng))) for ctx in pref],
+            "train": [Example(ctx, label(ctx), prefs(ctx, c.preference_flip)) for ctx in pref],
             # held-out pairs carry the true order (no flips): they measure the rubric, not the annotators
-            "heldout": [Example(ctx, true_rubric(ctx), encode_pairs(human_pairs(ctx, c.pairs_per_context, 0.0, rng))) for ctx in held],
+            "heldout": [Example(ctx, true_rubric(ctx), prefs(ctx, 0.0)) for ctx in held],
         }
 
     def parse(self, completion: str) -> str | None:
