@@ -5,7 +5,7 @@ RL with a fixed uniform rubric; the oracle arm (the true w*) is the ceiling.
 
 The rubric generator is the `care` stage's trainer (trainers/rubric_generator.py): its held-out weight error
 0.5 |w - w*|_1 after SFT (on turn-blind, noisy labels) and after preference RL is reported. The policy starts
-from a format-only SFT (random well-formed replies), so no arm has seen the oracle's replies before RL.
+from a format-only SFT (random 4-move replies), so no arm has seen the oracle's replies before RL.
 Every arm rewards [care (weight 1) with rl.options.care.source = generator | uniform | oracle, correctness
 (weight 0: the rate of best replies, monitored only)].
 
@@ -28,7 +28,7 @@ from posttrain.trainers.rubric_generator import generate_rubrics, train_rubric_g
 from posttrain.trainers.sft import train_sft
 
 DIALOGUE = ["task.name=dialogue", "task.n_train=3000", "task.n_heldout=300", "rl.max_new_tokens=5", "eval.max_new_tokens=5",
-            "eval.n_prompts=300", "eval.batch_size=300", "sft.steps=150"]
+            "eval.n_prompts=300", "eval.batch_size=300", "sft.steps=150", "rl.lr=0.002"]
 MICRO_CARE = ["care.n_sft=40", "care.n_preference=40", "care.n_heldout=20", "care.sft_steps=5", "care.rl_steps=2",
               "care.rl_prompts_per_step=4", "care.rl_group_size=2", "care.log_every=1"]
 ARMS = ("generator", "uniform", "oracle")
@@ -47,7 +47,7 @@ def rubric_generator(cfg, seed: int):
 
 
 def format_only_sft(cfg, seed: int):
-    """(task, train, held-out, checkpoint, held-out metrics): SFT on random well-formed replies (not the best ones)."""
+    """(task, train, held-out, checkpoint, held-out metrics): SFT on random 4-move replies (not the best ones)."""
     from posttrain.eval.harness import evaluate
     from posttrain.tasks import build_task
 
@@ -58,7 +58,7 @@ def format_only_sft(cfg, seed: int):
     if not (path / "done").exists():
         seed_everything(seed)
         rng = random.Random(seed)
-        generic = [Example(e.prompt, D.random_reply(rng), e.answer) for e in train]
+        generic = [Example(e.prompt, D.random_reply(rng, D.MAX_MOVES), e.answer) for e in train]
         tok = train_char_tokenizer([task.alphabet()])
         model = build_tiny(cfg.model, tok)
         train_sft(model, tok, generic, cfg.sft, seed, on_log=lambda s, m: None)
@@ -69,7 +69,7 @@ def format_only_sft(cfg, seed: int):
 
 
 def main() -> None:
-    args = C.parse_args(__doc__.split("\n")[0], 150, [("--arms", str, ",".join(ARMS), "comma-separated weight sources to run")])
+    args = C.parse_args(__doc__.split("\n")[0], 200, [("--arms", str, ",".join(ARMS), "comma-separated weight sources to run")])
     t0 = time.time()
     cfg = C.load_config(args, DIALOGUE + ["rl.rewards=[{name: care}]"] + (MICRO_CARE if args.micro else []))
     gen_dir, gen = rubric_generator(cfg, args.seed)

@@ -20,7 +20,7 @@ from posttrain.trainers import rubric_generator as G
 
 def contexts() -> list[str]:
     """One context per (state, turn) of the truth table, with a distracting history."""
-    return ["|".join(["hj>qr"] * (turn - 1) + [f"{state}m>"]) for state in D.STATES for turn in range(1, D.MAX_TURNS + 1)]
+    return ["|".join(["hj>qs"] * (turn - 1) + [f"{state}m>"]) for state in D.STATES for turn in range(1, D.MAX_TURNS + 1)]
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +41,8 @@ def test_every_context_is_solvable_and_the_ideal_weighting_moves_with_the_turn()
 
 
 def test_judges_and_format():
-    assert D.judge_scores("qrve") == (1.0, 1.0, 0.0) and D.judge_scores("qqs") == (0.5, 0.0, 0.5)
-    for bad, finished in [("qrvesn", True), ("", True), ("qx", True), ("qr", False)]:
+    assert D.judge_scores("qvqv") == (1.0, 1.0, 0.0) and D.judge_scores("qqs") == (1.0, 0.0, 0.5) and D.judge_scores("qqqq") == (1.0, 0.0, 0.0)
+    for bad, finished in [("qqvvs", True), ("", True), ("qx", True), ("qq", False)]:
         assert D.judge_scores(bad, finished) == (0.0, 0.0, 0.0)
     with pytest.raises(UserError):
         D.ideal_weights("zz>")
@@ -113,7 +113,7 @@ def test_unknown_weight_source_is_refused_by_the_config(params_path):
 
 def test_rubric_task_rewards_rubrics_that_rank_the_preferred_reply_higher(cfg):
     ctx = "xm>"  # truth (0.2, 0.7, 0.1): affective + cognitive is the best reply
-    pairs = [("veqr", "vesn"), ("vesn", "qrsn")]
+    pairs = [("vvqq", "vvss"), ("vvss", "qqss")]
     example = Example(ctx, "", G.encode_pairs(pairs))
     task = G.RubricTask(cfg.care)
     assert task.correctness_reward(G.true_rubric(ctx), True, example) == 1.0
@@ -134,4 +134,4 @@ def test_simulated_labels_and_preferences(cfg):
     held = [Example(c, "", G.encode_pairs(G.human_pairs(c, 4, 0.0, rng))) for c in contexts()]
     truth = G.rubric_quality([G.true_rubric(c) for c in contexts()], held)
     assert truth == {"weight_error": pytest.approx(0.0, abs=1e-6), "pair_accuracy": 1.0, "top2_agreement": 1.0, "parse_rate": 1.0}
-    assert float(turn_reward(torch.full((3,), 1 / 3), torch.tensor(D.judge_scores("qrve")))) == pytest.approx(2 / 3)
+    assert float(turn_reward(torch.full((3,), 1 / 3), torch.tensor(D.judge_scores("qvqv")))) == pytest.approx(2 / 3)

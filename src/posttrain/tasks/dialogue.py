@@ -3,14 +3,13 @@
 A dialogue is a history of user turns, each a user state and a topic, with the assistant's earlier replies;
 the policy writes the reply to the last user turn as a string of support moves:
 
-    prompt      "xj>ve|wf>"      turn 1: state x, topic j, reply "ve";  turn 2 (now): state w, topic f
-    completion  "vesn"           1 to 4 moves, ended by EOS
+    prompt      "xj>vq|wf>"      turn 1: state x, topic j, reply "vq";  turn 2 (now): state w, topic f
+    completion  "vvss"           1 to 4 moves, ended by EOS
 
-    moves       cognitive  q (ask), r (reflect)      affective  v (validate), e (empathise)
-                proactive  s (suggest), n (next step)
+    moves       q cognitive (ask, reflect)   v affective (validate, empathise)   s proactive (suggest a step)
     states      x distressed, o confused, h hopeful, w worried;   topics j f m u (distractors)
 
-Per-dimension judges (programmatic, known truth): s_d = (distinct moves of dimension d in the reply) / 2, in
+Per-dimension judges (programmatic, known truth): s_d = min(moves of dimension d in the reply, 2) / 2, in
 [0, 1]; a malformed or unfinished reply scores 0 on every dimension. The ideal weighting w*(state, turn) is a
 fixed table (`IDEAL_TENTHS`) that moves with the turn (e.g. worried: affective + cognitive first, proactive by
 turn 3), and the true quality of a reply is Q* = sum_d w*_d s_d. Four moves cover at most two dimensions
@@ -28,7 +27,7 @@ from posttrain.errors import UserError
 from posttrain.tasks import tasks
 from posttrain.tasks.base import Example, Task
 
-DIMENSION_MOVES = ("qr", "ve", "sn")  # cognitive, affective, proactive
+DIMENSION_MOVES = ("q", "v", "s")  # the move of each dimension: cognitive, affective, proactive
 MOVES = "".join(DIMENSION_MOVES)
 STATES, TOPICS = "xohw", "jfmu"
 ALPHABET = STATES + TOPICS + MOVES + ">|"
@@ -60,10 +59,10 @@ def ideal_weights(prompt: str) -> tuple[float, float, float]:
 
 
 def judge_scores(reply: str, finished: bool = True) -> tuple[float, float, float]:
-    """(s_cog, s_aff, s_pro): distinct moves of each dimension / 2; 0 for a malformed or unfinished reply."""
+    """(s_cog, s_aff, s_pro): min(moves of each dimension, 2) / 2; 0 for a malformed or unfinished reply."""
     if not finished or not _REPLY.fullmatch(reply):
         return (0.0, 0.0, 0.0)
-    return tuple(len(set(moves) & set(reply)) / len(moves) for moves in DIMENSION_MOVES)
+    return tuple(min(sum(reply.count(m) for m in moves), 2) / 2 for moves in DIMENSION_MOVES)
 
 
 def true_quality(prompt: str, reply: str, finished: bool = True) -> float:
@@ -77,11 +76,12 @@ def best_quality(prompt: str) -> float:
 
 def best_reply(prompt: str) -> str:
     order = sorted(range(3), key=lambda d: -ideal_weights(prompt)[d])
-    return DIMENSION_MOVES[order[0]] + DIMENSION_MOVES[order[1]]
+    return 2 * DIMENSION_MOVES[order[0]] + 2 * DIMENSION_MOVES[order[1]]
 
 
-def random_reply(rng: random.Random) -> str:
-    return "".join(rng.choice(MOVES) for _ in range(rng.randint(1, MAX_MOVES)))
+def random_reply(rng: random.Random, moves: int | None = None) -> str:
+    """Random moves, `moves` of them (default: 1 to MAX_MOVES)."""
+    return "".join(rng.choice(MOVES) for _ in range(moves or rng.randint(1, MAX_MOVES)))
 
 
 def random_context(rng: random.Random) -> str:

@@ -35,8 +35,9 @@ RUBRIC_TOKENS = 12  # "c=2,a=6,p=2" + EOS
 
 def candidate_replies() -> list[str]:
     """Replies that fully cover two dimensions, or one fully and the other two half: the trade-offs a rubric decides."""
-    two = [D.DIMENSION_MOVES[i] + D.DIMENSION_MOVES[j] for i in range(3) for j in range(i + 1, 3)]
-    spread = [D.DIMENSION_MOVES[i] + "".join(D.DIMENSION_MOVES[j][0] for j in range(3) if j != i) for i in range(3)]
+    m = D.DIMENSION_MOVES
+    two = [2 * m[i] + 2 * m[j] for i in range(3) for j in range(i + 1, 3)]
+    spread = [2 * m[i] + "".join(m[j] for j in range(3) if j != i) for i in range(3)]
     return two + spread
 
 
