@@ -5,7 +5,7 @@ RL with a fixed uniform rubric; the oracle arm (the true w*) is the ceiling.
 
 The rubric generator is the `care` stage's trainer (trainers/rubric_generator.py): its held-out weight error
 0.5 |w - w*|_1 after SFT (on turn-blind, noisy labels) and after preference RL is reported. The policy starts
-from a format-only SFT (random 4-move replies), so no arm has seen the oracle's replies before RL.
+from a format-only SFT (random replies of 1-4 moves), so no arm has seen the oracle's replies before RL.
 Every arm rewards [care (weight 1) with rl.options.care.source = generator | uniform | oracle, correctness
 (weight 0: the rate of best replies, monitored only)].
 
@@ -47,18 +47,18 @@ def rubric_generator(cfg, seed: int):
 
 
 def format_only_sft(cfg, seed: int):
-    """(task, train, held-out, checkpoint, held-out metrics): SFT on random 4-move replies (not the best ones)."""
+    """(task, train, held-out, checkpoint, held-out metrics): SFT on random replies of 1-4 moves (not the best ones)."""
     from posttrain.eval.harness import evaluate
     from posttrain.tasks import build_task
 
     task = build_task(cfg.task)
     splits = task.splits(seed)
     train, held = splits["train"], splits["heldout"]
-    path = C.CACHE / f"sft_format_{cfg.section_hash('task', 'model', 'sft')}_s{seed}"
+    path = C.CACHE / f"sft_random_replies_{cfg.section_hash('task', 'model', 'sft')}_s{seed}"
     if not (path / "done").exists():
         seed_everything(seed)
         rng = random.Random(seed)
-        generic = [Example(e.prompt, D.random_reply(rng, D.MAX_MOVES), e.answer) for e in train]
+        generic = [Example(e.prompt, D.random_reply(rng), e.answer) for e in train]
         tok = train_char_tokenizer([task.alphabet()])
         model = build_tiny(cfg.model, tok)
         train_sft(model, tok, generic, cfg.sft, seed, on_log=lambda s, m: None)

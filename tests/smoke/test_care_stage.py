@@ -6,21 +6,24 @@ import json
 
 import torch
 
-from helpers import micro_params, posttrain
+from helpers import micro_params
 
 MICRO_CARE = {"n_sft": 30, "n_preference": 20, "n_heldout": 10, "sft_steps": 3, "batch_size": 8, "rl_steps": 2,
               "rl_prompts_per_step": 4, "rl_group_size": 2, "log_every": 1, "warmup_steps": 0}
 
 
 def test_care_stage_trains_a_generator_that_rewards_dialogue_rl(tmp_path):
+    from posttrain.config import load
+    from posttrain.stages import execute
+
     params = micro_params(tmp_path, care=MICRO_CARE)
-    metrics = json.loads(posttrain("care", cwd=tmp_path).stdout.strip().splitlines()[-1])
+    out = tmp_path / "outputs" / "care"
+    metrics = execute("care", load(params), {}, out)  # in process: what `posttrain care` runs, without a second interpreter
     for key in ("weight_error", "pair_accuracy", "top2_agreement", "parse_rate"):
         assert 0.0 <= metrics[key] <= 1.0 and f"{key}_sft" in metrics
-    out = tmp_path / "outputs" / "care"
+    assert json.loads((out / "metrics.json").read_text()) == metrics and json.loads((out / "mlflow_run.json").read_text())["run_id"]
     assert (out / "model" / "config.json").is_file() and len(json.loads((out / "history.json").read_text())) == 2
 
-    from posttrain.config import load
     from posttrain.models import build_tiny, train_char_tokenizer
     from posttrain.tasks import build_task
     from posttrain.trainers.common import optimizer_and_schedule

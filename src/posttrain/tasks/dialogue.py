@@ -79,9 +79,9 @@ def best_reply(prompt: str) -> str:
     return 2 * DIMENSION_MOVES[order[0]] + 2 * DIMENSION_MOVES[order[1]]
 
 
-def random_reply(rng: random.Random, moves: int | None = None) -> str:
-    """Random moves, `moves` of them (default: 1 to MAX_MOVES)."""
-    return "".join(rng.choice(MOVES) for _ in range(moves or rng.randint(1, MAX_MOVES)))
+def random_reply(rng: random.Random) -> str:
+    """1 to MAX_MOVES random moves."""
+    return "".join(rng.choice(MOVES) for _ in range(rng.randint(1, MAX_MOVES)))
 
 
 def random_context(rng: random.Random) -> str:
