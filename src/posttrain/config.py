@@ -418,6 +418,26 @@ class EditConfig(Section):
         return None if schema is None else schema.model_validate(self.options[name] or {})
 
 
+class CareConfig(Section):  # stage care: CARE's rubric generator (spec §17) for the dialogue task
+    label_bias: Literal["none", "turn_blind"]  # turn_blind: the SFT rubric labels ignore the turn (the turn-1 row)
+    label_noise: float = Field(ge=0, le=1)  # share of SFT labels with one tenth moved between two dimensions
+    n_sft: int = Field(gt=0)  # contexts with a rubric label (SFT)
+    n_preference: int = Field(gt=0)  # contexts with human preference pairs (preference RL)
+    n_heldout: int = Field(gt=0)  # held-out contexts: weight error and pair accuracy
+    pairs_per_context: int = Field(gt=0)
+    preference_flip: float = Field(ge=0, lt=0.5)  # share of human preferences given the wrong way round
+    sft_steps: int = Field(gt=0)
+    batch_size: int = Field(gt=0)
+    sft_lr: float = Field(gt=0)
+    warmup_steps: int = Field(ge=0)
+    rl_steps: int = Field(gt=0)  # preference RL with the rl section's objective (advantage, loss, clipping)
+    rl_prompts_per_step: int = Field(gt=0)
+    rl_group_size: int = Field(ge=2)  # rubrics sampled per context
+    rl_lr: float = Field(gt=0)
+    format_weight: float = Field(ge=0)  # reward for a rubric that parses, next to the preference reward q
+    log_every: int = Field(gt=0)
+
+
 class DistillConfig(Section):
     method: str  # a distillation preset (objectives/distill/presets.py) applied on top of the rl section
     steps: int = Field(gt=0)
@@ -589,6 +609,7 @@ class Config(Section):
     reward_model: RewardModelConfig
     preference: PreferenceConfig
     edit: EditConfig
+    care: CareConfig
     orchestration: OrchestrationConfig
     city: CityConfig
     curate: CurateConfig

@@ -75,6 +75,7 @@ def all_registries() -> dict[str, Registry]:
     from posttrain.objectives.editing import edit_methods
     from posttrain.data.vigor.steps import change_classifiers, embedders, geometric_checks, instruction_writers
     from posttrain.objectives.presets import presets
+    from posttrain.rewards.care_reward import care_weight_sources
     from posttrain.rewards.image import image_rewards
     from posttrain.models.flow import flow_backends
     import posttrain.models.flux  # noqa: F401  (registers the flux kind)
@@ -87,6 +88,7 @@ def all_registries() -> dict[str, Registry]:
         "presets": presets,
         "rewards": rewards.rewards,
         "reward_models": rewards.reward_models,
+        "care_weight_sources": care_weight_sources,
         "preference_objectives": preference_objectives,
         "preference_data": preference_data,
         "edit_methods": edit_methods,

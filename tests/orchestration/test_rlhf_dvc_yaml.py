@@ -16,7 +16,7 @@ RLHF = REPO / "rlhf" / "dvc.yaml"
 def test_rlhf_commands_inputs_outputs_and_params():
     root, rlhf = expanded_stages(), expanded_stages(RLHF)
     produced = {o for s in [*root.values(), *rlhf.values()] for o in s.get("outs", [])}
-    assert {"reward_model", "rl_rm", "preference", "eval@rl_rm", "eval@preference", "knowledge", "edit"} == set(rlhf)
+    assert {"reward_model", "rl_rm", "preference", "eval@rl_rm", "eval@preference", "knowledge", "edit", "care"} == set(rlhf)
     for name, stage in rlhf.items():
         assert stage["wdir"] == "..", name  # paths below are relative to the repository root
         argv = shlex.split(stage["cmd"])
@@ -35,4 +35,4 @@ def test_rlhf_commands_inputs_outputs_and_params():
 
 
 def test_default_pipeline_stays_without_the_extra_models():
-    assert not {"reward_model", "rl_rm", "preference", "knowledge", "edit"} & set(expanded_stages())
+    assert not {"reward_model", "rl_rm", "preference", "knowledge", "edit", "care"} & set(expanded_stages())

@@ -59,3 +59,4 @@ def reward_matrix(specs, task: Task, examples, completions, finished, **context)
 
 
 from posttrain.rewards import audit_correction, bradley_terry, kgpo, sdrl  # noqa: E402,F401  (registers)
+from posttrain.rewards import care_reward  # noqa: E402,F401  (registers `care`)

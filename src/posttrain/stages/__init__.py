@@ -23,6 +23,7 @@ stages: Registry = Registry("stage")
 
 from posttrain.stages import compare, data, distill, eval, preference, reward_model, rl, rl_rm, sft  # noqa: E402,F401,A004  (registers)
 from posttrain.stages import edit, knowledge  # noqa: E402,F401  (registers: lifelong knowledge editing)
+from posttrain.stages import care  # noqa: E402,F401  (registers: CARE's rubric generator)
 from posttrain.stages import city, curate, flow_eval, flow_rl, flow_sft  # noqa: E402,F401  (registers: the image pipeline)
 
 RUN_FILE = "mlflow_run.json"  # in every stage output: which stage and MLflow run made it (lineage for `compare`)

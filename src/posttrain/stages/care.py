@@ -1,0 +1,28 @@
+"""Stage `care`: train CARE's rubric generator (spec §17) for the `dialogue` task: SFT on turn-level rubric
+labels, then preference RL (the rl section's objective) on human preference pairs; the data are simulated from
+the task's known truth (trainers/rubric_generator.py). Settings: the `care` section, model sizes from `model`.
+
+Output: `model/` (what `rl.options.care.path` points the `care` reward at), `history.json` (preference-RL steps);
+metrics: held-out weight error, pair accuracy, top-two agreement and parse rate after SFT (`*_sft`) and after
+preference RL, with the SFT labels' own weight error and the uniform rubric's as references.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from posttrain.config import Config
+from posttrain.stages import stages
+
+
+@stages.register("care", inputs={})
+def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
+    from posttrain.trainers.rubric_generator import train_rubric_generator
+
+    metrics, history, table = train_rubric_generator(cfg, out_dir, on_log=lambda step, m: tracker.log_metrics(m, step))
+    (out_dir / "history.json").write_text(json.dumps(history) + "\n")
+    tracker.log_table(table, "heldout_rubrics.json")
+    tracker.log_artifacts(out_dir / "model", "model")
+    tracker.log_metrics(metrics)
+    return metrics
