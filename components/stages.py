@@ -43,8 +43,9 @@ def _param(name: str, annotation) -> inspect.Parameter:
     return inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=annotation)
 
 
-def stage_component(stage: str) -> dsl.ContainerComponent:
-    """`posttrain <stage>` with one input artifact per input the stage's registry entry declares."""
+def stage_component(stage: str, extra_args: tuple[str, ...] = ()) -> dsl.ContainerComponent:
+    """`posttrain <stage>` with one input artifact per input the stage's registry entry declares;
+    `extra_args` are this task's own `--set` overrides from dvc.yaml (validated when the pipeline is built)."""
     from posttrain.stages import stages
 
     entry = stages.entry(stage)
@@ -60,6 +61,7 @@ def stage_component(stage: str) -> dsl.ContainerComponent:
         argv += ["--out", args["out"].path]
         if entry.meta.get("resumable"):
             argv.append("--resume")  # a retry continues from the last checkpoint if the output path outlives the pod
+        argv += list(extra_args)
         return dsl.ContainerSpec(
             image=PLACEHOLDER_IMAGE, command=["sh", "-c", STAGE_SCRIPT, "posttrain-stage"], args=[args["config"], args["pipeline_run"], *argv]
         )
@@ -71,8 +73,13 @@ def _values_json(sections: list[str], args) -> list:
     return [arg for s in sections for arg in ("--values-json", dsl.ConcatPlaceholder([f'{{"{s}": ', args[s], "}"]))]
 
 
-def preflight_component(sections: list[str], with_objective: bool = False) -> dsl.ContainerComponent:
-    """CPU check of the run (config, MLflow, S3, credentials); outputs the resolved settings as `config`."""
+def _overrides(overrides: tuple[str, ...]) -> list[str]:
+    return [arg for value in overrides for arg in ("--set", value)]
+
+
+def preflight_component(sections: list[str], with_objective: bool = False, overrides: tuple[str, ...] = ()) -> dsl.ContainerComponent:
+    """CPU check of the run (config, MLflow, S3, credentials); outputs the resolved settings as `config`.
+    `overrides`: the pipeline's own settings (its dvc.yaml `--set`), applied over the parameters."""
     parameters = [_param(s, dict) for s in sections]
     if with_objective:
         parameters.append(_param("objective", str))
@@ -82,19 +89,20 @@ def preflight_component(sections: list[str], with_objective: bool = False) -> ds
         argv = ["preflight", *_values_json(sections, args)]
         if with_objective:
             argv += ["--values-json", dsl.ConcatPlaceholder(['{"rl.advantage": "', args["objective"], '"}'])]
-        argv += ["--write-config", args["config"]]
+        argv += [*_overrides(overrides), "--write-config", args["config"]]
         return dsl.ContainerSpec(image=PLACEHOLDER_IMAGE, command=["posttrain"], args=argv)
 
     return _container_component("posttrain-preflight" + ("-objective" if with_objective else ""), parameters, build)
 
 
-def finalize_component(sections: list[str]) -> dsl.ContainerComponent:
-    """The exit task: reads the pipeline's final status and marks its unfinished MLflow runs FAILED."""
+def finalize_component(sections: list[str], overrides: tuple[str, ...] = ()) -> dsl.ContainerComponent:
+    """The exit task: reads the pipeline's final status and marks its unfinished MLflow runs FAILED
+    (in the experiment the pipeline's overrides name)."""
     parameters = [_param(s, dict) for s in sections]
     parameters += [_param("pipeline_run", str), _param("status", dsl.PipelineTaskFinalStatus)]
 
     def build(args):
-        argv = ["finalize", *_values_json(sections, args), "--pipeline-run", args["pipeline_run"], "--status-json", args["status"]]
+        argv = ["finalize", *_values_json(sections, args), *_overrides(overrides), "--pipeline-run", args["pipeline_run"], "--status-json", args["status"]]
         return dsl.ContainerSpec(image=PLACEHOLDER_IMAGE, command=["posttrain"], args=argv)
 
     return _container_component("posttrain-finalize", parameters, build)

@@ -62,9 +62,16 @@ def shell(argv: list[str]) -> str:
     return " ".join(f'"{a}"' if a == VALUES else shlex.quote(a) for a in [POSTTRAIN, *argv])
 
 
+def overrides_of(dag_id: str) -> list[str]:
+    """`--set` arguments of the pipeline's own settings (its dvc.yaml overrides, e.g. the image pipeline's experiment)."""
+    values = SPEC["overrides"].get(dag_id.removeprefix("posttrain_"), [])
+    return [arg for value in values for arg in ("--set", value)]
+
+
 def mark_failed(context) -> None:
     """Failure callback: a killed stage cannot close its own MLflow run."""
-    argv = ["finalize", "--params", str(REPO / "params.yaml"), "--values-json", json.dumps(config_values(context["params"])), "--pipeline-run", context["run_id"], "--state", "failed"]
+    argv = ["finalize", "--params", str(REPO / "params.yaml"), "--values-json", json.dumps(config_values(context["params"])), *overrides_of(context["dag"].dag_id)]
+    argv += ["--pipeline-run", context["run_id"], "--state", "failed"]
     subprocess.run([POSTTRAIN, *argv], cwd=REPO, timeout=300, check=False)
 
 
@@ -112,8 +119,9 @@ def build(dag_id: str, tasks: list[dict], sweep: bool = False) -> DAG:
         },
         description=" -> ".join(t["id"] for t in tasks) + (" -> objectives -> compare" if sweep else ""),
     ) as dag:
-        preflight = launch("preflight", ["preflight", *CHECK, "--write-config", f"{RUN_DIR}/params.yaml"], gpu=False, retries=0)
-        finalize = launch("finalize", ["finalize", *CHECK, "--pipeline-run", "{{ run_id }}", "--state", "ended", "--cleanup", RUN_DIR], gpu=False)
+        check = [*CHECK, *overrides_of(dag_id)]  # preflight writes them into the run's params.yaml
+        preflight = launch("preflight", ["preflight", *check, "--write-config", f"{RUN_DIR}/params.yaml"], gpu=False, retries=0)
+        finalize = launch("finalize", ["finalize", *check, "--pipeline-run", "{{ run_id }}", "--state", "ended", "--cleanup", RUN_DIR], gpu=False)
         made = {}
         for spec in tasks:
             step = launch(spec["id"].replace("@", "_"), stage_argv(spec, RUN_DIR), gpu=spec["gpu"])

@@ -139,6 +139,7 @@ def finalize(
     pipeline_run: Annotated[str, typer.Option("--pipeline-run", help="The launcher's run id (tag pipeline_run).")],
     params: Params = Path("params.yaml"),
     values_json: ValuesJson = [],  # noqa: B006
+    overrides: Overrides = [],  # noqa: B006
     status_json: Annotated[str, typer.Option("--status-json", help="Kubeflow's PipelineTaskFinalStatus, as JSON.")] = "",
     state: Annotated[str, typer.Option("--state", help="The pipeline run's final state, when not given by --status-json.")] = "",
     cleanup: Annotated[list[Path], typer.Option("--cleanup", help="Remove half-written stage outputs under DIR.")] = [],  # noqa: B006
@@ -155,7 +156,7 @@ def finalize(
         reason = f"pipeline {state}: {status.get('error', {}).get('message', '')}".strip(": ")
     else:
         reason = f"pipeline {state or 'ended'}"
-    cfg = resolve_config(params, values_json, [])
+    cfg = resolve_config(params, values_json, overrides)
     failed = mark_unfinished_failed(cfg, pipeline_run, reason)
     removed = [p for root in cleanup if root.is_dir() for p in remove_leftovers(root)]
     typer.echo(json.dumps({"state": state, "marked_failed": failed, "removed": [str(p) for p in removed]}, sort_keys=True))

@@ -36,8 +36,9 @@ from airflow.dag_processing.dagbag import DagBag
 bag = DagBag({str(DAGS)!r})
 heavy = sorted({{m.split('.')[0] for m in sys.modules if m.split('.')[0] in ('torch', 'posttrain', 'transformers')}})
 params = {{d: {{k: [p.value, p.schema] for k, p in dag.params.items()}} for d, dag in bag.dags.items()}}
+commands = {{d: {{t: getattr(op, "bash_command", "") for t, op in dag.task_dict.items()}} for d, dag in bag.dags.items()}}
 print(json.dumps({{"errors": {{k: str(v) for k, v in bag.import_errors.items()}}, "heavy": heavy, "params": params,
-    "tasks": {{d: sorted(dag.task_dict) for d, dag in bag.dags.items()}}}}))
+    "tasks": {{d: sorted(dag.task_dict) for d, dag in bag.dags.items()}}, "commands": commands}}))
 """
     result = subprocess.run([sys.executable, "-c", probe], env=_airflow_env(tmp_path), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -46,6 +47,11 @@ print(json.dumps({{"errors": {{k: str(v) for k, v in bag.import_errors.items()}}
     assert {"posttrain_text", "posttrain_sweep"} <= set(found["tasks"])
     assert {"preflight", "data", "sft", "rl", "distill", "eval_sft", "eval_rl", "finalize"} == set(found["tasks"]["posttrain_text"])
     assert {"objective", "compare", "finalize"} <= set(found["tasks"]["posttrain_sweep"])
+    assert {"preflight", "city", "curate", "flow_sft", "flow_rl", "flow_eval", "finalize"} == set(found["tasks"]["posttrain_image"])
+    assert {"data", "sft", "reward_model", "rl_rm", "preference", "eval_rl_rm", "eval_preference"} < set(found["tasks"]["posttrain_rlhf"])
+    image = found["commands"]["posttrain_image"]  # its own experiment, for the stages and for marking runs FAILED
+    assert all("--set pipeline.name=posttrain-images" in image[t] for t in ("preflight", "finalize"))
+    assert "/outputs/images/curate'" in image["flow_rl"] and "--set" not in image["flow_rl"]
     expected = param_specs(REPO / "params.yaml")
     text_params = found["params"]["posttrain_text"]
     assert set(text_params) == set(expected)

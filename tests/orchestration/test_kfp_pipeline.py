@@ -68,6 +68,28 @@ def test_every_task_runs_a_cli_stage_in_the_image_parameter():
     assert {t.stage for t in load_tasks(REPO / "dvc.yaml") if t.pipeline == "text"} | {"preflight", "finalize"} == names
 
 
+def test_image_and_rlhf_pipelines_run_their_stages_with_their_overrides():
+    from posttrain.orchestration.graph import load_pipelines
+
+    for name, pipeline in load_pipelines(REPO).items():
+        spec, platform = compiled(COMPILED / f"{name}.yaml")
+        executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+        tasks = container_tasks(spec)
+        assert {command_name(c) for _, c in tasks.values()} == {t.stage for t in pipeline.tasks} | {"preflight", "finalize"}, name
+        for task_name_, (task, container) in tasks.items():
+            stage = command_name(container)
+            args = container["args"]
+            overrides = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--set"]
+            # the pipeline's own settings reach the settings resolver and the exit task, and no stage repeats them
+            assert overrides == (list(pipeline.overrides) if stage in ("preflight", "finalize") else []), (name, task_name_)
+            label = spec["components"][task["componentRef"]["name"]]["executorLabel"]
+            wants_gpu = stage in stages and stages.entry(stage).meta.get("gpu", True)
+            assert ("accelerator" in container.get("resources", {})) == wants_gpu, (name, task_name_)
+            assert executors[label]["secretAsEnv"][0]["secretName"] == "posttrain-credentials"
+    image = {command_name(c): c for _, c in container_tasks(compiled(COMPILED / "image.yaml")[0]).values()}
+    assert "pipeline.name=posttrain-images" in image["preflight"]["args"] and "accelerator" not in image["curate"].get("resources", {})
+
+
 def test_gpu_retries_caching_secrets_and_exit_handler_are_in_the_yaml():
     spec, platform = compiled()
     executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
