@@ -43,9 +43,10 @@ def _param(name: str, annotation) -> inspect.Parameter:
     return inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=annotation)
 
 
-def stage_component(stage: str, extra_args: tuple[str, ...] = ()) -> dsl.ContainerComponent:
+def stage_component(stage: str, extra_args: tuple[str, ...] = (), by_uri: frozenset[str] = frozenset()) -> dsl.ContainerComponent:
     """`posttrain <stage>` with one input artifact per input the stage's registry entry declares;
-    `extra_args` are this task's own `--set` overrides from dvc.yaml (validated when the pipeline is built)."""
+    `extra_args` are this task's own `--set` overrides from dvc.yaml (validated when the pipeline is built);
+    the inputs in `by_uri` (imported datasets and models) are passed as their URI, which the stage reads itself."""
     from posttrain.stages import stages
 
     entry = stages.entry(stage)
@@ -57,7 +58,7 @@ def stage_component(stage: str, extra_args: tuple[str, ...] = ()) -> dsl.Contain
     def build(args):
         argv = [stage]
         for key in inputs:
-            argv += ["--in", dsl.ConcatPlaceholder([f"{key}=", args[key].path])]
+            argv += ["--in", dsl.ConcatPlaceholder([f"{key}=", args[key].uri if key in by_uri else args[key].path])]
         argv += ["--out", args["out"].path]
         if entry.meta.get("resumable"):
             argv.append("--resume")  # a retry continues from the last checkpoint if the output path outlives the pod
@@ -66,7 +67,7 @@ def stage_component(stage: str, extra_args: tuple[str, ...] = ()) -> dsl.Contain
             image=PLACEHOLDER_IMAGE, command=["sh", "-c", STAGE_SCRIPT, "posttrain-stage"], args=[args["config"], args["pipeline_run"], *argv]
         )
 
-    return _container_component(f"posttrain-{stage}", parameters, build)
+    return _container_component(f"posttrain-{stage}" + "".join(f"-{key}-by-uri" for key in sorted(by_uri)), parameters, build)
 
 
 def _values_json(sections: list[str], args) -> list:

@@ -54,7 +54,10 @@ def out_of(task_id: str) -> str:
 def stage_argv(spec: dict, run_dir: str, input_dirs: dict[str, str] | None = None) -> list[str]:
     argv = [spec["stage"], "--params", f"{run_dir}/params.yaml", "--out", f"{run_dir}/{spec['out']}", "--launcher", "airflow"]
     for key, upstream in spec["inputs"].items():
-        argv += ["--in", f"{key}={(input_dirs or {}).get(upstream, run_dir)}/{out_of(upstream)}"]
+        if upstream in ORCH["imports"]:  # an existing dataset or model: the stage reads its URI itself
+            argv += ["--in", f"{key}={ORCH['imports'][upstream]}"]
+        else:
+            argv += ["--in", f"{key}={(input_dirs or {}).get(upstream, run_dir)}/{out_of(upstream)}"]
     return argv + (["--resume"] if spec["resume"] else []) + spec["extra_args"]
 
 
@@ -124,14 +127,17 @@ def build(dag_id: str, tasks: list[dict], sweep: bool = False) -> DAG:
         finalize = launch("finalize", ["finalize", *check, "--pipeline-run", "{{ run_id }}", "--state", "ended", "--cleanup", RUN_DIR], gpu=False)
         made = {}
         for spec in tasks:
+            if spec["id"] in ORCH["imports"]:  # orchestration.imports: not run; its consumers read the URI
+                continue
             step = launch(spec["id"].replace("@", "_"), stage_argv(spec, RUN_DIR), gpu=spec["gpu"])
             for upstream in spec["after"]:
-                made[upstream] >> step
+                if upstream in made:
+                    made[upstream] >> step
             preflight >> step
             step >> finalize
             made[spec["id"]] = step
         if sweep:
-            leaves = [made[t["id"]] for t in tasks]
+            leaves = [made[t["id"]] for t in tasks if t["id"] in made]
             compare = launch("compare", ["compare", "--params", f"{RUN_DIR}/params.yaml", "--out", f"{RUN_DIR}/compare", "--launcher", "airflow"], gpu=False)
             commands, objectives = objective_runs(SPEC["pipelines"]["text"], {t["id"] for t in tasks})
             leaves >> commands

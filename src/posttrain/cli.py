@@ -24,17 +24,24 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 
 Params = Annotated[Path, typer.Option("--params", help="YAML file with every section's settings.")]
 Overrides = Annotated[list[str], typer.Option("--set", help="Override one setting: section.key=value (repeatable).")]
-Inputs = Annotated[list[str], typer.Option("--in", help="Input directory: name=DIR (repeatable); defaults to outputs/<upstream>.")]
+Inputs = Annotated[list[str], typer.Option("--in", help="Input: name=DIR or name=s3://bucket/prefix (repeatable); defaults to outputs/<upstream>.")]
+
+
+def _input_locations(items: list[str]) -> dict[str, str]:
+    parsed = {}
+    for item in items:
+        name, sep, location = item.partition("=")
+        if not sep or not name or not location:
+            raise UserError(f"--in expects name=DIR or name=URI, got {item!r}")
+        parsed[name] = location
+    return parsed
 
 
 def _parse_inputs(items: list[str]) -> dict[str, Path]:
-    parsed = {}
-    for item in items:
-        name, sep, path = item.partition("=")
-        if not sep or not name or not path:
-            raise UserError(f"--in expects name=DIR, got {item!r}")
-        parsed[name] = Path(path)
-    return parsed
+    """name -> local directory; an `s3://` input is fetched into the input cache first (posttrain.storage)."""
+    from posttrain.storage import local_path
+
+    return {name: local_path(location) for name, location in _input_locations(items).items()}
 
 
 def _stage_command(name: str, doc: str):
@@ -125,7 +132,7 @@ def preflight(
     from posttrain.orchestration.preflight import config_text, preflight as check, resolve_config
 
     cfg = resolve_config(params, values_json, overrides)
-    problems = check(cfg, {k: str(v) for k, v in _parse_inputs(inputs).items()})
+    problems = check(cfg, _input_locations(inputs))
     if problems:
         raise UserError("preflight failed: " + "; ".join(problems))
     if write_config is not None:

@@ -279,6 +279,7 @@ class OrchestrationConfig(Section):
     retry_backoff: str
     retry_backoff_factor: float = Field(ge=1.0)
     caching: bool
+    imports: dict[str, str]  # task id -> URI of an existing output: the task is not run, its consumers read the URI
     sweep: SweepConfig
     airflow: AirflowConfig
 
