@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from orch_helpers import BIN, dvc, tiny_params
 
-from helpers import micro_params, posttrain
+from helpers import micro_params, posttrain, posttrain_in_process
 
 
 def _free_port() -> int:
@@ -82,18 +82,6 @@ def test_dvc_remote_on_s3_pushes_and_pulls(s3_endpoint, tmp_path):
     assert "AWS_SECRET_ACCESS_KEY" not in (repo / ".dvc" / "config").read_text() and "testing" not in (repo / ".dvc" / "config").read_text()
 
 
-def _cli(*args: str) -> None:
-    """The `posttrain` CLI in this process (a subprocess spends seconds importing torch per call)."""
-    from typer.testing import CliRunner
-
-    from posttrain.cli import _register_stage_commands, app
-
-    if not any(c.name == "sft" for c in app.registered_commands):
-        _register_stage_commands()
-    result = CliRunner().invoke(app, list(args), standalone_mode=False)
-    assert result.exit_code == 0 and result.exception is None, (result.output, result.exception)
-
-
 def test_a_stage_reads_an_existing_dataset_by_its_s3_uri(s3_endpoint, tmp_path, monkeypatch):
     """`--in data=s3://...` (what orchestration.imports hands a consumer) trains exactly as the local directory does."""
     import boto3
@@ -106,15 +94,15 @@ def test_a_stage_reads_an_existing_dataset_by_its_s3_uri(s3_endpoint, tmp_path, 
     monkeypatch.setenv("POSTTRAIN_CACHE", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
     cfg = config.load(tiny_params(tmp_path, tracking={"enabled": False}, sft={"steps": 3, "batch_size": 8, "log_every": 1}))
-    _cli("data")
+    posttrain_in_process("data")
     client = boto3.client("s3", endpoint_url=s3_endpoint)
     for path in (tmp_path / "outputs" / "data").iterdir():
         client.upload_file(str(path), "posttrain-test", f"datasets/arith/{path.name}")
     uri = "s3://posttrain-test/datasets/arith"
     assert preflight(cfg, {"data": uri}) == []
     assert preflight(cfg, {"data": "s3://posttrain-test/datasets/nothing"}) == ["s3://posttrain-test/datasets/nothing has no objects"]
-    _cli("sft", "--in", f"data={uri}", "--out", "outputs/sft_s3")
-    _cli("sft", "--out", "outputs/sft_local")
+    posttrain_in_process("sft", "--in", f"data={uri}", "--out", "outputs/sft_s3")
+    posttrain_in_process("sft", "--out", "outputs/sft_local")
     read = lambda name: json.loads((tmp_path / "outputs" / name / "metrics.json").read_text())  # noqa: E731
     assert read("sft_s3") == read("sft_local")
     cached = local_path(uri)
