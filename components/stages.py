@@ -14,6 +14,8 @@ import inspect
 
 from kfp import dsl
 
+from posttrain.errors import UserError
+
 PLACEHOLDER_IMAGE = "posttrain"  # replaced per task by the `image` pipeline parameter (set_container_image)
 
 # $1: the resolved settings (JSON is YAML); $2: pipeline run id; the rest: `<stage> --in ... --out ...`
@@ -24,6 +26,10 @@ export POSTTRAIN_PIPELINE_RUN="$2"
 shift 2
 exec posttrain "$@" --params "$params" --launcher kubeflow
 """
+
+
+# the same, for `posttrain trainjob` (it takes no --launcher)
+LAUNCHER_SCRIPT = STAGE_SCRIPT.replace(" --launcher kubeflow", "")
 
 
 def _container_component(name: str, parameters: list[inspect.Parameter], build) -> dsl.ContainerComponent:
@@ -68,6 +74,30 @@ def stage_component(stage: str, extra_args: tuple[str, ...] = (), by_uri: frozen
         )
 
     return _container_component(f"posttrain-{stage}" + "".join(f"-{key}-by-uri" for key in sorted(by_uri)), parameters, build)
+
+
+def trainjob_component(stage: str, task_id: str, extra_args: tuple[str, ...] = ()) -> dsl.ContainerComponent:
+    """The launcher of a multi-node training task: `posttrain trainjob` submits a Kubeflow Trainer TrainJob that runs
+    `posttrain <stage>` under torchrun on every node, waits for it, and saves the rendered spec as `trainjob`."""
+    from posttrain.stages import stages
+
+    if extra_args:  # the TrainJob's nodes read the resolved settings file alone
+        raise UserError(f"task {task_id!r}: per-task --set overrides cannot reach a TrainJob; set them for the pipeline")
+    inputs = list(stages.entry(stage).meta.get("inputs", {}))
+    parameters = [_param("config", str), _param("pipeline_run", str), _param("image", str)]
+    parameters += [_param(key, dsl.Input[dsl.Artifact]) for key in inputs]
+    parameters += [_param("out", dsl.Output[dsl.Artifact]), _param("trainjob", dsl.Output[dsl.Artifact])]
+
+    def build(args):
+        argv = ["trainjob", "--stage", stage, "--task", task_id, "--image", args["image"], "--pipeline-run", args["pipeline_run"]]
+        for key in inputs:
+            argv += ["--in", dsl.ConcatPlaceholder([f"{key}=", args[key].path])]
+        argv += ["--out", args["out"].path, "--spec-out", dsl.ConcatPlaceholder([args["trainjob"].path, "/trainjob.yaml"])]
+        if stages.entry(stage).meta.get("resumable"):
+            argv.append("--resume")
+        return dsl.ContainerSpec(image=PLACEHOLDER_IMAGE, command=["sh", "-c", LAUNCHER_SCRIPT, "posttrain-trainjob"], args=[args["config"], args["pipeline_run"], *argv])
+
+    return _container_component(f"posttrain-trainjob-{stage}", parameters, build)
 
 
 def _values_json(sections: list[str], args) -> list:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kfp import dsl, kubernetes
 
-from components.stages import finalize_component, preflight_component, stage_component
+from components.stages import finalize_component, preflight_component, stage_component, trainjob_component
 from posttrain import config
 from posttrain.config import Config, OrchestrationConfig
 from posttrain.errors import UserError
@@ -56,13 +56,19 @@ def _run_stages(tasks: list[Task], config_channel, image, orch: OrchestrationCon
             done[task.id] = dsl.importer(artifact_uri=orch.imports[task.id], artifact_class=dsl.Artifact, reimport=False)
             done[task.id].set_display_name(f"{task.id} (imported)")
             continue
-        by_uri = frozenset(key for key, upstream in task.inputs.items() if upstream in orch.imports)
-        component = stage_component(task.stage, task.extra_args, by_uri)
-        artifacts = {key: done[upstream].output if key in by_uri else done[upstream].outputs["out"] for key, upstream in task.inputs.items()}
-        step = component(config=config_channel, pipeline_run=dsl.PIPELINE_JOB_ID_PLACEHOLDER, **artifacts)
+        multi_node = orch.trainer.enabled and task.stage in orch.trainer.stages
+        by_uri = frozenset(key for key, upstream in task.inputs.items() if upstream in orch.imports and not multi_node)
+        artifacts = {key: done[upstream].output if upstream in orch.imports else done[upstream].outputs["out"] for key, upstream in task.inputs.items()}
+        if multi_node:  # a CPU launcher task; the GPUs are requested by the TrainJob's nodes
+            step = trainjob_component(task.stage, task.id, task.extra_args)(
+                config=config_channel, pipeline_run=dsl.PIPELINE_JOB_ID_PLACEHOLDER, image=image, **artifacts
+            )
+            kubernetes.mount_pvc(step, pvc_name=orch.trainer.volume, mount_path=orch.trainer.mount_path)
+        else:
+            step = stage_component(task.stage, task.extra_args, by_uri)(config=config_channel, pipeline_run=dsl.PIPELINE_JOB_ID_PLACEHOLDER, **artifacts)
         step.set_display_name(task.id)
         step.after(*[done[u] for u in task.after if u not in task.inputs.values()])
-        _configure(step, image, orch, task.gpu, task.deterministic)
+        _configure(step, image, orch, task.gpu and not multi_node, task.deterministic)
         done[task.id] = step
     return done
 

@@ -169,6 +169,24 @@ def finalize(
     typer.echo(json.dumps({"state": state, "marked_failed": failed, "removed": [str(p) for p in removed]}, sort_keys=True))
 
 
+@app.command("trainjob")
+def trainjob(
+    stage: Annotated[str, typer.Option("--stage", help="The training stage every node runs.")],
+    out: Annotated[Path, typer.Option("--out", help="Where the stage output is copied once the TrainJob completes.")],
+    spec_out: Annotated[Path, typer.Option("--spec-out", help="Write the rendered TrainJob (YAML) here.")],
+    image: Annotated[str, typer.Option("--image", help="The image every node runs.")],
+    pipeline_run: Annotated[str, typer.Option("--pipeline-run", help="The pipeline run id (names the TrainJob).")],
+    task: Annotated[str, typer.Option("--task", help="The pipeline task (names the TrainJob).")],
+    params: Params = Path("params.yaml"),
+    inputs: Inputs = [],  # noqa: B006
+    resume: Annotated[bool, typer.Option("--resume", help="Continue from the last checkpoint on the shared volume.")] = False,
+) -> None:
+    """Run a training stage as a Kubeflow Trainer TrainJob (torchrun across nodes) and wait for it."""
+    from posttrain.orchestration.trainjob import launch
+
+    typer.echo(launch(stage, params, _parse_inputs(inputs), out, spec_out, image, pipeline_run, task, resume))
+
+
 @app.command("submit")
 def submit(
     host: Annotated[str, typer.Option("--host", help="Kubeflow Pipelines API, e.g. http://localhost:8080")],
