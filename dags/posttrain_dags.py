@@ -85,13 +85,16 @@ def bash_task(task_id: str, argv: list[str], gpu: bool, **kwargs):
 
 
 def pod_task(task_id: str, argv: list[str], gpu: bool, **kwargs):
-    """The same command in the posttrain image; credentials as Kubernetes secrets, never in the arguments.
-    RUN_DIR must then be a path on a volume every pod mounts (orchestration.airflow.runs_dir)."""
+    """The same command in the posttrain image; credentials as Kubernetes secrets (the operator's `secrets`: env
+    from secretKeyRef), never in the arguments. The run directory lies on the PersistentVolumeClaim
+    `orchestration.airflow.volume`, mounted by every pod at the same path, so each task reads its upstream outputs."""
     from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
     from airflow.providers.cncf.kubernetes.secret import Secret
     from kubernetes.client import models as k8s
 
     secrets = [Secret("env", env, name, key) for name, keys in ORCH["secrets"].items() for env, key in keys.items()]
+    command = shell(argv).replace(POSTTRAIN, "posttrain", 1).replace(RUN_ROOT, POD_RUN_ROOT).replace(str(REPO), IMAGE_WORKDIR)
+    runs = k8s.V1Volume(name="runs", persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(claim_name=ORCH["airflow"]["volume"]))
     gpu_settings = {}
     if gpu:
         gpu_settings = {
@@ -101,13 +104,15 @@ def pod_task(task_id: str, argv: list[str], gpu: bool, **kwargs):
         }
     return KubernetesPodOperator(
         task_id=task_id, name=task_id.replace("_", "-"), namespace=ORCH["airflow"]["namespace"], image=ORCH["image"],
-        cmds=["sh", "-c"], arguments=[shell(argv).replace(POSTTRAIN, "posttrain", 1).replace(str(REPO), IMAGE_WORKDIR)], env_vars=RUN_ENV, secrets=secrets,
-        **gpu_settings, **kwargs,
+        cmds=["sh", "-c"], arguments=[command], env_vars=RUN_ENV, secrets=secrets,
+        volumes=[runs], volume_mounts=[k8s.V1VolumeMount(name="runs", mount_path=POD_RUN_ROOT)], **gpu_settings, **kwargs,
     )
 
 
 IMAGE_WORKDIR = "/opt/posttrain"  # docker/Dockerfile: the package, params.yaml and dvc.yaml
-launch = pod_task if ORCH["airflow"]["executor"] == "kubernetes" else bash_task
+RUN_ROOT = str(RUNS if RUNS.is_absolute() else REPO / RUNS)
+POD_RUN_ROOT = str(RUNS) if RUNS.is_absolute() else f"{IMAGE_WORKDIR}/{RUNS}"  # where the pods mount the runs volume
+launch = pod_task if os.environ.get("POSTTRAIN_AIRFLOW_EXECUTOR", ORCH["airflow"]["executor"]) == "kubernetes" else bash_task
 
 
 def build(dag_id: str, tasks: list[dict], sweep: bool = False) -> DAG:

@@ -268,6 +268,7 @@ class AirflowConfig(Section):
     executor: Literal["bash", "kubernetes"]
     runs_dir: str
     namespace: str
+    volume: str  # kubernetes executor: the PersistentVolumeClaim holding runs_dir, mounted by every pod
 
 
 class TrainerJobConfig(Section):

@@ -4,11 +4,11 @@ for the Kubernetes API (what `posttrain trainjob` does inside the pipeline's lau
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
+from orch_helpers import loopback_server
 import yaml
 
 from helpers import REPO, micro_params
@@ -64,13 +64,9 @@ class FakeKubernetes(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def kubernetes_api():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeKubernetes)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
     FakeKubernetes.requests, FakeKubernetes.outcome = [], "Complete"
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with loopback_server(FakeKubernetes) as url:
+        yield url
 
 
 def _settings(tmp_path: Path, **trainer) -> Path:
