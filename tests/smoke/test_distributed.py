@@ -1,8 +1,9 @@
 """torchrun on CPU (2 processes, Gloo): the data-parallel SFT update equals the single-process one on the same
-total batch, and rank 0 alone writes the output and its MLflow run."""
+total batch, rank 0 alone writes the output and its MLflow run, and online RL keeps its replicas in sync."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -30,11 +31,12 @@ def _weights(directory: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-def test_torchrun_sft_equals_the_single_process_update_and_rank_0_alone_writes(tmp_path, monkeypatch):
+def test_torchrun_sft_equals_the_single_process_update_and_rl_keeps_replicas_in_sync(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
     monkeypatch.chdir(tmp_path)
-    micro_params(tmp_path, task={"n_train": 60, "n_heldout": 10}, sft={"steps": 2, "batch_size": 8, "log_every": 1, "warmup_steps": 0})
+    rl = {"steps": 2, "prompts_per_step": 2, "group_size": 2, "checkpoint_every": 1, "log_every": 1}
+    micro_params(tmp_path, task={"n_train": 60, "n_heldout": 10}, sft={"steps": 2, "batch_size": 8, "log_every": 1, "warmup_steps": 0}, rl=rl)
     posttrain_in_process("data")
     posttrain_in_process("sft", "--out", "outputs/sft_one")
     _torchrun("sft", "--out", "outputs/sft_two", cwd=tmp_path)
@@ -50,6 +52,12 @@ def test_torchrun_sft_equals_the_single_process_update_and_rank_0_alone_writes(t
     runs = client.search_runs([experiment.experiment_id], "tags.stage = 'sft'")
     assert len(runs) == 2 and {r.info.status for r in runs} == {"FINISHED"}  # one per launch, not one per rank
     assert not list((tmp_path / "outputs").glob(".*"))  # no staging or replica leftovers
+
+    # online RL: each rank rolls out one of the step's two prompts; averaged gradients keep the replicas equal
+    # (the trainer checks their checksums at the end and fails if they differ)
+    _torchrun("rl", "--in", "policy=outputs/sft_two", "--out", "outputs/rl_two", cwd=tmp_path)
+    (rl_run,) = client.search_runs([experiment.experiment_id], "tags.stage = 'rl'")
+    assert rl_run.info.status == "FINISHED" and len(json.loads((tmp_path / "outputs/rl_two/history.json").read_text())) == 2
 
 
 def _weights_of_a_fresh_model(tmp_path: Path) -> dict[str, torch.Tensor]:
