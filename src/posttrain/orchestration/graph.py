@@ -151,6 +151,7 @@ def load_tasks(dvc_yaml: Path, repo: Path | None = None, upstream: tuple[Path, .
 
     repo = Path(repo or Path(dvc_yaml).parent)
     parsed = _read(Path(dvc_yaml), repo, pipeline)
+    own = set(parsed)
     for other in upstream:
         for tid, found in _read(other, repo, _pipeline_of(other, repo)).items():
             if tid in parsed and parsed[tid][0] != found[0]:
@@ -183,7 +184,6 @@ def load_tasks(dvc_yaml: Path, repo: Path | None = None, upstream: tuple[Path, .
             deterministic=entry.meta.get("deterministic", True),
             extra_args=tuple(f"--set={v}" for v in _values(argv, "--set")),
         )
-    own = set(_read(Path(dvc_yaml), repo, pipeline)) if upstream else set(tasks)
     return [t for t in _topological(tasks) if t.id in _with_ancestors(own, tasks)]
 
 
