@@ -72,13 +72,13 @@ def _conditions(job: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["type"]: c for c in (job.get("status") or {}).get("conditions", []) if c.get("status") == "True"}
 
 
-def submit_and_wait(spec: dict[str, Any], api_client, deadline_seconds: float, poll_seconds: float, clock=time.monotonic, sleep=time.sleep) -> str:
+def submit_and_wait(spec: dict[str, Any], kube_client, deadline_seconds: float, poll_seconds: float) -> str:
     """Create the TrainJob (or adopt it, when a retried launcher finds it already there) and wait for its end.
     Returns the final condition's message; raises UserError when it failed or ran past the deadline."""
     from kubernetes import client
     from kubernetes.client.rest import ApiException
 
-    api = client.CustomObjectsApi(api_client)
+    api = client.CustomObjectsApi(kube_client)
     name, namespace = spec["metadata"]["name"], spec["metadata"]["namespace"]
     where = dict(group=GROUP, version=VERSION, namespace=namespace, plural=PLURAL)
     try:
@@ -86,7 +86,7 @@ def submit_and_wait(spec: dict[str, Any], api_client, deadline_seconds: float, p
     except ApiException as e:
         if e.status != 409:  # 409: this run's job exists already (the launcher was retried): wait for it
             raise UserError(f"the Kubernetes API refused TrainJob {name}: {e.status} {e.reason}") from None
-    start = clock()
+    start = time.monotonic()
     while True:
         job = api.get_namespaced_custom_object(name=name, **where)
         ended = _conditions(job)
@@ -94,10 +94,10 @@ def submit_and_wait(spec: dict[str, Any], api_client, deadline_seconds: float, p
             raise UserError(f"TrainJob {name} failed: {ended['Failed'].get('message', '')}")
         if "Complete" in ended:
             return ended["Complete"].get("message", "")
-        if clock() - start > deadline_seconds:
+        if time.monotonic() - start > deadline_seconds:
             api.delete_namespaced_custom_object(name=name, **where)
             raise UserError(f"TrainJob {name} ran past its deadline of {deadline_seconds:.0f} s: deleted")
-        sleep(poll_seconds)
+        time.sleep(poll_seconds)
 
 
 def api_client(host: str | None = None):
