@@ -14,6 +14,8 @@ import inspect
 
 from kfp import dsl
 
+from posttrain.errors import UserError
+
 PLACEHOLDER_IMAGE = "posttrain"  # replaced per task by the `image` pipeline parameter (set_container_image)
 
 # $1: the resolved settings (JSON is YAML); $2: pipeline run id; the rest: `<stage> --in ... --out ...`
@@ -24,6 +26,10 @@ export POSTTRAIN_PIPELINE_RUN="$2"
 shift 2
 exec posttrain "$@" --params "$params" --launcher kubeflow
 """
+
+
+# the same, for `posttrain trainjob` (it takes no --launcher)
+LAUNCHER_SCRIPT = STAGE_SCRIPT.replace(" --launcher kubeflow", "")
 
 
 def _container_component(name: str, parameters: list[inspect.Parameter], build) -> dsl.ContainerComponent:
@@ -43,8 +49,10 @@ def _param(name: str, annotation) -> inspect.Parameter:
     return inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=annotation)
 
 
-def stage_component(stage: str) -> dsl.ContainerComponent:
-    """`posttrain <stage>` with one input artifact per input the stage's registry entry declares."""
+def stage_component(stage: str, extra_args: tuple[str, ...] = (), by_uri: frozenset[str] = frozenset()) -> dsl.ContainerComponent:
+    """`posttrain <stage>` with one input artifact per input the stage's registry entry declares;
+    `extra_args` are this task's own `--set` overrides from dvc.yaml (validated when the pipeline is built);
+    the inputs in `by_uri` (imported datasets and models) are passed as their URI, which the stage reads itself."""
     from posttrain.stages import stages
 
     entry = stages.entry(stage)
@@ -56,23 +64,53 @@ def stage_component(stage: str) -> dsl.ContainerComponent:
     def build(args):
         argv = [stage]
         for key in inputs:
-            argv += ["--in", dsl.ConcatPlaceholder([f"{key}=", args[key].path])]
+            argv += ["--in", dsl.ConcatPlaceholder([f"{key}=", args[key].uri if key in by_uri else args[key].path])]
         argv += ["--out", args["out"].path]
         if entry.meta.get("resumable"):
             argv.append("--resume")  # a retry continues from the last checkpoint if the output path outlives the pod
+        argv += list(extra_args)
         return dsl.ContainerSpec(
             image=PLACEHOLDER_IMAGE, command=["sh", "-c", STAGE_SCRIPT, "posttrain-stage"], args=[args["config"], args["pipeline_run"], *argv]
         )
 
-    return _container_component(f"posttrain-{stage}", parameters, build)
+    return _container_component(f"posttrain-{stage}" + "".join(f"-{key}-by-uri" for key in sorted(by_uri)), parameters, build)
+
+
+def trainjob_component(stage: str, task_id: str, extra_args: tuple[str, ...] = ()) -> dsl.ContainerComponent:
+    """The launcher of a multi-node training task: `posttrain trainjob` submits a Kubeflow Trainer TrainJob that runs
+    `posttrain <stage>` under torchrun on every node, waits for it, and saves the rendered spec as `trainjob`."""
+    from posttrain.stages import stages
+
+    if extra_args:  # the TrainJob's nodes read the resolved settings file alone
+        raise UserError(f"task {task_id!r}: per-task --set overrides cannot reach a TrainJob; set them for the pipeline")
+    inputs = list(stages.entry(stage).meta.get("inputs", {}))
+    parameters = [_param("config", str), _param("pipeline_run", str), _param("image", str)]
+    parameters += [_param(key, dsl.Input[dsl.Artifact]) for key in inputs]
+    parameters += [_param("out", dsl.Output[dsl.Artifact]), _param("trainjob", dsl.Output[dsl.Artifact])]
+
+    def build(args):
+        argv = ["trainjob", "--stage", stage, "--task", task_id, "--image", args["image"], "--pipeline-run", args["pipeline_run"]]
+        for key in inputs:
+            argv += ["--in", dsl.ConcatPlaceholder([f"{key}=", args[key].path])]
+        argv += ["--out", args["out"].path, "--spec-out", dsl.ConcatPlaceholder([args["trainjob"].path, "/trainjob.yaml"])]
+        if stages.entry(stage).meta.get("resumable"):
+            argv.append("--resume")
+        return dsl.ContainerSpec(image=PLACEHOLDER_IMAGE, command=["sh", "-c", LAUNCHER_SCRIPT, "posttrain-trainjob"], args=[args["config"], args["pipeline_run"], *argv])
+
+    return _container_component(f"posttrain-trainjob-{stage}", parameters, build)
 
 
 def _values_json(sections: list[str], args) -> list:
     return [arg for s in sections for arg in ("--values-json", dsl.ConcatPlaceholder([f'{{"{s}": ', args[s], "}"]))]
 
 
-def preflight_component(sections: list[str], with_objective: bool = False) -> dsl.ContainerComponent:
-    """CPU check of the run (config, MLflow, S3, credentials); outputs the resolved settings as `config`."""
+def _overrides(overrides: tuple[str, ...]) -> list[str]:
+    return [arg for value in overrides for arg in ("--set", value)]
+
+
+def preflight_component(sections: list[str], with_objective: bool = False, overrides: tuple[str, ...] = ()) -> dsl.ContainerComponent:
+    """CPU check of the run (config, MLflow, S3, credentials); outputs the resolved settings as `config`.
+    `overrides`: the pipeline's own settings (its dvc.yaml `--set`), applied over the parameters."""
     parameters = [_param(s, dict) for s in sections]
     if with_objective:
         parameters.append(_param("objective", str))
@@ -82,19 +120,20 @@ def preflight_component(sections: list[str], with_objective: bool = False) -> ds
         argv = ["preflight", *_values_json(sections, args)]
         if with_objective:
             argv += ["--values-json", dsl.ConcatPlaceholder(['{"rl.advantage": "', args["objective"], '"}'])]
-        argv += ["--write-config", args["config"]]
+        argv += [*_overrides(overrides), "--write-config", args["config"]]
         return dsl.ContainerSpec(image=PLACEHOLDER_IMAGE, command=["posttrain"], args=argv)
 
     return _container_component("posttrain-preflight" + ("-objective" if with_objective else ""), parameters, build)
 
 
-def finalize_component(sections: list[str]) -> dsl.ContainerComponent:
-    """The exit task: reads the pipeline's final status and marks its unfinished MLflow runs FAILED."""
+def finalize_component(sections: list[str], overrides: tuple[str, ...] = ()) -> dsl.ContainerComponent:
+    """The exit task: reads the pipeline's final status and marks its unfinished MLflow runs FAILED
+    (in the experiment the pipeline's overrides name)."""
     parameters = [_param(s, dict) for s in sections]
     parameters += [_param("pipeline_run", str), _param("status", dsl.PipelineTaskFinalStatus)]
 
     def build(args):
-        argv = ["finalize", *_values_json(sections, args), "--pipeline-run", args["pipeline_run"], "--status-json", args["status"]]
+        argv = ["finalize", *_values_json(sections, args), *_overrides(overrides), "--pipeline-run", args["pipeline_run"], "--status-json", args["status"]]
         return dsl.ContainerSpec(image=PLACEHOLDER_IMAGE, command=["posttrain"], args=argv)
 
     return _container_component("posttrain-finalize", parameters, build)

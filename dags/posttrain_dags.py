@@ -54,7 +54,10 @@ def out_of(task_id: str) -> str:
 def stage_argv(spec: dict, run_dir: str, input_dirs: dict[str, str] | None = None) -> list[str]:
     argv = [spec["stage"], "--params", f"{run_dir}/params.yaml", "--out", f"{run_dir}/{spec['out']}", "--launcher", "airflow"]
     for key, upstream in spec["inputs"].items():
-        argv += ["--in", f"{key}={(input_dirs or {}).get(upstream, run_dir)}/{out_of(upstream)}"]
+        if upstream in ORCH["imports"]:  # an existing dataset or model: the stage reads its URI itself
+            argv += ["--in", f"{key}={ORCH['imports'][upstream]}"]
+        else:
+            argv += ["--in", f"{key}={(input_dirs or {}).get(upstream, run_dir)}/{out_of(upstream)}"]
     return argv + (["--resume"] if spec["resume"] else []) + spec["extra_args"]
 
 
@@ -62,9 +65,16 @@ def shell(argv: list[str]) -> str:
     return " ".join(f'"{a}"' if a == VALUES else shlex.quote(a) for a in [POSTTRAIN, *argv])
 
 
+def overrides_of(dag_id: str) -> list[str]:
+    """`--set` arguments of the pipeline's own settings (its dvc.yaml overrides, e.g. the image pipeline's experiment)."""
+    values = SPEC["overrides"].get(dag_id.removeprefix("posttrain_"), [])
+    return [arg for value in values for arg in ("--set", value)]
+
+
 def mark_failed(context) -> None:
     """Failure callback: a killed stage cannot close its own MLflow run."""
-    argv = ["finalize", "--params", str(REPO / "params.yaml"), "--values-json", json.dumps(config_values(context["params"])), "--pipeline-run", context["run_id"], "--state", "failed"]
+    argv = ["finalize", "--params", str(REPO / "params.yaml"), "--values-json", json.dumps(config_values(context["params"])), *overrides_of(context["dag"].dag_id)]
+    argv += ["--pipeline-run", context["run_id"], "--state", "failed"]
     subprocess.run([POSTTRAIN, *argv], cwd=REPO, timeout=300, check=False)
 
 
@@ -75,13 +85,16 @@ def bash_task(task_id: str, argv: list[str], gpu: bool, **kwargs):
 
 
 def pod_task(task_id: str, argv: list[str], gpu: bool, **kwargs):
-    """The same command in the posttrain image; credentials as Kubernetes secrets, never in the arguments.
-    RUN_DIR must then be a path on a volume every pod mounts (orchestration.airflow.runs_dir)."""
+    """The same command in the posttrain image; credentials as Kubernetes secrets (the operator's `secrets`: env
+    from secretKeyRef), never in the arguments. The run directory lies on the PersistentVolumeClaim
+    `orchestration.airflow.volume`, mounted by every pod at the same path, so each task reads its upstream outputs."""
     from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
     from airflow.providers.cncf.kubernetes.secret import Secret
     from kubernetes.client import models as k8s
 
     secrets = [Secret("env", env, name, key) for name, keys in ORCH["secrets"].items() for env, key in keys.items()]
+    command = shell(argv).replace(POSTTRAIN, "posttrain", 1).replace(RUN_ROOT, POD_RUN_ROOT).replace(str(REPO), IMAGE_WORKDIR)
+    runs = k8s.V1Volume(name="runs", persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(claim_name=ORCH["airflow"]["volume"]))
     gpu_settings = {}
     if gpu:
         gpu_settings = {
@@ -91,13 +104,15 @@ def pod_task(task_id: str, argv: list[str], gpu: bool, **kwargs):
         }
     return KubernetesPodOperator(
         task_id=task_id, name=task_id.replace("_", "-"), namespace=ORCH["airflow"]["namespace"], image=ORCH["image"],
-        cmds=["sh", "-c"], arguments=[shell(argv).replace(POSTTRAIN, "posttrain", 1).replace(str(REPO), IMAGE_WORKDIR)], env_vars=RUN_ENV, secrets=secrets,
-        **gpu_settings, **kwargs,
+        cmds=["sh", "-c"], arguments=[command], env_vars=RUN_ENV, secrets=secrets,
+        volumes=[runs], volume_mounts=[k8s.V1VolumeMount(name="runs", mount_path=POD_RUN_ROOT)], **gpu_settings, **kwargs,
     )
 
 
 IMAGE_WORKDIR = "/opt/posttrain"  # docker/Dockerfile: the package, params.yaml and dvc.yaml
-launch = pod_task if ORCH["airflow"]["executor"] == "kubernetes" else bash_task
+RUN_ROOT = str(RUNS if RUNS.is_absolute() else REPO / RUNS)
+POD_RUN_ROOT = str(RUNS) if RUNS.is_absolute() else f"{IMAGE_WORKDIR}/{RUNS}"  # where the pods mount the runs volume
+launch = pod_task if os.environ.get("POSTTRAIN_AIRFLOW_EXECUTOR", ORCH["airflow"]["executor"]) == "kubernetes" else bash_task
 
 
 def build(dag_id: str, tasks: list[dict], sweep: bool = False) -> DAG:
@@ -112,18 +127,22 @@ def build(dag_id: str, tasks: list[dict], sweep: bool = False) -> DAG:
         },
         description=" -> ".join(t["id"] for t in tasks) + (" -> objectives -> compare" if sweep else ""),
     ) as dag:
-        preflight = launch("preflight", ["preflight", *CHECK, "--write-config", f"{RUN_DIR}/params.yaml"], gpu=False, retries=0)
-        finalize = launch("finalize", ["finalize", *CHECK, "--pipeline-run", "{{ run_id }}", "--state", "ended", "--cleanup", RUN_DIR], gpu=False)
+        check = [*CHECK, *overrides_of(dag_id)]  # preflight writes them into the run's params.yaml
+        preflight = launch("preflight", ["preflight", *check, "--write-config", f"{RUN_DIR}/params.yaml"], gpu=False, retries=0)
+        finalize = launch("finalize", ["finalize", *check, "--pipeline-run", "{{ run_id }}", "--state", "ended", "--cleanup", RUN_DIR], gpu=False)
         made = {}
         for spec in tasks:
+            if spec["id"] in ORCH["imports"]:  # orchestration.imports: not run; its consumers read the URI
+                continue
             step = launch(spec["id"].replace("@", "_"), stage_argv(spec, RUN_DIR), gpu=spec["gpu"])
             for upstream in spec["after"]:
-                made[upstream] >> step
+                if upstream in made:
+                    made[upstream] >> step
             preflight >> step
             step >> finalize
             made[spec["id"]] = step
         if sweep:
-            leaves = [made[t["id"]] for t in tasks]
+            leaves = [made[t["id"]] for t in tasks if t["id"] in made]
             compare = launch("compare", ["compare", "--params", f"{RUN_DIR}/params.yaml", "--out", f"{RUN_DIR}/compare", "--launcher", "airflow"], gpu=False)
             commands, objectives = objective_runs(SPEC["pipelines"]["text"], {t["id"] for t in tasks})
             leaves >> commands

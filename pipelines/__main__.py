@@ -19,10 +19,10 @@ COMPILED = REPO / "pipelines" / "compiled"
 DAG_SPEC = REPO / "dags" / "posttrain_pipelines.json"
 
 
-def generate(params: Path = REPO / "params.yaml", dvc_yaml: Path = REPO / "dvc.yaml") -> dict[Path, str]:
-    files = {DAG_SPEC: render(pipeline_spec(params, dvc_yaml))}
+def generate(params: Path = REPO / "params.yaml", repo: Path = REPO) -> dict[Path, str]:
+    files = {DAG_SPEC: render(pipeline_spec(params, repo))}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, pipeline in build_all(params, dvc_yaml).items():
+        for name, pipeline in build_all(params, repo).items():
             target = Path(tmp) / f"{name}.yaml"
             compiler.Compiler().compile(pipeline, str(target))
             # kfp's comment header lists the defaults in an unstable order; the spec below it has them all

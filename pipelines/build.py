@@ -1,8 +1,9 @@
-"""Build the kfp v2 pipelines: one per pipeline group of `dvc.yaml` (text, image, ...), plus the objective sweep.
+"""Build the kfp v2 pipelines: one per `dvc.yaml` pipeline (text, image, rlhf), plus the objective sweep.
 
 Every pipeline takes the config sections as parameters (defaults: params.yaml) and `image`, runs a CPU
 preflight that validates them and resolves the settings, then the stages in the order of the graph, all
-inside an exit handler whose task marks the run's unfinished MLflow runs FAILED. Launcher settings
+inside an exit handler whose task marks the run's unfinished MLflow runs FAILED. A pipeline's own `--set`
+overrides (dvc.yaml) are validated here and applied by its preflight and exit task. Launcher settings
 (GPU type and count, node selector, tolerations, secrets, retries, caching) come from the `orchestration`
 section of params.yaml at compile time.
 """
@@ -14,11 +15,11 @@ from pathlib import Path
 
 from kfp import dsl, kubernetes
 
-from components.stages import finalize_component, preflight_component, stage_component
+from components.stages import finalize_component, preflight_component, stage_component, trainjob_component
 from posttrain import config
 from posttrain.config import Config, OrchestrationConfig
 from posttrain.errors import UserError
-from posttrain.orchestration.graph import Task, load_tasks, pipelines
+from posttrain.orchestration.graph import Pipeline, Task, check_overrides, load_pipelines
 from posttrain.orchestration.preflight import without_nulls
 
 SECTIONS = list(Config.model_fields)
@@ -51,22 +52,32 @@ def _signature(cfg: Config) -> inspect.Signature:
 
 def _run_stages(tasks: list[Task], config_channel, image, orch: OrchestrationConfig, done: dict) -> dict:
     for task in tasks:
-        if task.extra_args:  # one component per stage: per-task settings would need a component per task
-            raise UserError(f"dvc.yaml stage {task.id!r} passes {' '.join(task.extra_args)}: put these settings in params.yaml")
-        component = stage_component(task.stage)
-        artifacts = {key: done[upstream].outputs["out"] for key, upstream in task.inputs.items()}
-        step = component(config=config_channel, pipeline_run=dsl.PIPELINE_JOB_ID_PLACEHOLDER, **artifacts)
+        if task.id in orch.imports:  # an existing dataset or model stands in for the task's output
+            done[task.id] = dsl.importer(artifact_uri=orch.imports[task.id], artifact_class=dsl.Artifact, reimport=False)
+            done[task.id].set_display_name(f"{task.id} (imported)")
+            continue
+        multi_node = orch.trainer.enabled and task.stage in orch.trainer.stages
+        by_uri = frozenset(key for key, upstream in task.inputs.items() if upstream in orch.imports and not multi_node)
+        artifacts = {key: done[upstream].output if upstream in orch.imports else done[upstream].outputs["out"] for key, upstream in task.inputs.items()}
+        if multi_node:  # a CPU launcher task; the GPUs are requested by the TrainJob's nodes
+            step = trainjob_component(task.stage, task.id, task.extra_args)(
+                config=config_channel, pipeline_run=dsl.PIPELINE_JOB_ID_PLACEHOLDER, image=image, **artifacts
+            )
+            kubernetes.mount_pvc(step, pvc_name=orch.trainer.volume, mount_path=orch.trainer.mount_path)
+        else:
+            step = stage_component(task.stage, task.extra_args, by_uri)(config=config_channel, pipeline_run=dsl.PIPELINE_JOB_ID_PLACEHOLDER, **artifacts)
         step.set_display_name(task.id)
         step.after(*[done[u] for u in task.after if u not in task.inputs.values()])
-        _configure(step, image, orch, task.gpu, task.deterministic)
+        _configure(step, image, orch, task.gpu and not multi_node, task.deterministic)
         done[task.id] = step
     return done
 
 
-def build_pipeline(name: str, tasks: list[Task], cfg: Config):
-    """The kfp pipeline running `tasks` (topologically ordered) with `cfg` as the parameter defaults."""
-    orch = cfg.orchestration
-    preflight, finalize = preflight_component(SECTIONS), finalize_component(SECTIONS)
+def build_pipeline(pipeline: Pipeline, cfg: Config):
+    """The kfp pipeline running `pipeline.tasks` (topologically ordered) with `cfg` as the parameter defaults."""
+    orch, name, tasks = cfg.orchestration, pipeline.name, pipeline.tasks
+    preflight = preflight_component(SECTIONS, overrides=pipeline.overrides)
+    finalize = finalize_component(SECTIONS, overrides=pipeline.overrides)
 
     def body(*args):
         values = dict(zip(SECTIONS + ["image"], args))
@@ -124,11 +135,20 @@ def _downstream_of(task_id: str, tasks: list[Task]) -> list[Task]:
     return [t for t in tasks if t.id in below]
 
 
-def build_all(params: Path, dvc_yaml: Path) -> dict[str, object]:
+def build_all(params: Path, repo: Path) -> dict[str, object]:
     cfg = config.load(params)
-    grouped = pipelines(load_tasks(dvc_yaml))
-    built = {name: build_pipeline(name, tasks, cfg) for name, tasks in grouped.items()}
-    if "text" in grouped and any(t.id == "rl" for t in grouped["text"]):
-        built["sweep"] = build_sweep(grouped["text"], cfg)
+    found = load_pipelines(repo)
+    for pipeline in found.values():
+        check_overrides(pipeline, params)
+    known = {t.id for p in found.values() for t in p.tasks}
+    unknown = sorted(set(cfg.orchestration.imports) - known)
+    if unknown:
+        raise UserError(f"orchestration.imports names no task: {unknown} (tasks: {', '.join(sorted(known))})")
+    built = {name: build_pipeline(pipeline, cfg) for name, pipeline in found.items()}
+    text = found.get("text")
+    if text is not None and any(t.id == "rl" for t in text.tasks):
+        if text.overrides:  # the sweep's preflight resolves the plain params.yaml settings
+            raise UserError(f"the sweep runs the text pipeline without its overrides {text.overrides}: move them to params.yaml")
+        built["sweep"] = build_sweep(text.tasks, cfg)
     return built
 

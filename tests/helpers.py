@@ -56,6 +56,19 @@ def posttrain(*args: str, cwd: Path, check: bool = True, timeout: float = 300) -
     return result
 
 
+def posttrain_in_process(*args: str) -> str:
+    """The `posttrain` CLI in this process (a subprocess spends seconds importing torch per call); its output."""
+    from typer.testing import CliRunner
+
+    from posttrain.cli import _register_stage_commands, app
+
+    if not any(c.name == "sft" for c in app.registered_commands):
+        _register_stage_commands()
+    result = CliRunner().invoke(app, list(args), standalone_mode=False)
+    assert result.exit_code == 0 and result.exception is None, (result.output, result.exception)
+    return result.output
+
+
 def copy_outputs(source: Path, target: Path) -> None:
     shutil.copytree(source / "outputs", target / "outputs")
 

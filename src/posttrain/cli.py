@@ -24,17 +24,24 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 
 Params = Annotated[Path, typer.Option("--params", help="YAML file with every section's settings.")]
 Overrides = Annotated[list[str], typer.Option("--set", help="Override one setting: section.key=value (repeatable).")]
-Inputs = Annotated[list[str], typer.Option("--in", help="Input directory: name=DIR (repeatable); defaults to outputs/<upstream>.")]
+Inputs = Annotated[list[str], typer.Option("--in", help="Input: name=DIR or name=s3://bucket/prefix (repeatable); defaults to outputs/<upstream>.")]
+
+
+def _input_locations(items: list[str]) -> dict[str, str]:
+    parsed = {}
+    for item in items:
+        name, sep, location = item.partition("=")
+        if not sep or not name or not location:
+            raise UserError(f"--in expects name=DIR or name=URI, got {item!r}")
+        parsed[name] = location
+    return parsed
 
 
 def _parse_inputs(items: list[str]) -> dict[str, Path]:
-    parsed = {}
-    for item in items:
-        name, sep, path = item.partition("=")
-        if not sep or not name or not path:
-            raise UserError(f"--in expects name=DIR, got {item!r}")
-        parsed[name] = Path(path)
-    return parsed
+    """name -> local directory; an `s3://` input is fetched into the input cache first (posttrain.storage)."""
+    from posttrain.storage import local_path
+
+    return {name: local_path(location) for name, location in _input_locations(items).items()}
 
 
 def _stage_command(name: str, doc: str):
@@ -125,7 +132,7 @@ def preflight(
     from posttrain.orchestration.preflight import config_text, preflight as check, resolve_config
 
     cfg = resolve_config(params, values_json, overrides)
-    problems = check(cfg, {k: str(v) for k, v in _parse_inputs(inputs).items()})
+    problems = check(cfg, _input_locations(inputs))
     if problems:
         raise UserError("preflight failed: " + "; ".join(problems))
     if write_config is not None:
@@ -139,6 +146,7 @@ def finalize(
     pipeline_run: Annotated[str, typer.Option("--pipeline-run", help="The launcher's run id (tag pipeline_run).")],
     params: Params = Path("params.yaml"),
     values_json: ValuesJson = [],  # noqa: B006
+    overrides: Overrides = [],  # noqa: B006
     status_json: Annotated[str, typer.Option("--status-json", help="Kubeflow's PipelineTaskFinalStatus, as JSON.")] = "",
     state: Annotated[str, typer.Option("--state", help="The pipeline run's final state, when not given by --status-json.")] = "",
     cleanup: Annotated[list[Path], typer.Option("--cleanup", help="Remove half-written stage outputs under DIR.")] = [],  # noqa: B006
@@ -155,10 +163,28 @@ def finalize(
         reason = f"pipeline {state}: {status.get('error', {}).get('message', '')}".strip(": ")
     else:
         reason = f"pipeline {state or 'ended'}"
-    cfg = resolve_config(params, values_json, [])
+    cfg = resolve_config(params, values_json, overrides)
     failed = mark_unfinished_failed(cfg, pipeline_run, reason)
     removed = [p for root in cleanup if root.is_dir() for p in remove_leftovers(root)]
     typer.echo(json.dumps({"state": state, "marked_failed": failed, "removed": [str(p) for p in removed]}, sort_keys=True))
+
+
+@app.command("trainjob")
+def trainjob(
+    stage: Annotated[str, typer.Option("--stage", help="The training stage every node runs.")],
+    out: Annotated[Path, typer.Option("--out", help="Where the stage output is copied once the TrainJob completes.")],
+    spec_out: Annotated[Path, typer.Option("--spec-out", help="Write the rendered TrainJob (YAML) here.")],
+    image: Annotated[str, typer.Option("--image", help="The image every node runs.")],
+    pipeline_run: Annotated[str, typer.Option("--pipeline-run", help="The pipeline run id (names the TrainJob).")],
+    task: Annotated[str, typer.Option("--task", help="The pipeline task (names the TrainJob).")],
+    params: Params = Path("params.yaml"),
+    inputs: Inputs = [],  # noqa: B006
+    resume: Annotated[bool, typer.Option("--resume", help="Continue from the last checkpoint on the shared volume.")] = False,
+) -> None:
+    """Run a training stage as a Kubeflow Trainer TrainJob (torchrun across nodes) and wait for it."""
+    from posttrain.orchestration.trainjob import launch
+
+    typer.echo(launch(stage, params, _parse_inputs(inputs), out, spec_out, image, pipeline_run, task, resume))
 
 
 @app.command("submit")

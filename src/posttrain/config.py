@@ -268,6 +268,26 @@ class AirflowConfig(Section):
     executor: Literal["bash", "kubernetes"]
     runs_dir: str
     namespace: str
+    volume: str  # kubernetes executor: the PersistentVolumeClaim holding runs_dir, mounted by every pod
+
+
+class TrainerJobConfig(Section):
+    """Multi-node training through Kubeflow Trainer: a launcher task submits a TrainJob (torchrun on every node)."""
+
+    enabled: bool
+    stages: tuple[str, ...]  # the training stages that run as TrainJobs when enabled
+    runtime: str  # ClusterTrainingRuntime that runs torchrun (Kubeflow Trainer's torch-distributed)
+    num_nodes: int = Field(ge=1)
+    namespace: str
+    deadline_seconds: int = Field(gt=0)  # the launcher deletes the TrainJob and fails past this
+    poll_seconds: float = Field(gt=0)
+    volume: str  # PersistentVolumeClaim (ReadWriteMany) the launcher and every node mount: inputs and outputs
+    mount_path: str
+
+    @field_validator("stages")
+    @classmethod
+    def _registered(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(_check_registered("stages", name) for name in v)
 
 
 class OrchestrationConfig(Section):
@@ -279,6 +299,8 @@ class OrchestrationConfig(Section):
     retry_backoff: str
     retry_backoff_factor: float = Field(ge=1.0)
     caching: bool
+    imports: dict[str, str]  # task id -> URI of an existing output: the task is not run, its consumers read the URI
+    trainer: TrainerJobConfig
     sweep: SweepConfig
     airflow: AirflowConfig
 

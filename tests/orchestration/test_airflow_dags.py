@@ -36,8 +36,9 @@ from airflow.dag_processing.dagbag import DagBag
 bag = DagBag({str(DAGS)!r})
 heavy = sorted({{m.split('.')[0] for m in sys.modules if m.split('.')[0] in ('torch', 'posttrain', 'transformers')}})
 params = {{d: {{k: [p.value, p.schema] for k, p in dag.params.items()}} for d, dag in bag.dags.items()}}
+commands = {{d: {{t: getattr(op, "bash_command", "") for t, op in dag.task_dict.items()}} for d, dag in bag.dags.items()}}
 print(json.dumps({{"errors": {{k: str(v) for k, v in bag.import_errors.items()}}, "heavy": heavy, "params": params,
-    "tasks": {{d: sorted(dag.task_dict) for d, dag in bag.dags.items()}}}}))
+    "tasks": {{d: sorted(dag.task_dict) for d, dag in bag.dags.items()}}, "commands": commands}}))
 """
     result = subprocess.run([sys.executable, "-c", probe], env=_airflow_env(tmp_path), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -46,6 +47,11 @@ print(json.dumps({{"errors": {{k: str(v) for k, v in bag.import_errors.items()}}
     assert {"posttrain_text", "posttrain_sweep"} <= set(found["tasks"])
     assert {"preflight", "data", "sft", "rl", "distill", "eval_sft", "eval_rl", "finalize"} == set(found["tasks"]["posttrain_text"])
     assert {"objective", "compare", "finalize"} <= set(found["tasks"]["posttrain_sweep"])
+    assert {"preflight", "city", "curate", "flow_sft", "flow_rl", "flow_eval", "finalize"} == set(found["tasks"]["posttrain_image"])
+    assert {"data", "sft", "reward_model", "rl_rm", "preference", "eval_rl_rm", "eval_preference"} < set(found["tasks"]["posttrain_rlhf"])
+    image = found["commands"]["posttrain_image"]  # its own experiment, for the stages and for marking runs FAILED
+    assert all("--set pipeline.name=posttrain-images" in image[t] for t in ("preflight", "finalize"))
+    assert "/outputs/images/curate'" in image["flow_rl"] and "--set" not in image["flow_rl"]
     expected = param_specs(REPO / "params.yaml")
     text_params = found["params"]["posttrain_text"]
     assert set(text_params) == set(expected)
@@ -108,3 +114,43 @@ def test_a_failing_stage_fails_the_run_and_leaves_its_mlflow_run_failed(tmp_path
     assert states["data"] == "failed" and states["sft"] == "upstream_failed" and states["finalize"] == "success", states
     (run,) = _runs(tmp_path)
     assert run.data.tags["stage"] == "data" and run.info.status == "FAILED"
+
+
+def test_kubernetes_executor_makes_pods_with_secrets_from_kubernetes_gpus_and_the_runs_volume(tmp_path):
+    """orchestration.airflow.executor = kubernetes: every task a KubernetesPodOperator; its pod (rendered by the
+    provider, no cluster) takes credentials from secretKeyRef only, training pods request the GPU node pool."""
+    probe = f"""
+import json
+from airflow.dag_processing.dagbag import DagBag
+from kubernetes.client import ApiClient
+bag = DagBag({str(DAGS)!r})
+pods = {{t: ApiClient().sanitize_for_serialization(op.build_pod_request_obj()) for t, op in bag.dags["posttrain_text"].task_dict.items()}}
+print(json.dumps({{"errors": {{k: str(v) for k, v in bag.import_errors.items()}}, "pods": pods,
+    "kinds": sorted({{type(op).__name__ for dag in bag.dags.values() for op in dag.tasks}})}}))
+"""
+    env = _airflow_env(tmp_path)
+    env.pop("POSTTRAIN_RUNS_DIR")
+    kubeconfig = {  # the provider reads a cluster config to build the pod; nothing connects to it
+        "apiVersion": "v1", "kind": "Config", "current-context": "test",
+        "clusters": [{"name": "test", "cluster": {"server": "http://127.0.0.1:9"}}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}], "users": [{"name": "test", "user": {}}],
+    }
+    (tmp_path / "kubeconfig").write_text(yaml.safe_dump(kubeconfig))
+    env.update(POSTTRAIN_AIRFLOW_EXECUTOR="kubernetes", AWS_SECRET_ACCESS_KEY="do-not-leak-7c2", KUBECONFIG=str(tmp_path / "kubeconfig"))
+    result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert found["errors"] == {} and "BashOperator" not in found["kinds"] and "KubernetesPodOperator" in found["kinds"]
+    assert "do-not-leak-7c2" not in result.stdout
+    for task_id, pod in found["pods"].items():
+        (container,) = pod["spec"]["containers"]
+        assert container["image"] == "ghcr.io/posttrain/posttrain:0.1.0", task_id
+        secret_env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if e.get("valueFrom")}
+        assert secret_env["AWS_SECRET_ACCESS_KEY"] == {"key": "AWS_SECRET_ACCESS_KEY", "name": "posttrain-credentials"}, task_id
+        assert "AWS_SECRET" not in " ".join(container["args"])  # never templated into the command
+        assert container["args"][0].startswith("posttrain ") and "/opt/posttrain/airflow-runs/{{ run_id }}" in container["args"][0], task_id
+        assert {"mountPath": "/opt/posttrain/airflow-runs", "name": "runs"} in container["volumeMounts"]
+        assert pod["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == "posttrain-runs"
+        gpu = container.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
+        assert (gpu == "1") == (task_id in {"sft", "rl", "distill", "eval_sft", "eval_rl"}), task_id
+        assert bool(pod["spec"].get("tolerations")) == (gpu == "1"), task_id

@@ -12,7 +12,7 @@ import yaml
 from helpers import REPO
 from posttrain import config
 from posttrain.errors import UserError
-from posttrain.orchestration.graph import load_tasks, pipelines
+from posttrain.orchestration.graph import check_overrides, load_pipelines, load_tasks
 from posttrain.orchestration.preflight import config_text, resolve_config
 from posttrain.orchestration.schema import param_specs, pipeline_spec, render
 
@@ -26,7 +26,52 @@ def test_tasks_follow_dvc_yaml_in_topological_order():
     assert by_id["eval@rl"].inputs == {"data": "data", "model": "rl"} and by_id["eval@sft"].inputs["model"] == "sft"
     assert by_id["rl"].resume and not by_id["sft"].resume
     assert not by_id["data"].gpu and by_id["sft"].gpu
-    assert "text" in pipelines(tasks)
+    assert [t.id for t in load_pipelines(REPO)["text"].tasks] == order
+
+
+def test_image_and_rlhf_pipelines_come_from_their_own_dvc_files():
+    found = load_pipelines(REPO)
+    image = found["image"]
+    assert [t.id for t in image.tasks] == ["city", "curate", "flow_sft", "flow_rl", "flow_eval"]
+    assert image.overrides == ("pipeline.name=posttrain-images", "pipeline.threads=1")  # ${run} filled from vars
+    assert all(t.extra_args == () for t in image.tasks)  # shared by every task: moved to the pipeline
+    by_id = {t.id: t for t in image.tasks}
+    assert by_id["flow_eval"].inputs == {"data": "curate", "sft": "flow_sft", "rl": "flow_rl"}
+    assert by_id["flow_rl"].out == "outputs/images/flow_rl" and not by_id["curate"].gpu and by_id["flow_sft"].gpu
+    rlhf = {t.id: t for t in found["rlhf"].tasks}  # wdir: .. and the root file's data and sft, as dvc repro does
+    assert set(rlhf) == {"data", "sft", "reward_model", "rl_rm", "preference", "eval@rl_rm", "eval@preference"}
+    assert rlhf["rl_rm"].inputs == {"data": "data", "policy": "sft", "reward_model": "reward_model"}
+    assert rlhf["sft"].pipeline == "text" and rlhf["rl_rm"].pipeline == "rlhf"
+    for pipeline in found.values():
+        check_overrides(pipeline, REPO / "params.yaml")
+
+
+def _repo_with(tmp_path: Path, cmd: str, variables=None) -> Path:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"data": {"cmd": "posttrain data --out outputs/data"}}}))
+    stage = {"wdir": "..", "cmd": cmd}
+    (tmp_path / "sub" / "dvc.yaml").write_text(yaml.safe_dump({"vars": variables or [], "stages": {"sft": stage}}))
+    return tmp_path
+
+
+def test_overrides_of_a_pipeline_and_of_a_task_are_validated(tmp_path, monkeypatch):
+    from posttrain.orchestration import graph
+
+    monkeypatch.setattr(graph, "PIPELINE_FILES", {"text": "dvc.yaml", "sub": "sub/dvc.yaml"})
+    repo = _repo_with(tmp_path, "posttrain sft ${opts} --set sft.lr=0.5 --in data=outputs/data --out outputs/sft", [{"opts": "--set rl.advantage=gdpx"}])
+    sub = load_pipelines(repo)["sub"]
+    assert sub.overrides == ()  # data passes none, so the pipeline shares none: they stay with the task
+    assert {t.id: t.extra_args for t in sub.tasks} == {"data": (), "sft": ("--set=rl.advantage=gdpx", "--set=sft.lr=0.5")}
+    with pytest.raises(UserError, match="pipeline 'sub', stage 'sft'.*rl.advantage"):
+        check_overrides(sub, REPO / "params.yaml")
+
+
+def test_an_undefined_variable_is_refused(tmp_path, monkeypatch):
+    from posttrain.orchestration import graph
+
+    monkeypatch.setattr(graph, "PIPELINE_FILES", {"text": "dvc.yaml", "sub": "sub/dvc.yaml"})
+    with pytest.raises(UserError, match=r"\$\{nope\} is not defined"):
+        load_pipelines(_repo_with(tmp_path, "posttrain sft ${nope} --in data=outputs/data --out outputs/sft"))
 
 
 def test_a_command_that_is_not_a_registered_stage_is_refused(tmp_path):
@@ -36,7 +81,7 @@ def test_a_command_that_is_not_a_registered_stage_is_refused(tmp_path):
 
 
 def test_dag_spec_file_equals_the_one_generated_from_the_config():
-    assert (REPO / "dags" / "posttrain_pipelines.json").read_text() == render(pipeline_spec(REPO / "params.yaml", REPO / "dvc.yaml"))
+    assert (REPO / "dags" / "posttrain_pipelines.json").read_text() == render(pipeline_spec(REPO / "params.yaml", REPO))
 
 
 def test_param_schemas_accept_the_defaults_and_reject_unknown_names():

@@ -34,7 +34,7 @@ def container_tasks(spec: dict) -> dict[str, tuple[dict, dict]]:
     for dag in [spec["root"]["dag"], *(c["dag"] for c in spec["components"].values() if "dag" in c)]:
         for name, task in dag["tasks"].items():
             component = spec["components"][task["componentRef"]["name"]]
-            if "executorLabel" in component:
+            if "container" in spec["deploymentSpec"]["executors"].get(component.get("executorLabel"), {}):  # not importers
                 found[name] = (task, spec["deploymentSpec"]["executors"][component["executorLabel"]]["container"])
     return found
 
@@ -66,6 +66,28 @@ def test_every_task_runs_a_cli_stage_in_the_image_parameter():
             assert container["image"] == "{{$.inputs.parameters['pipelinechannel--image']}}", name
     names = {command_name(c) for _, c in container_tasks(compiled()[0]).values()}
     assert {t.stage for t in load_tasks(REPO / "dvc.yaml") if t.pipeline == "text"} | {"preflight", "finalize"} == names
+
+
+def test_image_and_rlhf_pipelines_run_their_stages_with_their_overrides():
+    from posttrain.orchestration.graph import load_pipelines
+
+    for name, pipeline in load_pipelines(REPO).items():
+        spec, platform = compiled(COMPILED / f"{name}.yaml")
+        executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+        tasks = container_tasks(spec)
+        assert {command_name(c) for _, c in tasks.values()} == {t.stage for t in pipeline.tasks} | {"preflight", "finalize"}, name
+        for task_name_, (task, container) in tasks.items():
+            stage = command_name(container)
+            args = container["args"]
+            overrides = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--set"]
+            # the pipeline's own settings reach the settings resolver and the exit task, and no stage repeats them
+            assert overrides == (list(pipeline.overrides) if stage in ("preflight", "finalize") else []), (name, task_name_)
+            label = spec["components"][task["componentRef"]["name"]]["executorLabel"]
+            wants_gpu = stage in stages and stages.entry(stage).meta.get("gpu", True)
+            assert ("accelerator" in container.get("resources", {})) == wants_gpu, (name, task_name_)
+            assert executors[label]["secretAsEnv"][0]["secretName"] == "posttrain-credentials"
+    image = {command_name(c): c for _, c in container_tasks(compiled(COMPILED / "image.yaml")[0]).values()}
+    assert "pipeline.name=posttrain-images" in image["preflight"]["args"] and "accelerator" not in image["curate"].get("resources", {})
 
 
 def test_gpu_retries_caching_secrets_and_exit_handler_are_in_the_yaml():
@@ -183,3 +205,27 @@ def _running_sft(work: Path) -> bool:
         return any(r.info.status == "RUNNING" for r in _mlflow_runs(work, stage="sft"))
     except Exception:  # the store is created by the first stage; until then there is nothing to find
         return False
+
+
+def test_an_imported_model_replaces_its_task_and_reaches_consumers_as_a_uri(tmp_path):
+    from kfp import compiler
+
+    from pipelines.build import build_pipeline
+    from posttrain import config
+    from posttrain.orchestration.graph import load_pipelines
+
+    cfg = config.load(REPO / "params.yaml")
+    uri = "s3://models/sft-2026-11"
+    cfg = cfg.model_copy(update={"orchestration": cfg.orchestration.model_copy(update={"imports": {"sft": uri}})})
+    compiler.Compiler().compile(build_pipeline(load_pipelines(REPO)["text"], cfg), str(tmp_path / "text.yaml"))
+    spec, _ = compiled(tmp_path / "text.yaml")
+    inner = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]
+    assert "sft" not in {command_name(c) for _, c in container_tasks(spec).values()}
+    (importer,) = [t for t in inner.values() if t["componentRef"]["name"].startswith("comp-importer")]
+    executor = spec["components"][importer["componentRef"]["name"]]["executorLabel"]
+    assert spec["deploymentSpec"]["executors"][executor]["importer"]["artifactUri"]["constant"] == uri
+    assert importer["taskInfo"]["name"] == "sft (imported)"
+    rl = next(c for _, c in container_tasks(spec).values() if command_name(c) == "rl")
+    inputs = [json.loads(rl["args"][i + 1])["Concat"] for i, a in enumerate(rl["args"][:-1]) if a == "--in"]
+    # the imported model by its URI (read by the stage), the data made in this run by its local path
+    assert ["policy=", "{{$.inputs.artifacts['policy'].uri}}"] in inputs and ["data=", "{{$.inputs.artifacts['data'].path}}"] in inputs

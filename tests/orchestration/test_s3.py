@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -10,9 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-from orch_helpers import BIN, dvc
+from orch_helpers import BIN, dvc, tiny_params
 
-from helpers import micro_params, posttrain
+from helpers import micro_params, posttrain, posttrain_in_process
 
 
 def _free_port() -> int:
@@ -79,3 +80,34 @@ def test_dvc_remote_on_s3_pushes_and_pulls(s3_endpoint, tmp_path):
     dvc("pull", cwd=repo)
     assert data.read_text() == '{"prompt": "1+1=", "completion": "2"}\n'
     assert "AWS_SECRET_ACCESS_KEY" not in (repo / ".dvc" / "config").read_text() and "testing" not in (repo / ".dvc" / "config").read_text()
+
+
+def test_a_stage_reads_an_existing_dataset_by_its_s3_uri(s3_endpoint, tmp_path, monkeypatch):
+    """`--in data=s3://...` (what orchestration.imports hands a consumer) trains exactly as the local directory does."""
+    import boto3
+
+    from posttrain import config
+    from posttrain.orchestration.preflight import preflight
+    from posttrain.storage import local_path
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
+    monkeypatch.setenv("POSTTRAIN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    cfg = config.load(tiny_params(tmp_path, tracking={"enabled": False}, sft={"steps": 3, "batch_size": 8, "log_every": 1}))
+    posttrain_in_process("data")
+    client = boto3.client("s3", endpoint_url=s3_endpoint)
+    for path in (tmp_path / "outputs" / "data").iterdir():
+        client.upload_file(str(path), "posttrain-test", f"datasets/arith/{path.name}")
+    uri = "s3://posttrain-test/datasets/arith"
+    assert preflight(cfg, {"data": uri}) == []
+    assert preflight(cfg, {"data": "s3://posttrain-test/datasets/nothing"}) == ["s3://posttrain-test/datasets/nothing has no objects"]
+    posttrain_in_process("sft", "--in", f"data={uri}", "--out", "outputs/sft_s3")
+    posttrain_in_process("sft", "--out", "outputs/sft_local")
+    read = lambda name: json.loads((tmp_path / "outputs" / name / "metrics.json").read_text())  # noqa: E731
+    assert read("sft_s3") == read("sft_local")
+    cached = local_path(uri)
+    assert cached.parent == tmp_path / "cache" and (cached / "train.jsonl").read_bytes() == (tmp_path / "outputs" / "data" / "train.jsonl").read_bytes()
+    (cached / "train.jsonl").write_text("stale")  # the listing is unchanged: the cache is trusted, not re-read
+    assert local_path(uri) == cached and (cached / "train.jsonl").read_text() == "stale"
+    client.put_object(Bucket="posttrain-test", Key="datasets/arith/train.jsonl", Body=b"new")
+    assert (local_path(uri) / "train.jsonl").read_text() == "new"  # a changed object is fetched again

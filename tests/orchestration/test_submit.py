@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
+from orch_helpers import loopback_server
 
 from helpers import REPO, posttrain
 
@@ -42,13 +42,9 @@ class FakeKubeflow(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def kubeflow_host():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeKubeflow)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
     FakeKubeflow.posted = []
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with loopback_server(FakeKubeflow) as url:
+        yield url
 
 
 def test_submit_sends_the_compiled_pipeline_with_validated_parameters(kubeflow_host, monkeypatch):

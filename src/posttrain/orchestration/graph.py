@@ -1,17 +1,22 @@
-"""The pipeline graph, read from `dvc.yaml`: the one place the stages are wired together.
+"""The pipeline graphs, read from the `dvc.yaml` files: the one place the stages are wired together.
 
-Every launcher runs the same tasks: a task is one expanded `dvc.yaml` stage (`eval@rl` for a matrix item),
-its command is `posttrain <stage> --in name=outputs/X --out outputs/Y`, and its upstream tasks are the ones
-whose outputs it depends on. Kubeflow and Airflow map those paths onto artifacts or a run directory.
-Which pipeline a stage belongs to (`text`, `image`, ...) and whether it wants a GPU come from its registry
-entry (`pipeline=`, `gpu=`), so a newly registered stage joins the right pipeline without edits here.
+Every launcher runs the same tasks: a task is one expanded `dvc.yaml` stage (`eval@rl` for a matrix item,
+`${var}` filled from `vars`), its command is `posttrain <stage> --in name=outputs/X --out outputs/Y`, and its
+upstream tasks are the ones whose outputs it depends on. Kubeflow and Airflow map those paths onto artifacts
+or a run directory. A pipeline is one `dvc.yaml` file (`PIPELINE_FILES`) plus the stages of the other files it
+reads from (`rlhf/dvc.yaml` starts from the root file's data and sft, as `dvc repro rlhf/dvc.yaml` does).
+`--set` overrides that every task of a pipeline passes are the pipeline's (`Pipeline.overrides`, applied once
+when the launcher resolves the settings); any others stay with their task. Whether a stage wants a GPU comes
+from its registry entry (`gpu=`), so a newly registered stage needs no edits here.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
+import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
@@ -19,6 +24,9 @@ import yaml
 from posttrain.errors import UserError
 
 OUTPUTS = "outputs/"
+# pipeline name -> its dvc.yaml, relative to the repository root (the root file is the embedded default)
+PIPELINE_FILES = {"text": "dvc.yaml", "image": "images/dvc.yaml", "rlhf": "rlhf/dvc.yaml"}
+_VARIABLE = re.compile(r"\$\{([^}]*)\}")
 
 
 @dataclass(frozen=True)
@@ -32,21 +40,54 @@ class Task:
     gpu: bool
     pipeline: str
     deterministic: bool
-    extra_args: tuple[str, ...] = field(default=())  # --set overrides written in dvc.yaml
+    extra_args: tuple[str, ...] = field(default=())  # --set overrides of this task alone (not the pipeline's)
 
 
-def _expand(name: str, stage: dict) -> dict[str, dict]:
+@dataclass(frozen=True)
+class Pipeline:
+    name: str
+    tasks: list[Task]  # topological order
+    overrides: tuple[str, ...]  # section.key=value that every task passes in dvc.yaml: applied with the settings
+
+
+def _variables(spec: dict, where: str) -> dict[str, str]:
+    """`vars:` entries given inline ({name: value}); a file name there (params.yaml) only feeds `params:`."""
+    found: dict[str, str] = {}
+    for entry in spec.get("vars") or []:
+        if isinstance(entry, dict):
+            found.update({str(k): str(v) for k, v in entry.items()})
+        elif not isinstance(entry, str):
+            raise UserError(f"{where}: vars entries must be mappings or file names, got {entry!r}")
+    return found
+
+
+def _fill(node, values: dict[str, str], where: str):
+    if isinstance(node, dict):
+        return {k: _fill(v, values, where) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_fill(v, values, where) for v in node]
+    if not isinstance(node, str):
+        return node
+
+    def one(match: re.Match) -> str:
+        if match.group(1) not in values:
+            raise UserError(f"{where}: ${{{match.group(1)}}} is not defined in vars or the matrix")
+        return values[match.group(1)]
+
+    return _VARIABLE.sub(one, node)
+
+
+def _expand(name: str, stage: dict, variables: dict[str, str], where: str) -> dict[str, dict]:
+    body = {k: v for k, v in stage.items() if k not in ("matrix", "vars")}
+    own = {**variables, **_variables(stage, f"{where} stage {name!r}")}
     matrix = stage.get("matrix")
     if not matrix:
-        return {name: stage}
+        return {name: _fill(body, own, f"{where} stage {name!r}")}
     keys = list(matrix)
     expanded = {}
     for values in itertools.product(*(matrix[k] for k in keys)):
-        text = yaml.safe_dump({k: v for k, v in stage.items() if k != "matrix"})
-        for key, value in zip(keys, values):
-            text = text.replace(f"${{item.{key}}}", str(value))
-        suffix = "-".join(str(v) for v in values)
-        expanded[f"{name}@{suffix}"] = yaml.safe_load(text)
+        item = {**own, **{f"item.{k}": str(v) for k, v in zip(keys, values)}}
+        expanded[f"{name}@{'-'.join(str(v) for v in values)}"] = _fill(body, item, f"{where} stage {name!r}")
     return expanded
 
 
@@ -60,22 +101,67 @@ def _owner(path: str, outs: dict[str, str]) -> str | None:
     return best[1] if best else None
 
 
-def load_tasks(dvc_yaml: Path) -> list[Task]:
-    """Every `posttrain` stage in `dvc_yaml`, in a topological order (dvc.yaml order among ready tasks)."""
+def _read(dvc_yaml: Path, repo: Path, pipeline: str) -> dict[str, tuple[list[str], dict, str]]:
+    """task id -> (argv, stage, pipeline), with `--in`/`--out`/deps paths relative to the repository root."""
     from posttrain.stages import stages
 
+    where = str(Path(os.path.relpath(dvc_yaml, repo)))
     spec = yaml.safe_load(Path(dvc_yaml).read_text()) or {}
-    raw = {tid: s for name, stage in (spec.get("stages") or {}).items() for tid, s in _expand(name, stage).items()}
-    parsed: dict[str, tuple[list[str], dict]] = {}
+    variables = _variables(spec, where)
+    found = {}
+    for name, stage in (spec.get("stages") or {}).items():
+        for tid, expanded in _expand(name, stage, variables, where).items():
+            argv = shlex.split(expanded["cmd"])
+            if argv[:1] != ["posttrain"] or len(argv) < 2 or argv[1] not in stages:
+                raise UserError(f"{where} stage {tid!r}: command must be `posttrain <registered stage> ...`, got {expanded['cmd']!r}")
+            wdir = Path(dvc_yaml).parent / expanded.get("wdir", ".")
+
+            def from_root(path: str, wdir: Path = wdir) -> str:
+                return os.path.relpath(os.path.normpath(wdir / path), repo) if "://" not in path else path
+
+            argv = [*argv[:2], *_rebased(argv[2:], from_root)]
+            expanded["deps"] = [from_root(d) if isinstance(d, str) else d for d in expanded.get("deps", [])]
+            found[tid] = (argv, expanded, pipeline)
+    return found
+
+
+def _rebased(args: list[str], from_root) -> list[str]:
+    """`--out P`, `--in k=P` (either spelling) with P relative to the repository root."""
+    rebased = []
+    for i, arg in enumerate(args):
+        flag = args[i - 1] if i else ""
+        if flag == "--out":
+            arg = from_root(arg)
+        elif flag == "--in":
+            key, _, path = arg.partition("=")
+            arg = f"{key}={from_root(path)}"
+        elif arg.startswith("--out="):
+            arg = "--out=" + from_root(arg[6:])
+        elif arg.startswith("--in="):
+            key, _, path = arg[5:].partition("=")
+            arg = f"--in={key}={from_root(path)}"
+        rebased.append(arg)
+    return rebased
+
+
+def load_tasks(dvc_yaml: Path, repo: Path | None = None, upstream: tuple[Path, ...] = (), pipeline: str = "text") -> list[Task]:
+    """The `posttrain` stages of `dvc_yaml` and those of the `upstream` files they read from, in a topological
+    order (file order among ready tasks). Paths are relative to `repo` (default: the folder of `dvc_yaml`)."""
+    from posttrain.stages import stages
+
+    repo = Path(repo or Path(dvc_yaml).parent)
+    parsed = _read(Path(dvc_yaml), repo, pipeline)
+    own = set(parsed)
+    for other in upstream:
+        for tid, found in _read(other, repo, _pipeline_of(other, repo)).items():
+            if tid in parsed and parsed[tid][0] != found[0]:
+                raise UserError(f"stage {tid!r} is defined differently in {dvc_yaml} and {other}")
+            parsed.setdefault(tid, found)
     outs: dict[str, str] = {}
-    for tid, stage in raw.items():
-        argv = shlex.split(stage["cmd"])
-        if argv[:1] != ["posttrain"] or len(argv) < 2 or argv[1] not in stages:
-            raise UserError(f"dvc.yaml stage {tid!r}: command must be `posttrain <registered stage> ...`, got {stage['cmd']!r}")
-        parsed[tid] = (argv, stage)
+    for tid, (argv, _, _) in parsed.items():
         outs[_value(argv, "--out") or f"{OUTPUTS}{argv[1]}"] = tid
     tasks = {}
-    for tid, (argv, stage) in parsed.items():
+    for tid, (argv, stage, owner_pipeline) in parsed.items():
         entry = stages.entry(argv[1])
         inputs = {}
         for item in _values(argv, "--in"):
@@ -94,11 +180,39 @@ def load_tasks(dvc_yaml: Path) -> list[Task]:
             after=tuple(sorted(after)),
             resume="--resume" in argv,
             gpu=entry.meta.get("gpu", True),
-            pipeline=entry.meta.get("pipeline", "text"),
+            pipeline=owner_pipeline,
             deterministic=entry.meta.get("deterministic", True),
             extra_args=tuple(f"--set={v}" for v in _values(argv, "--set")),
         )
-    return _topological(tasks)
+    return [t for t in _topological(tasks) if t.id in _with_ancestors(own, tasks)]
+
+
+def _pipeline_of(dvc_yaml: Path, repo: Path) -> str:
+    relative = Path(os.path.relpath(dvc_yaml, repo)).as_posix()
+    return next((name for name, path in PIPELINE_FILES.items() if path == relative), relative)
+
+
+def _with_ancestors(ids: set[str], tasks: dict[str, Task]) -> set[str]:
+    found, todo = set(), list(ids)
+    while todo:
+        tid = todo.pop()
+        if tid not in found:
+            found.add(tid)
+            todo.extend(tasks[tid].after)
+    return found
+
+
+def load_pipelines(repo: Path) -> dict[str, Pipeline]:
+    """Every pipeline of `PIPELINE_FILES` present in `repo`: its tasks (with the stages of the other files it
+    reads from) and the `--set` overrides all of them pass, which move from the tasks to the pipeline."""
+    files = {name: Path(repo) / path for name, path in PIPELINE_FILES.items() if (Path(repo) / path).is_file()}
+    found = {}
+    for name, path in files.items():
+        tasks = load_tasks(path, repo, tuple(f for n, f in files.items() if n != name), name)
+        shared = [a for a in tasks[0].extra_args if all(a in t.extra_args for t in tasks)] if tasks else []
+        tasks = [replace(t, extra_args=tuple(a for a in t.extra_args if a not in shared)) for t in tasks]
+        found[name] = Pipeline(name, tasks, tuple(a.removeprefix("--set=") for a in shared))
+    return found
 
 
 def _values(argv: list[str], flag: str) -> list[str]:
@@ -124,9 +238,13 @@ def _topological(tasks: dict[str, Task]) -> list[Task]:
     return order
 
 
-def pipelines(tasks: list[Task]) -> dict[str, list[Task]]:
-    """Tasks grouped by the pipeline their stage belongs to, each group in topological order."""
-    grouped: dict[str, list[Task]] = {}
-    for task in tasks:
-        grouped.setdefault(task.pipeline, []).append(task)
-    return grouped
+def check_overrides(pipeline: Pipeline, params: Path) -> None:
+    """The `--set` values of a pipeline and of each of its tasks must validate against the config models."""
+    from posttrain import config
+
+    for task in pipeline.tasks:
+        overrides = [*pipeline.overrides, *(a.removeprefix("--set=") for a in task.extra_args)]
+        try:
+            config.load(params, overrides)
+        except UserError as e:
+            raise UserError(f"pipeline {pipeline.name!r}, stage {task.id!r}: {e}") from None

@@ -17,7 +17,7 @@ import yaml
 
 from posttrain.config import _REGISTRY_OF, Config
 from posttrain.errors import UserError
-from posttrain.orchestration.graph import Task, load_tasks, pipelines
+from posttrain.orchestration.graph import Task, check_overrides, load_pipelines
 
 # keys whose values are names in a registry (section.key -> registry); `rl.rewards[].name` is handled below
 REGISTRY_KEYS = {"task.name": "tasks", "rl.preset": "presets", **{f"rl.{k}": v for k, v in _REGISTRY_OF.items()}}
@@ -94,12 +94,16 @@ def task_spec(task: Task) -> dict[str, Any]:
     }
 
 
-def pipeline_spec(params_yaml: Path, dvc_yaml: Path) -> dict[str, Any]:
-    """Everything a DAG file needs, as plain JSON: the Params and each pipeline's tasks."""
+def pipeline_spec(params_yaml: Path, repo: Path) -> dict[str, Any]:
+    """Everything a DAG file needs, as plain JSON: the Params, each pipeline's tasks and its `--set` overrides."""
+    found = load_pipelines(repo)
+    for pipeline in found.values():
+        check_overrides(pipeline, params_yaml)
     return {
         "orchestration": yaml.safe_load(Path(params_yaml).read_text())[ORCHESTRATION_SECTION],
         "params": param_specs(params_yaml),
-        "pipelines": {name: [task_spec(t) for t in tasks] for name, tasks in pipelines(load_tasks(dvc_yaml)).items()},
+        "pipelines": {name: [task_spec(t) for t in p.tasks] for name, p in found.items()},
+        "overrides": {name: list(p.overrides) for name, p in found.items()},
     }
 
 

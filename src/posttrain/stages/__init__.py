@@ -19,7 +19,7 @@ from posttrain.registry import Registry
 
 stages: Registry = Registry("stage")
 # registry meta of a stage: inputs {name: default dir}, requires {name: [files]}, resumable; for the launchers
-# (orchestration/graph.py): gpu (default True), pipeline (default "text"), deterministic (default True: cacheable)
+# (orchestration/graph.py): gpu (default True), deterministic (default True: cacheable)
 
 from posttrain.stages import compare, data, distill, eval, preference, reward_model, rl, rl_rm, sft  # noqa: E402,F401,A004  (registers)
 from posttrain.stages import edit, knowledge  # noqa: E402,F401  (registers: lifelong knowledge editing)
@@ -74,6 +74,10 @@ def execute(name: str, cfg: Config, inputs: dict[str, Path], out_dir: Path, laun
     _prepare_runtime(cfg)
     out_dir = Path(out_dir)
     staging = staging_dir(out_dir)
+    from posttrain.trainers import distributed
+
+    if not distributed.init().is_main:  # torchrun: rank 0 alone writes the output and logs to MLflow
+        return _run_replica(name, cfg, resolved, staging, resume and resumable)
     if staging.exists() and not (resume and resumable):
         shutil.rmtree(staging)
     staging.mkdir(parents=True, exist_ok=True)
@@ -93,6 +97,19 @@ def execute(name: str, cfg: Config, inputs: dict[str, Path], out_dir: Path, laun
     run_id_file.unlink(missing_ok=True)
     _swap_into_place(staging, out_dir)
     return metrics
+
+
+def _run_replica(name: str, cfg: Config, inputs: dict[str, Path], main_staging: Path, resume: bool) -> dict[str, float]:
+    """A data-parallel replica (rank > 0): the same stage, untracked, into a scratch directory that is dropped.
+    On resume it reads rank 0's checkpoints (only rank 0 writes them; they must be on storage both can read)."""
+    import tempfile
+
+    from posttrain.tracking import Tracker
+
+    with tempfile.TemporaryDirectory(prefix=f"posttrain-{name}-replica-") as scratch:
+        if resume and (main_staging / "checkpoints").is_dir():
+            (Path(scratch) / "checkpoints").symlink_to((main_staging / "checkpoints").resolve())
+        return stages.entry(name).obj(cfg, inputs, Path(scratch), tracker=Tracker(), resume=resume)
 
 
 def _lineage_tags(inputs: dict[str, Path]) -> dict[str, str]:

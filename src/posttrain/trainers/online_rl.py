@@ -1,4 +1,6 @@
 """Online RL: sample G completions per prompt, score them, estimate advantages, take a policy step.
+Under torchrun each rank rolls out its share of the step's prompts and the gradients are averaged
+(trainers/distributed.py); rank 0 writes the checkpoints.
 
 The objective is whatever `rl.advantage` / `rl.loss` / `rl.loss_agg` name in their registries; this loop
 only computes what the chosen parts declare they need (e.g. reference log-probs only when beta > 0, the
@@ -29,6 +31,7 @@ from posttrain.rollout import RolloutBatch
 from posttrain.rollout.engine import sample
 from posttrain.rollout.text import decode_completions
 from posttrain.tasks import Example, Task
+from posttrain.trainers import distributed
 from posttrain.trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from posttrain.trainers.common import encode_prompts, optimizer_and_schedule, progress
 from posttrain.trainers.dynamic_sampling import concat, informative_groups, select_groups
@@ -251,6 +254,7 @@ def policy_step(
             loss = loss + term
             loss_metrics.update(term_metrics)
         loss.backward()
+        distributed.reduce_gradients(policy, average=True)  # torchrun: equal prompt shares, so the mean of rank means
         grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -273,6 +277,9 @@ def train_online_rl(
     cfg, policy = run.cfg, run.policy
     device = next(policy.parameters()).device
     needs = needs_of(cfg)
+    ctx = distributed.current()
+    if ctx.active and (cfg.prompts_per_step % ctx.world_size or cfg.dynamic_sampling):
+        raise UserError(f"under torchrun rl.prompts_per_step ({cfg.prompts_per_step}) must be a multiple of the {ctx.world_size} processes and rl.dynamic_sampling off")
     reference = None
     if "ref_logp" in needs:  # a frozen copy of the starting policy; never built when beta == 0
         reference = copy.deepcopy(policy).eval().requires_grad_(False)
@@ -297,14 +304,15 @@ def train_online_rl(
     policy.train()
     bar = progress(cfg.steps, f"rl ({cfg.advantage}+{cfg.loss})", initial=start_step)
     for step in range(start_step + 1, cfg.steps + 1):
-        result = policy_step(run, stream.take(cfg.prompts_per_step), generator, optimizer, schedule, reference, more_prompts=stream.take)
+        prompts = distributed.shard(stream.take(cfg.prompts_per_step), ctx)  # every rank draws the same prompts, rolls out its share
+        result = policy_step(run, prompts, generator, optimizer, schedule, reference, more_prompts=stream.take)
         metrics = result.metrics
         history.append(metrics)
         bar.update()
         bar.set_postfix(acc=f"{metrics.get('accuracy', float('nan')):.2f}")
         if step % cfg.log_every == 0 or step == cfg.steps:
             on_log(step, metrics)
-        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps:
+        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps and ctx.is_main:
             save_checkpoint(
                 run.checkpoint_dir, step, policy,
                 {
@@ -314,6 +322,7 @@ def train_online_rl(
                 },
             )
     bar.close()
+    distributed.check_in_sync(policy, ctx)
     if start_step == cfg.steps:  # resumed a finished run: nothing was sampled in this process
         return history, []
     batch = result.batch

@@ -1,5 +1,6 @@
 """Supervised fine-tuning on (prompt, completion) pairs: next-token cross-entropy on completion tokens
-(and the EOS that ends them) only; prompt tokens are context."""
+(and the EOS that ends them) only; prompt tokens are context. Under torchrun each rank trains on its share of
+every batch and the gradients are summed (trainers/distributed.py): the same update as one process."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.config import SFTConfig
 from posttrain.tasks import Example
+from posttrain.trainers import distributed
 from posttrain.trainers.common import optimizer_and_schedule, progress
 
 
@@ -50,10 +52,16 @@ def train_sft(
     model.train()
     metrics: dict[str, float] = {}
     bar = progress(cfg.steps, "sft")
+    ctx = distributed.current()
     for step in range(1, cfg.steps + 1):
         rows = torch.randint(len(examples), (min(cfg.batch_size, len(examples)),), generator=generator).to(device)
-        out = model(input_ids=ids[rows], attention_mask=mask[rows], labels=labels[rows])
+        loss_kwargs = {}
+        if ctx.active:  # every rank drew the same batch; each takes its share, the token mean stays over the whole batch
+            rows = distributed.shard(rows, ctx)
+            loss_kwargs["num_items_in_batch"] = distributed.all_sum((labels[rows][:, 1:] != -100).sum(), ctx)
+        out = model(input_ids=ids[rows], attention_mask=mask[rows], labels=labels[rows], **loss_kwargs)
         out.loss.backward()
+        distributed.reduce_gradients(model, average=False, ctx=ctx)  # sum of per-rank sums / global token count
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         schedule.step()
@@ -65,8 +73,10 @@ def train_sft(
                 target = labels[rows][:, 1:]
                 valid = target != -100
                 token_acc = float((predicted[valid] == target[valid]).float().mean())
-            metrics = {"sft_loss": out.loss.item(), "sft_token_accuracy": token_acc, "lr": schedule.get_last_lr()[0]}
+            loss = float(distributed.all_sum(out.loss.detach(), ctx)) if ctx.active else out.loss.item()
+            metrics = {"sft_loss": loss, "sft_token_accuracy": token_acc, "lr": schedule.get_last_lr()[0]}
             on_log(step, metrics)
             bar.set_postfix(loss=f"{metrics['sft_loss']:.3f}")
     bar.close()
+    distributed.check_in_sync(model, ctx)
     return metrics
