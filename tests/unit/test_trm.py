@@ -29,9 +29,11 @@ def test_warmup_judgements_parse_and_are_graded():
 
 def test_judge_examples_pair_up_preferred_and_rejected():
     pairs = [PreferencePair("1+1=", "2", "3", 0.3, None), PreferencePair("2+2=", "4", "44", 0.6, None)]
-    rows = judge_examples(pairs, 10)
+    rows = judge_examples(pairs, 10, {"1+1=": "2", "2+2=": "5"})  # rubrics: the TRM's own answers, right or wrong
     assert [r.answer for r in rows] == ["0:w", "0:l", "1:w", "1:l"]
-    assert rows[3].prompt == judge_prompt("2+2=", "44") and parse_trm_output(rows[3].completion, 10).rubric == "4"
+    assert rows[3].prompt == judge_prompt("2+2=", "44") == "44<judge>2+2="
+    assert parse_trm_output(rows[3].completion, 10).rubric == "5" and parse_trm_output(rows[2].completion, 10).score == 0.0
+    assert all(r.completion == "" for r in judge_examples(pairs, 10))
 
 
 def grouped(texts_w, texts_l, pair="0"):

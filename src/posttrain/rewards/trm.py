@@ -1,13 +1,13 @@
 """`trm`: a generative Thinking Reward Model (spec §9, derived from the 2026 TRM abstract) as an RL reward.
 
-The TRM is a causal LM that reads `prompt + response + <judge>` and writes, in the fixed format of
+The TRM is a causal LM that reads `response + <judge> + prompt` and writes, in the fixed format of
 `objectives/pd_grpo.py`,
 
     <rubric>what the answer to this prompt should be</rubric><assessment>the response checked against it</assessment><score>x</score>
 
-For a verifiable task the case-adaptive rubric is the TRM's own solution of the prompt and the assessment marks
-each character of the response (right-aligned) `y` where it agrees with the rubric and `n` where it does not;
-x in [0, score_max]. Its vocabulary is the policy's plus the format's tags and marks (added tokens), so any
+For a verifiable task the case-adaptive rubric is the TRM's own solution of the prompt (the prompt comes last, so
+the rubric is written where the policy it starts from writes its answer) and the assessment marks each character
+of the response (right-aligned) `y` where it agrees with the rubric and `n` where it does not; x in [0, score_max]. Its vocabulary is the policy's plus the format's tags and marks (added tokens), so any
 policy completion can be judged. As an RL reward (`rl.rewards: [{name: trm}]`) each completion is judged once,
 greedily, and scores x / score_max; an output that does not parse scores 0 (never an error).
 Settings: rl.options.trm.path, the `reward_model` stage's output directory (reward_model.kind: trm).
@@ -64,7 +64,7 @@ def add_format_tokens(tokenizer) -> int:
 
 
 def judge_prompt(prompt: str, response: str) -> str:
-    return f"{prompt}{response}{JUDGE}"
+    return f"{response}{JUDGE}{prompt}"
 
 
 def assessment(response: str, rubric: str) -> str:

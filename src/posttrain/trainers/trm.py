@@ -4,8 +4,10 @@ The TRM starts from the SFT policy, its vocabulary extended by the format's toke
 preference pair (prompt, y_w, y_l) gives two TRM prompts, one judging y_w and one judging y_l.
 
 1. Warm-up (`reward_model.steps`, `batch_size`, `lr`, `warmup_steps`): next-token SFT (trainers/sft.py) on the
-   judgement `rewards.trm.judgement(y, y_w)` of both candidates: the preferred answer as rubric, the
-   per-position agreement as assessment, the share of agreeing positions as the score.
+   judgement `rewards.trm.judgement(y, rubric)` of both candidates, where the rubric is the starting model's own
+   greedy answer to the prompt (not the preferred answer: a rubric copied from a candidate would let the TRM
+   copy the candidate it judges), the per-position agreement is the assessment and the share of agreeing
+   positions the score. The warm-up teaches the format and the judging procedure, not which answer is right.
 2. Pairwise RL (`reward_model.options.trm`): the online RL step of trainers/online_rl.py (`policy_step`: sampling,
    the reward registry, the `grpo` estimator, the `clip` loss) on batches of whole pairs, G rollouts on y_w
    (group W) and G on y_l (group L). The reward `pd_grpo` pays each rollout for the side of the other group's
@@ -42,12 +44,28 @@ class JudgeTask:
     name: str = JUDGE_TASK
 
 
-def judge_examples(pairs: Sequence[PreferencePair], score_max: float) -> list[Example]:
-    """Rows 2i / 2i+1: the TRM prompts judging pair i's preferred / rejected response, with warm-up targets."""
+def judge_examples(pairs: Sequence[PreferencePair], score_max: float, rubrics: dict[str, str] | None = None) -> list[Example]:
+    """Rows 2i / 2i+1: the TRM prompts judging pair i's preferred / rejected response; with `rubrics` (prompt ->
+    rubric) their warm-up targets, else no target (RL needs none)."""
     return [
-        Example(judge_prompt(p.prompt, response), judgement(response, p.chosen, score_max), f"{i}:{side}")
+        Example(judge_prompt(p.prompt, response), judgement(response, rubrics[p.prompt], score_max) if rubrics else "", f"{i}:{side}")
         for i, p in enumerate(pairs) for side, response in (("w", p.chosen), ("l", p.rejected))
     ]
+
+
+@torch.no_grad()
+def own_answers(model, tokenizer, prompts: Sequence[str], max_new_tokens: int) -> dict[str, str]:
+    """prompt -> the model's greedy answer (the warm-up rubrics)."""
+    from posttrain.rollout.engine import sample
+    from posttrain.rollout.text import decode_completions
+    from posttrain.trainers.common import encode_prompts
+
+    unique, answers = list(dict.fromkeys(prompts)), []
+    for s in range(0, len(unique), 512):
+        ids, mask = encode_prompts(tokenizer, unique[s : s + 512], next(model.parameters()).device)
+        answers += decode_completions(tokenizer, sample(model, ids, mask, group_size=1, max_new_tokens=max_new_tokens,
+                                                        eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, greedy=True))
+    return dict(zip(unique, answers))
 
 
 def pair_metrics(model, tokenizer, pairs: Sequence[PreferencePair], score_max: float, max_new_tokens: int) -> dict[str, float]:
@@ -107,7 +125,8 @@ def warm_up(cfg, policy_dir: Path, train, heldout, seed: int, on_log):
     add_format_tokens(tokenizer)
     model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
     model.to(select_device(cfg.pipeline.device))
-    examples = judge_examples(train, score_max)
+    rubrics = own_answers(model, tokenizer, [p.prompt for p in train], rm.sample_tokens)
+    examples = judge_examples(train, score_max, rubrics)
     check_fits(model, tokenizer, examples + judge_examples(heldout, score_max), max_new_tokens)
     seed_everything(seed)
     warmup = SFTConfig(steps=rm.steps, batch_size=rm.batch_size, lr=rm.lr, warmup_steps=rm.warmup_steps, weight_decay=0.0,
