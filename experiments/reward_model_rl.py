@@ -27,6 +27,7 @@ ARMS = {  # name: (rewards, extra rl settings)
     "bt": (BT, {}),
     "trm": (TRM, {}),
     "bt_kl": (BT, {"beta": 0.1}),  # the usual RLHF guard against over-optimising a learned reward: k3 KL to the SFT policy
+    "bt_clip": (BT, {"options.bt.clip": True}),  # r clamped to the RM's held-out range: no payoff beyond real preferred answers
     "bt_format": ((*BT, RewardSpec(name="format", weight=1.0)), {}),  # plus a rule-based format reward
     "verifier": ((RewardSpec(name="correctness", weight=1.0), RewardSpec(name="format", weight=0.1)), {}),
 }
@@ -63,7 +64,9 @@ def main() -> None:
     k = max(1, min(20, args.steps // 5))
     for arm in names:
         specs, extra = ARMS[arm]
-        rl_cfg = cfg.rl.model_copy(update={"rewards": specs, "options": options, **extra})
+        arm_options = {**options, "bt": {**options.get("bt", {}), "clip": extra.get("options.bt.clip", False)}}
+        extra = {k: v for k, v in extra.items() if not k.startswith("options.")}
+        rl_cfg = cfg.rl.model_copy(update={"rewards": specs, "options": arm_options, **extra})
         last: dict = {}
         history, after, seconds = C.run_arm(cfg, rl_cfg, task, train, held, path, args.seed, lambda step, r: last.update(r=r))
         batch = last["r"].batch
