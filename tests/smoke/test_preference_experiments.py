@@ -15,8 +15,6 @@ TRM_MICRO = ["--set", "reward_model.options.trm.rl_steps=1", "--set", "reward_mo
 EXPECTED = {
     "reward_model_rl": ({"bt", "trm", "verifier"}, ["--arms", "bt,trm,verifier", "--set", "reward_model.steps=3", "--set", "reward_model.n_pairs=30",
                                                     "--set", "reward_model.n_heldout_pairs=10", *TRM_MICRO]),
-    "trm_anti_polarisation": ({"warmup", "pd_grpo", "pairwise_margin"}, ["--set", "reward_model.steps=3", "--set", "reward_model.n_pairs=30",
-                                                                          "--set", "reward_model.n_heldout_pairs=10", *TRM_MICRO]),
     "gm_dpo_flexbench": ({"dpo", "gm_dpo"}, []),
     "abc_align_pseudo_labels": ({"pseudo_only", "gold_only", "abc_align"}, ["--gold", "8"]),
 }
