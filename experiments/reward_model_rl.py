@@ -1,9 +1,11 @@
-"""Claim: online RL against a learned Bradley-Terry reward model (`bt`, trained on task-derived preference pairs,
-no verifier at RL time) improves the task's *true* held-out accuracy; the verifier-rewarded arm is the reference.
+"""Claim: online RL against a learned reward model (`bt`, a Bradley-Terry value head, or `trm`, the generative
+Thinking Reward Model trained with PD-GRPO; both trained on `reward_model.data` pairs, no verifier at RL time)
+improves the task's *true* held-out accuracy; the verifier-rewarded arm is the reference.
 
-Both arms start from the same SFT checkpoint with the same seed. The `bt` arm's rewards are [bt (weight 1),
-correctness (weight 0)]: the verifier column only monitors true accuracy, it adds nothing to the advantage.
-The reward model is trained once per config (train_bt, the reward_model stage's trainer) and cached.
+All arms start from the same SFT checkpoint with the same seed. A learned-reward arm's rewards are [bt or trm
+(weight 1), correctness (weight 0)]: the verifier column only monitors true accuracy, it adds nothing to the
+advantage. Each reward model is trained once per config (the reward_model stage's trainer, from the
+`reward_models` registry) and cached.
 
     .venv/bin/python experiments/reward_model_rl.py [--steps N] [--json FILE] [--tracking-uri URI] [--micro]
 """
@@ -16,26 +18,30 @@ import time
 import _common as C
 from posttrain.config import RewardSpec
 from posttrain.models import load_pretrained
+from posttrain.rewards import reward_models
 from posttrain.stages.preference import load_pairs
-from posttrain.rewards.bradley_terry import train_bt
 
 BT = (RewardSpec(name="bt", weight=1.0), RewardSpec(name="correctness", weight=0.0))
+TRM = (RewardSpec(name="trm", weight=1.0), RewardSpec(name="correctness", weight=0.0))
 ARMS = {  # name: (rewards, extra rl settings)
     "bt": (BT, {}),
+    "trm": (TRM, {}),
     "bt_kl": (BT, {"beta": 0.1}),  # the usual RLHF guard against over-optimising a learned reward: k3 KL to the SFT policy
+    "bt_clip": (BT, {"options.bt.clip": True}),  # r clamped to the RM's held-out range: no payoff beyond real preferred answers
     "bt_format": ((*BT, RewardSpec(name="format", weight=1.0)), {}),  # plus a rule-based format reward
     "verifier": ((RewardSpec(name="correctness", weight=1.0), RewardSpec(name="format", weight=0.1)), {}),
 }
 
 
-def reward_model(cfg, task, train, held, sft_path, seed: int):
-    """(directory holding model/, held-out metrics): a BT reward model on task pairs, trained once per config."""
-    out = C.CACHE / f"bt_{cfg.section_hash('task', 'model', 'sft', 'reward_model')}_s{seed}"
+def reward_model(cfg, kind: str, task, train, held, sft_path, seed: int):
+    """(directory holding model/, held-out metrics): the reward model `kind`, trained once per config."""
+    cfg = cfg.model_copy(update={"reward_model": cfg.reward_model.model_copy(update={"kind": kind})})
+    out = C.CACHE / f"{kind}_{cfg.section_hash('task', 'model', 'sft', 'reward_model')}_s{seed}"
     if not (out / "done").exists():
         model, tokenizer = load_pretrained(sft_path)
         train_pairs, held_pairs = load_pairs(cfg, cfg.reward_model, task, train, held, (model, tokenizer))
         out.mkdir(parents=True, exist_ok=True)
-        metrics = train_bt(cfg, sft_path, train_pairs, held_pairs, out, seed, on_log=lambda s, m: None)
+        metrics = reward_models.get(kind)(cfg, sft_path, train_pairs, held_pairs, out, seed, on_log=lambda s, m: None)
         (out / "metrics.json").write_text(json.dumps(metrics))
         (out / "done").write_text("ok")
     return out, json.loads((out / "metrics.json").read_text())
@@ -47,14 +53,20 @@ def main() -> None:
     cfg = C.load_config(args, [])
     task, train, held, path, sft = C.sft_start(cfg, args.seed)
     print(f"SFT held-out: greedy {sft['greedy_accuracy']:.4f} sampled {sft['sampled_accuracy']:.4f}", flush=True)
-    rm_dir, rm_metrics = reward_model(cfg, task, train, held, path, args.seed)
-    print(f"BT reward model held-out pair accuracy {rm_metrics['heldout_pair_accuracy']:.4f}", flush=True)
-    options = {**cfg.rl.options, "bt": {"path": str(rm_dir)}}
+    names = args.arms.split(",")
+    kinds = [k for k in ("bt", "trm") if any(ARMS[a][0][0].name == k for a in names)]
+    rms = {k: reward_model(cfg, k, task, train, held, path, args.seed) for k in kinds}
+    for k, (_, m) in rms.items():
+        print(f"{k} reward model held-out pair accuracy {m['heldout_pair_accuracy']:.4f}", flush=True)
+    options = {**cfg.rl.options, **{k: {"path": str(d)} for k, (d, _) in rms.items()}}
+    rm_metrics = {k: m for k, (_, m) in rms.items()}
     arms, rows = {}, []
     k = max(1, min(20, args.steps // 5))
-    for arm in args.arms.split(","):
+    for arm in names:
         specs, extra = ARMS[arm]
-        rl_cfg = cfg.rl.model_copy(update={"rewards": specs, "options": options, **extra})
+        arm_options = {**options, "bt": {**options.get("bt", {}), "clip": extra.get("options.bt.clip", False)}}
+        extra = {k: v for k, v in extra.items() if not k.startswith("options.")}
+        rl_cfg = cfg.rl.model_copy(update={"rewards": specs, "options": arm_options, **extra})
         last: dict = {}
         history, after, seconds = C.run_arm(cfg, rl_cfg, task, train, held, path, args.seed, lambda step, r: last.update(r=r))
         batch = last["r"].batch
@@ -69,12 +81,13 @@ def main() -> None:
                      "heldout_greedy_after": after["greedy_accuracy"], "heldout_sampled_before": sft["sampled_accuracy"],
                      "heldout_sampled_after": after["sampled_accuracy"]})
         print(f"{arm}: {seconds:.0f}s, held-out greedy {sft['greedy_accuracy']:.4f} -> {after['greedy_accuracy']:.4f}", flush=True)
-    text = C.print_table(f"\nRL with a learned BT reward vs the verifier ({args.steps} steps; RM held-out pair accuracy "
-                         f"{rm_metrics['heldout_pair_accuracy']:.4f})", rows)
+    accuracy = ", ".join(f"{k} {m['heldout_pair_accuracy']:.4f}" for k, m in rm_metrics.items())
+    text = C.print_table(f"\nRL with a learned reward vs the verifier ({args.steps} steps; RM held-out pair accuracy: {accuracy})", rows)
     runs = {}
     if cfg.tracking.enabled:
         for arm, a in arms.items():
-            final = {f"heldout_{m}": v for m, v in a["heldout_after"].items()} | {f"rm_{m}": v for m, v in rm_metrics.items()}
+            rm = rm_metrics.get(a["_cfg"].rl.rewards[0].name, {})
+            final = {f"heldout_{m}": v for m, v in a["heldout_after"].items()} | {f"rm_{m}": v for m, v in rm.items()}
             runs[arm] = C.log_arm(a["_cfg"], f"reward_model_rl/{arm}", a["_history"], final, rows, text)
     for a in arms.values():
         a.pop("_history"), a.pop("_cfg")

@@ -351,13 +351,22 @@ class PairTrainingConfig(Section):
 
 class RewardModelConfig(PairTrainingConfig):
     options_registry = ("reward_model", "reward_models")
-    kind: str  # reward_models registry: bt (Bradley-Terry value head)
+    kind: str  # reward_models registry: bt (Bradley-Terry value head) | trm (Thinking Reward Model)
     rl_rewards: tuple[RewardSpec, ...]  # the `rl_rm` stage's reward list (rl settings otherwise); the model's path is its input
 
     @field_validator("rl_rewards")
     @classmethod
     def _some_rewards(cls, v: tuple[RewardSpec, ...]) -> tuple[RewardSpec, ...]:
         return RLConfig._some_rewards(v)
+
+    @model_validator(mode="after")
+    def _rewards_use_the_trained_kind(self) -> "RewardModelConfig":
+        from posttrain.rewards import reward_models
+
+        other = [r.name for r in self.rl_rewards if r.name in reward_models and r.name != self.kind]
+        if other:  # rl_rm hands its reward_model input to the reward named `kind` only
+            raise ValueError(f"reward_model.rl_rewards: {other[0]} is not the trained reward_model.kind ({self.kind}); list {self.kind} instead")
+        return self
 
     @field_validator("kind")
     @classmethod

@@ -10,9 +10,11 @@ import pytest
 
 from helpers import REPO
 
+TRM_MICRO = ["--set", "reward_model.options.trm.rl_steps=1", "--set", "reward_model.options.trm.pairs_per_step=2",
+             "--set", "reward_model.options.trm.group_size=2"]
 EXPECTED = {
-    "reward_model_rl": ({"bt", "verifier"}, ["--arms", "bt,verifier", "--set", "reward_model.steps=3", "--set", "reward_model.n_pairs=30",
-                                             "--set", "reward_model.n_heldout_pairs=10"]),
+    "reward_model_rl": ({"bt", "trm", "verifier"}, ["--arms", "bt,trm,verifier", "--set", "reward_model.steps=3", "--set", "reward_model.n_pairs=30",
+                                                    "--set", "reward_model.n_heldout_pairs=10", *TRM_MICRO]),
     "gm_dpo_flexbench": ({"dpo", "gm_dpo"}, []),
     "abc_align_pseudo_labels": ({"pseudo_only", "gold_only", "abc_align"}, ["--gold", "8"]),
     "glime_vs_naive": ({"naive", "glime"}, ["--edits", "2"]),

@@ -34,3 +34,10 @@ def test_missing_options_of_the_selected_objective(params_path, tmp_path):
 
 def test_defaults_resolve_per_method_options(cfg):
     assert cfg.preference.options_for("gm_dpo").gamma >= 0 and cfg.reward_model.options_for("bt").pooling in ("last", "response_sum")
+
+
+def test_rl_rm_reward_must_be_the_trained_kind(params_path):
+    with pytest.raises(UserError, match="reward_model.rl_rewards: bt is not the trained reward_model.kind"):
+        load(params_path, ["reward_model.kind=trm"])
+    cfg = load(params_path, ["reward_model.kind=trm", "reward_model.rl_rewards=[{name: trm}]"])
+    assert cfg.reward_model.options_for("trm").pairwise_reward in ("pd_grpo", "pairwise_margin")

@@ -88,3 +88,17 @@ def dual_group_advantages(rewards_w: Tensor, rewards_l: Tensor, eps: float) -> t
         return group_normalize(rewards, torch.zeros(rewards.shape[0], dtype=torch.long, device=rewards.device), "group", eps)
 
     return within(rewards_w), within(rewards_l)
+
+
+def margin_rewards(scores_w, valid_w, scores_l, valid_l, score_max: float, alpha_format: float) -> tuple[Tensor, Tensor]:
+    """The plain pairwise baseline PD-GRPO is compared with: each rollout is paid for its *margin* over the other
+    group's mean score, r^W_j = (1 + (s^W_j - mean s^L) / score_max) / 2 and r^L_k = (1 + (mean s^W - s^L_k) / score_max) / 2
+    (in [0, 1], like the side reward), plus alpha_format * f; zero for unparseable outputs. A larger margin always
+    pays more, so winners are pushed to score_max and losers to 0: the polarisation PD-GRPO removes."""
+    def side(scores, valid, other, other_valid, sign):
+        if not bool(other_valid.any()):
+            return torch.zeros_like(scores)
+        reward = 0.5 * (1 + sign * (scores - other[other_valid].detach().mean()) / score_max) + alpha_format
+        return torch.where(valid, reward, torch.zeros_like(reward))
+
+    return side(scores_w, valid_w, scores_l, valid_l, 1.0), side(scores_l, valid_l, scores_w, valid_w, -1.0)

@@ -8,8 +8,11 @@ and returns a scalar r(x, y); pairs train it by maximising the likelihood that t
 
 The model is the SFT checkpoint with a fresh one-output head (`AutoModelForSequenceClassification`, which
 pools the last non-padding token). As an RL reward (`rl.rewards: [{name: bt}]`) it scores each completion
-with r(x, y); only differences within a group matter to group-normalised estimators.
-Settings: rl.options.bt.path, the `reward_model` stage's output directory.
+with r(x, y); only differences within a group matter to group-normalised estimators. With `clip`, r is clamped
+to the range the model gave the held-out pairs (lowest candidate to highest preferred answer, saved with the
+weights): a completion the model scores above every real preferred answer earns no more than the best of them,
+which takes away the payoff of out-of-distribution outputs a learned reward over-rates (reward hacking).
+Settings: rl.options.bt.path, the `reward_model` stage's output directory; rl.options.bt.clip.
 """
 
 from __future__ import annotations
@@ -29,11 +32,12 @@ from posttrain.rewards import reward_models, rewards
 from posttrain.rollout.decoders import positions_from_mask
 
 SCORE_CHUNK = 512
-POOLING_FILE = "bt_pooling.json"  # saved next to the weights: how the reward reads r(x, y)
+POOLING_FILE = "bt_pooling.json"  # saved next to the weights: how the reward reads r(x, y), and its held-out range
 
 
 class BTOptions(Section):  # rl.options.bt
     path: str  # the reward_model stage's output directory (holding model/)
+    clip: bool  # clamp r(x, y) to its range on the held-out pairs
 
 
 class BTModelOptions(Section):  # reward_model.options.bt
@@ -93,11 +97,15 @@ def train_bt(cfg, policy_dir: Path, train, heldout, out_dir: Path, seed: int, on
     severity = torch.tensor([p.severity for p in heldout])
 
     @torch.no_grad()
-    def heldout_metrics() -> dict[str, float]:
+    def heldout_scores() -> Tensor:
         model.eval()
         r = torch.cat([scores(model, held_ids[s : s + SCORE_CHUNK], held_mask[s : s + SCORE_CHUNK], held_response[s : s + SCORE_CHUNK], pooling)
                        for s in range(0, len(held_ids), SCORE_CHUNK)])
         model.train()
+        return r
+
+    def heldout_metrics() -> dict[str, float]:
+        r = heldout_scores()
         wins = (r[0::2] > r[1::2]).float().cpu()
         out = {"heldout_pair_accuracy": float(wins.mean()), "heldout_score_margin": float((r[0::2] - r[1::2]).mean())}
         for level in sorted(set(severity.tolist())):  # accuracy per severity tier: near misses are the hard pairs
@@ -127,7 +135,8 @@ def train_bt(cfg, policy_dir: Path, train, heldout, out_dir: Path, seed: int, on
     bar.close()
     model.save_pretrained(out_dir / "model")
     tokenizer.save_pretrained(out_dir / "model")
-    (out_dir / "model" / POOLING_FILE).write_text(json.dumps({"pooling": pooling}))
+    r = heldout_scores()
+    (out_dir / "model" / POOLING_FILE).write_text(json.dumps({"pooling": pooling, "range": [float(r.min()), float(r[0::2].max())]}))
     return {**before, **heldout_metrics()}
 
 
@@ -142,11 +151,11 @@ def _load(path: str, stamp: float):
 
     model = AutoModelForSequenceClassification.from_pretrained(path).to(select_device("auto")).eval().requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    return model, tokenizer, json.loads((Path(path) / POOLING_FILE).read_text())["pooling"]
+    return model, tokenizer, json.loads((Path(path) / POOLING_FILE).read_text())
 
 
 def load_reward_model(directory: str, kind: str):
-    """(model, tokenizer, pooling) under `directory/model` (cached while unchanged); UserError if absent."""
+    """(model, tokenizer, {"pooling", "range"}) under `directory/model` (cached while unchanged); UserError if absent."""
     path = Path(directory) / "model"
     if not (path / "config.json").is_file() or not (path / POOLING_FILE).is_file():
         raise UserError(f"rl.options.{kind}.path: no trained reward model at {path} (run the reward_model stage with reward_model.kind={kind})")
@@ -156,11 +165,14 @@ def load_reward_model(directory: str, kind: str):
 @rewards.register("bt", needs=("rl",), options=BTOptions)
 @torch.no_grad()
 def bt_reward(task, examples, completions, finished, *, rl) -> Tensor:
-    """r(x, y) of the Bradley-Terry model trained by the reward_model stage."""
-    model, tokenizer, pooling = load_reward_model(rl.options_for("bt").path, "bt")
+    """r(x, y) of the Bradley-Terry model trained by the reward_model stage (clamped to its held-out range with clip)."""
+    options = rl.options_for("bt")
+    model, tokenizer, settings = load_reward_model(options.path, "bt")
+    pooling = settings["pooling"]
     device = next(model.parameters()).device
     out = []
     for s in range(0, len(completions), SCORE_CHUNK):
         ids, mask, response = encode_texts(tokenizer, [e.prompt for e in examples[s : s + SCORE_CHUNK]], completions[s : s + SCORE_CHUNK], device)
         out.append(scores(model, ids, mask, response, pooling).cpu())
-    return torch.cat(out)
+    r = torch.cat(out)
+    return r.clamp(*settings["range"]) if options.clip else r

@@ -3,7 +3,8 @@
 Inputs: `data` (train.jsonl, heldout.jsonl) and `policy` (the SFT model the reward model starts from).
 Pairs come from `reward_model.data` (training prompts; held-out pairs from held-out prompts) or from the
 file `reward_model.pairs`. Outputs: `model/` (what `rl.options.<kind>.path` points the RL reward at),
-`pairs_train.jsonl`, `pairs_heldout.jsonl`; metrics: held-out pair accuracy before and after training.
+`pairs_train.jsonl`, `pairs_heldout.jsonl`; metrics: held-out pair accuracy before and after training (`trm`:
+after its format warm-up and after pairwise RL, with ties, score spread and parse rate).
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from posttrain.stages import rl, stages
     resumable=True,
 )
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
-    options = {**cfg.rl.options, cfg.reward_model.kind: {"path": str(inputs["reward_model"])}}
+    kind = cfg.reward_model.kind
+    options = {**cfg.rl.options, kind: {**(cfg.rl.options.get(kind) or {}), "path": str(inputs["reward_model"])}}
     rl_cfg = cfg.rl.model_copy(update={"rewards": cfg.reward_model.rl_rewards, "options": options})
     return rl.run(cfg.model_copy(update={"rl": rl_cfg}), {"data": inputs["data"], "policy": inputs["policy"]}, out_dir, tracker, resume)
