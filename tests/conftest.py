@@ -41,3 +41,12 @@ def pipeline_outputs(tmp_path_factory) -> Path:
             posttrain(stage, cwd=root)
 
     return built_once(tmp_path_factory, "pipeline", build)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files with slow end-to-end tests first, unit tests last. pytest-xdist (`--dist loadfile`) hands out whole
+    files in collection order, so the long files start early and the short ones fill in around them, instead of
+    one worker running the last long file while the other idles."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    # stable sort: the order within each group is kept
+    items.sort(key=lambda item: (item.path not in slow_files, "unit" in item.path.parts))
