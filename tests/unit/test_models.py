@@ -108,3 +108,16 @@ def test_lora_trains_only_adapters_and_merges_on_save(model_cfg, char_tokenizer,
     loaded, _ = load_pretrained(tmp_path / "merged")
     assert not any("lora" in n for n, _ in loaded.named_parameters())
     torch.testing.assert_close(logits(loaded.eval(), ids), adapted, rtol=1e-4, atol=1e-4)
+
+
+def test_reloaded_tokenizer_keeps_spaces_next_to_a_model_config(model_cfg, tmp_path):
+    """Saved beside a qwen2 config.json, a char tokenizer must not come back as Qwen2Tokenizer, whose own
+    pre-tokenizer drops the spaces of our vocabulary (transformers 5's AutoTokenizer prefers the model type)."""
+    from posttrain.models import train_char_tokenizer
+
+    spaced = train_char_tokenizer(["abcdefghijklmnopqrstuvwxyz :,"])
+    save_pretrained(tiny(model_cfg, spaced), spaced, tmp_path / "model")
+    _, tokenizer = load_pretrained(tmp_path / "model")
+    for text in ["dalun lives in:", "a, b , c"]:
+        assert tokenizer(text).input_ids == spaced(text).input_ids, type(tokenizer).__name__
+    assert tokenizer.padding_side == "left" and tokenizer.pad_token_id == spaced.pad_token_id

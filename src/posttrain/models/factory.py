@@ -7,10 +7,19 @@ loading code.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedModel, PreTrainedTokenizerBase, Qwen2Config
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+)
 
 from posttrain.config import HUB_ID, LoraConfig, ModelConfig
 from posttrain.errors import UserError
@@ -45,6 +54,21 @@ def build_tiny(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrain
     return AutoModelForCausalLM.from_config(config, dtype=getattr(torch, cfg.dtype))
 
 
+_PLAIN_PIPELINES = {"TokenizersBackend", "PreTrainedTokenizerFast"}  # tokenizers saved as a bare `tokenizers` pipeline
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    """The tokenizer saved at `path` (or a hub id), exactly as it was saved.
+
+    A bare `tokenizers` pipeline (our character and word tokenizers) is reloaded as such: transformers 5's
+    AutoTokenizer would pick the class of the model type in config.json instead (Qwen2Tokenizer for our tiny
+    Qwen2 models), which rebuilds its own pre-tokenizer over the saved vocabulary and silently drops spaces."""
+    saved = Path(path) / "tokenizer_config.json"
+    if saved.is_file() and json.loads(saved.read_text()).get("tokenizer_class") in _PLAIN_PIPELINES:
+        return PreTrainedTokenizerFast.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(path)
+
+
 def load_pretrained(path: str | Path, dtype: str = "float32") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer from a local directory or a hub id."""
     local = Path(path)
@@ -53,7 +77,7 @@ def load_pretrained(path: str | Path, dtype: str = "float32") -> tuple[PreTraine
     if local.exists() and not (local / "config.json").is_file():
         raise UserError(f"not a model directory (no config.json): {path}")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = load_tokenizer(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
     except OSError as e:
         raise UserError(f"cannot load model from {path}: {str(e).splitlines()[0]}") from None

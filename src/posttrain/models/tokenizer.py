@@ -2,7 +2,7 @@
 
 Tiny task models need no subword vocabulary: one token per character keeps the softmax small and makes
 every answer digit its own decision. The result is a `PreTrainedTokenizerFast` that round-trips through
-`save_pretrained` / `AutoTokenizer.from_pretrained` like any hub tokenizer.
+`save_pretrained` / `models.load_tokenizer` (see there why not plain `AutoTokenizer` next to a model).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def train_char_tokenizer(corpus: Iterable[str]) -> PreTrainedTokenizerFast:
     trainer = trainers.WordLevelTrainer(special_tokens=[PAD, EOS, UNK], min_frequency=1, show_progress=False)
     core.train_from_iterator(corpus, trainer=trainer)
     # prompts are left-padded so every completion starts at the same column; passed to the constructor
-    # (not set afterwards) so that save_pretrained records it and AutoTokenizer reloads it
+    # (not set afterwards) so that save_pretrained records it and the reload keeps it
     return PreTrainedTokenizerFast(tokenizer_object=core, pad_token=PAD, eos_token=EOS, unk_token=UNK, padding_side="left")
 
 

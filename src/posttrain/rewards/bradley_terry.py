@@ -70,15 +70,15 @@ def scores(model, ids: Tensor, mask: Tensor, response: Tensor, pooling: str) -> 
 
 def train_bt(cfg, policy_dir: Path, train, heldout, out_dir: Path, seed: int, on_log: Callable[[int, dict[str, float]], None]) -> dict[str, float]:
     """Fit a BT reward model on `train` pairs from the SFT model at `policy_dir`; save it to out_dir/model."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
-    from posttrain.models import select_device
+    from posttrain.models import load_tokenizer, select_device
     from posttrain.trainers.common import optimizer_and_schedule, progress
     from posttrain.trainers.preference import check_vocabulary
 
     rm_cfg, device = cfg.reward_model, select_device(cfg.pipeline.device)
-    tokenizer = AutoTokenizer.from_pretrained(policy_dir)
+    tokenizer = load_tokenizer(policy_dir)
     check_vocabulary(tokenizer, [t for p in [*train, *heldout] for t in (p.prompt, p.chosen, p.rejected)], "the preference data")
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the fresh value head is expected: do not print transformers' "newly initialized" report
@@ -145,12 +145,12 @@ reward_models.register("bt", options=BTModelOptions)(train_bt)
 
 @functools.lru_cache(maxsize=4)
 def _load(path: str, stamp: float):
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoModelForSequenceClassification
 
-    from posttrain.models import select_device
+    from posttrain.models import load_tokenizer, select_device
 
     model = AutoModelForSequenceClassification.from_pretrained(path).to(select_device("auto")).eval().requires_grad_(False)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = load_tokenizer(path)
     return model, tokenizer, json.loads((Path(path) / POOLING_FILE).read_text())
 
 
