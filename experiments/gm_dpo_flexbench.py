@@ -47,13 +47,6 @@ def noisy_captioner(cfg, train_shots, noise: float, sft_steps: int, seed: int):
     return path
 
 
-def load_captioner(path):
-    """The cached captioner with its word tokenizer rebuilt in memory (AutoTokenizer would reload a word-level
-    tokenizer saved next to a Qwen2 config as Qwen2's own tokenizer class, which drops its pre-tokenizer)."""
-    model, _ = load_pretrained(path)
-    return model, word_tokenizer(F.vocabulary())
-
-
 @torch.no_grad()
 def caption_eval(model, tokenizer, shots, seed: int) -> dict[str, float]:
     model.eval()
@@ -80,14 +73,14 @@ def main() -> None:
     shots = F.make_shots(args.shots + args.heldout, args.seed)
     train_shots, held_shots = shots[: args.shots], shots[args.shots :]
     path = noisy_captioner(cfg, train_shots, args.noise, args.sft_steps, args.seed)
-    model, tokenizer = load_captioner(path)
+    model, tokenizer = load_pretrained(path)
     before = caption_eval(model, tokenizer, held_shots, args.seed)
     print("SFT captioner: " + ", ".join(f"{k} {v:.3f}" for k, v in before.items()), flush=True)
     train_pairs = F.shot_pairs(train_shots, args.pairs_per_shot, args.seed)
     held_pairs = F.shot_pairs(held_shots, 2, args.seed + 1)
     arms, rows = {}, []
     for arm in ARMS:
-        model, tokenizer = load_captioner(path)
+        model, tokenizer = load_pretrained(path)
         seed_everything(args.seed)
         pref = cfg.preference.model_copy(update={"objective": arm})
         start = time.time()
