@@ -13,7 +13,7 @@ from posttrain.objectives.pd_grpo import margin_rewards, parse_trm_output
 from posttrain.rewards.trm import (SETTINGS_FILE, add_format_tokens, assessment, judge_prompt, judgement, pairwise_margin_reward,
                                    pd_grpo_reward, trm_reward)
 from posttrain.tasks import Example
-from posttrain.trainers.trm import JudgeTask, judge_examples
+from posttrain.trainers.trm import JudgeTask, judge_examples, preferred_answers, warmup_examples
 from posttrain.data.preferences import PreferencePair
 
 
@@ -34,6 +34,17 @@ def test_judge_examples_pair_up_preferred_and_rejected():
     assert rows[3].prompt == judge_prompt("2+2=", "44") == "44<judge>2+2="
     assert parse_trm_output(rows[3].completion, 10).rubric == "5" and parse_trm_output(rows[2].completion, 10).score == 0.0
     assert all(r.completion == "" for r in judge_examples(pairs, 10))
+
+
+def test_reference_guided_warmup_judges_each_response_once_against_the_preferred_answer():
+    pairs = [PreferencePair("1+1=", "2", "3", 0.3, None), PreferencePair("1+1=", "2", "11", 0.6, None),
+             PreferencePair("2+2=", "4", "5", 0.3, None)]
+    rubrics = preferred_answers(pairs)
+    assert rubrics == {"1+1=": "2", "2+2=": "4"}
+    rows = warmup_examples(pairs, 10, rubrics)
+    assert [r.prompt for r in rows] == ["2<judge>1+1=", "3<judge>1+1=", "11<judge>1+1=", "4<judge>2+2=", "5<judge>2+2="]
+    parsed = [parse_trm_output(r.completion, 10) for r in rows]
+    assert [t.rubric for t in parsed] == ["2", "2", "2", "4", "4"] and [t.score for t in parsed] == [10.0, 0.0, 0.0, 10.0, 0.0]
 
 
 def grouped(texts_w, texts_l, pair="0"):

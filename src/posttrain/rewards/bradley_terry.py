@@ -7,7 +7,12 @@ and returns a scalar r(x, y); pairs train it by maximising the likelihood that t
     L_BT = -log sigmoid( r(x, y_w) - r(x, y_l) )
 
 The model is the SFT checkpoint with a fresh one-output head (`AutoModelForSequenceClassification`, which
-pools the last non-padding token). As an RL reward (`rl.rewards: [{name: bt}]`) it scores each completion
+pools the last non-padding token). With `reward_model.options.bt.sft_weight` = alpha > 0 the backbone also keeps
+its language model: the loss is L_BT + alpha * NLL(y_w | x), the next-token loss of the chosen answers through the
+SFT model's output projection on the same hidden states (the SFT regulariser of Yang et al. 2024, "Regularizing
+Hidden States Enables Learning Generalizable Reward Model for LLMs", arXiv 2406.10216). Pairwise labels alone
+teach a small reward model little of what makes an answer right; the language-model term makes its features solve
+the task the preferences are about. The projection is not saved: the reward model stays a plain value head. As an RL reward (`rl.rewards: [{name: bt}]`) it scores each completion
 with r(x, y); only differences within a group matter to group-normalised estimators. With `clip`, r is clamped
 to the range the model gave the held-out pairs (lowest candidate to highest preferred answer, saved with the
 weights): a completion the model scores above every real preferred answer earns no more than the best of them,
@@ -22,6 +27,8 @@ import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
+
+from pydantic import Field
 
 import torch
 from torch import Tensor
@@ -42,6 +49,7 @@ class BTOptions(Section):  # rl.options.bt
 
 class BTModelOptions(Section):  # reward_model.options.bt
     pooling: Literal["last", "response_sum"]  # where the value head's outputs become r(x, y)
+    sft_weight: float = Field(ge=0)  # alpha of the language-modelling loss on the chosen answers (0: plain BT)
 
 
 def encode_texts(tokenizer, prompts: Sequence[str], responses: Sequence[str], device) -> tuple[Tensor, Tensor, Tensor]:
@@ -60,12 +68,39 @@ def encode_texts(tokenizer, prompts: Sequence[str], responses: Sequence[str], de
     return ids.to(device), mask.to(device), response.to(device)
 
 
-def scores(model, ids: Tensor, mask: Tensor, response: Tensor, pooling: str) -> Tensor:
+def hidden_states(model, ids: Tensor, mask: Tensor) -> Tensor:
+    """The backbone's last hidden states [N, T, H] (left padding: positions count from each row's first token)."""
+    return model.base_model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask)).last_hidden_state
+
+
+def pool(model, hidden: Tensor, response: Tensor, pooling: str) -> Tensor:
     """r(x, y) [N]: the value head at the last token (`last`), or summed over the response tokens
     (`response_sum`: each token's value judges the text up to it, a token-level decomposition of r)."""
-    values = model.score(model.model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask)).last_hidden_state)
-    values = values.squeeze(-1).float()
+    values = model.score(hidden).squeeze(-1).float()
     return values[:, -1] if pooling == "last" else (values * response).sum(-1)
+
+
+def scores(model, ids: Tensor, mask: Tensor, response: Tensor, pooling: str) -> Tensor:
+    return pool(model, hidden_states(model, ids, mask), response, pooling)
+
+
+def language_head(model, policy_dir: Path, device) -> torch.nn.Module:
+    """The SFT model's output projection over `model`'s backbone: its tied input embeddings, or (untied) a
+    trainable copy of the checkpoint's lm_head, used only by the auxiliary loss and not saved."""
+    from transformers import AutoModelForCausalLM
+
+    embeddings = model.get_input_embeddings()
+    if model.config.tie_word_embeddings:
+        return lambda hidden: hidden @ embeddings.weight.T
+    return AutoModelForCausalLM.from_pretrained(policy_dir, dtype=embeddings.weight.dtype).get_output_embeddings().to(device)
+
+
+def chosen_nll(head, hidden: Tensor, ids: Tensor, response: Tensor) -> Tensor:
+    """Mean next-token NLL of the response tokens (answer + EOS) under `head` over the backbone's states."""
+    logits = head(hidden[:, :-1]).float()
+    nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+    weights = response[:, 1:].float()
+    return (nll * weights).sum() / weights.sum().clamp_min(1.0)
 
 
 def train_bt(cfg, policy_dir: Path, train, heldout, out_dir: Path, seed: int, on_log: Callable[[int, dict[str, float]], None]) -> dict[str, float]:
@@ -91,7 +126,10 @@ def train_bt(cfg, policy_dir: Path, train, heldout, out_dir: Path, seed: int, on
         prompts = [p.prompt for p in pairs for _ in range(2)]
         return encode_texts(tokenizer, prompts, [t for p in pairs for t in (p.chosen, p.rejected)], device)
 
-    pooling = rm_cfg.options_for("bt").pooling
+    options = rm_cfg.options_for("bt")
+    pooling = options.pooling
+    head = language_head(model, policy_dir, device) if options.sft_weight > 0 else None
+    extra = list(head.parameters()) if isinstance(head, torch.nn.Module) else []
     ids, mask, response = encode(train)
     held_ids, held_mask, held_response = encode(heldout)
     severity = torch.tensor([p.severity for p in heldout])
@@ -113,23 +151,25 @@ def train_bt(cfg, policy_dir: Path, train, heldout, out_dir: Path, seed: int, on
         return out
 
     before = {f"{k}_before": v for k, v in heldout_metrics().items() if k == "heldout_pair_accuracy"}
-    optimizer, schedule = optimizer_and_schedule(list(model.parameters()), rm_cfg.lr, 0.0, rm_cfg.warmup_steps, rm_cfg.steps)
+    optimizer, schedule = optimizer_and_schedule([*model.parameters(), *extra], rm_cfg.lr, 0.0, rm_cfg.warmup_steps, rm_cfg.steps)
     generator = torch.Generator().manual_seed(seed)
     model.train()
     bar = progress(rm_cfg.steps, "reward_model (bt)")
     for step in range(1, rm_cfg.steps + 1):
         picked = torch.randint(len(train), (min(rm_cfg.batch_size, len(train)),), generator=generator)
         rows = torch.stack([2 * picked, 2 * picked + 1], dim=1).flatten().to(device)
-        r = scores(model, ids[rows], mask[rows], response[rows], pooling)
-        loss = -torch.nn.functional.logsigmoid(r[0::2] - r[1::2]).mean()
+        hidden = hidden_states(model, ids[rows], mask[rows])
+        r = pool(model, hidden, response[rows], pooling)
+        bt_loss = -torch.nn.functional.logsigmoid(r[0::2] - r[1::2]).mean()
+        loss = bt_loss if head is None else bt_loss + options.sft_weight * chosen_nll(head, hidden[0::2], ids[rows][0::2], response[rows][0::2])
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_([*model.parameters(), *extra], 1.0)
         optimizer.step()
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
         bar.update()
         if step % rm_cfg.log_every == 0 or step == rm_cfg.steps:
-            metrics = {"rm_loss": float(loss.detach()), "rm_train_accuracy": float((r[0::2] > r[1::2]).float().mean()), **heldout_metrics()}
+            metrics = {"rm_loss": float(bt_loss.detach()), "rm_total_loss": float(loss.detach()), "rm_train_accuracy": float((r[0::2] > r[1::2]).float().mean()), **heldout_metrics()}
             on_log(step, metrics)
             bar.set_postfix(loss=f"{metrics['rm_loss']:.3f}", acc=f"{metrics['heldout_pair_accuracy']:.2f}")
     bar.close()

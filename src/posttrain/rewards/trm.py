@@ -48,6 +48,7 @@ class TRMOptions(Section):  # rl.options.trm
 
 class TRMModelOptions(Section):  # reward_model.options.trm; the section's steps / batch_size / lr: the format SFT warm-up
     pairwise_reward: Literal["pd_grpo", "pairwise_margin"]  # PD-GRPO, or the plain margin-paying pairwise baseline
+    warmup_rubric: Literal["preferred", "own"]  # the warm-up's rubric: the pair's preferred answer, or the SFT model's own
     rl_steps: int = Field(ge=0)  # pairwise RL steps after the warm-up (0: warm-up only)
     pairs_per_step: int = Field(gt=0)
     group_size: int = Field(ge=2)  # G rollouts per candidate: 2G per pair

@@ -248,7 +248,7 @@ def policy_step(
         if cfg.beta > 0:
             kl = aggregate(cfg, k3_kl(logp, batch.extras["ref_logp"]), batch.completion_mask)
             loss = loss + cfg.beta * kl
-            loss_metrics["kl"] = float(kl)
+            loss_metrics["kl"] = float(kl.detach())
         for name in cfg.aux:  # auxiliary terms (distillation, alignment): their own forward pass, added to the loss
             term, term_metrics = auxiliaries.get(name)(run, batch)
             loss = loss + term

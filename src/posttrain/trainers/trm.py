@@ -4,10 +4,11 @@ The TRM starts from the SFT policy, its vocabulary extended by the format's toke
 preference pair (prompt, y_w, y_l) gives two TRM prompts, one judging y_w and one judging y_l.
 
 1. Warm-up (`reward_model.steps`, `batch_size`, `lr`, `warmup_steps`): next-token SFT (trainers/sft.py) on the
-   judgement `rewards.trm.judgement(y, rubric)` of both candidates, where the rubric is the starting model's own
-   greedy answer to the prompt (not the preferred answer: a rubric copied from a candidate would let the TRM
-   copy the candidate it judges), the per-position agreement is the assessment and the share of agreeing
-   positions the score. The warm-up teaches the format and the judging procedure, not which answer is right.
+   judgement `rewards.trm.judgement(y, rubric)` of both candidates, each (response, prompt) once, where the rubric
+   is (`options.trm.warmup_rubric`) the pair's preferred answer (`preferred`: reference-guided judging; the TRM
+   learns to write the answer the preferences favour, then to check the response against it) or the starting
+   model's own greedy answer (`own`: the warm-up then teaches only the format and the checking procedure, not
+   which answer is right). The per-position agreement is the assessment, the share of agreeing positions the score.
 2. Pairwise RL (`reward_model.options.trm`): the online RL step of trainers/online_rl.py (`policy_step`: sampling,
    the reward registry, the `grpo` estimator, the `clip` loss) on batches of whole pairs, G rollouts on y_w
    (group W) and G on y_l (group L). The reward `pd_grpo` pays each rollout for the side of the other group's
@@ -51,6 +52,20 @@ def judge_examples(pairs: Sequence[PreferencePair], score_max: float, rubrics: d
         Example(judge_prompt(p.prompt, response), judgement(response, rubrics[p.prompt], score_max) if rubrics else "", f"{i}:{side}")
         for i, p in enumerate(pairs) for side, response in (("w", p.chosen), ("l", p.rejected))
     ]
+
+
+def preferred_answers(pairs: Sequence[PreferencePair]) -> dict[str, str]:
+    """prompt -> its pairs' preferred answer (the reference-guided warm-up rubrics; the first pair's where they differ)."""
+    rubrics: dict[str, str] = {}
+    for p in pairs:
+        rubrics.setdefault(p.prompt, p.chosen)
+    return rubrics
+
+
+def warmup_examples(pairs: Sequence[PreferencePair], score_max: float, rubrics: dict[str, str]) -> list[Example]:
+    """The warm-up's judgements, each (response, prompt) once: a preferred answer shared by several pairs of one
+    prompt would otherwise be judged (rubric == response) as often as there are pairs."""
+    return list({(e.prompt, e.completion): e for e in judge_examples(pairs, score_max, rubrics)}.values())
 
 
 @torch.no_grad()
@@ -125,8 +140,11 @@ def warm_up(cfg, policy_dir: Path, train, heldout, seed: int, on_log):
     add_format_tokens(tokenizer)
     model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
     model.to(select_device(cfg.pipeline.device))
-    rubrics = own_answers(model, tokenizer, [p.prompt for p in train], rm.sample_tokens)
-    examples = judge_examples(train, score_max, rubrics)
+    if rm.options_for("trm").warmup_rubric == "own":
+        rubrics = own_answers(model, tokenizer, [p.prompt for p in train], rm.sample_tokens)
+    else:
+        rubrics = preferred_answers(train)
+    examples = warmup_examples(train, score_max, rubrics)
     check_fits(model, tokenizer, examples + judge_examples(heldout, score_max), max_new_tokens)
     seed_everything(seed)
     warmup = SFTConfig(steps=rm.steps, batch_size=rm.batch_size, lr=rm.lr, warmup_steps=rm.warmup_steps, weight_decay=0.0,
