@@ -48,7 +48,7 @@ def reward_model(cfg, kind: str, task, train, held, sft_path, seed: int):
 
 
 def main() -> None:
-    args = C.parse_args(__doc__.split("\n")[0], 150, [("--arms", str, ",".join(ARMS), "comma-separated arms to run")])
+    args = C.parse_args(__doc__.split("\n")[0], 400, [("--arms", str, ",".join(ARMS), "comma-separated arms to run")])
     t0 = time.time()
     cfg = C.load_config(args, [])
     task, train, held, path, sft = C.sft_start(cfg, args.seed)
