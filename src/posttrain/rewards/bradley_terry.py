@@ -12,11 +12,13 @@ its language model: the loss is L_BT + alpha * NLL(y_w | x), the next-token loss
 SFT model's output projection on the same hidden states (the SFT regulariser of Yang et al. 2024, "Regularizing
 Hidden States Enables Learning Generalizable Reward Model for LLMs", arXiv 2406.10216). Pairwise labels alone
 teach a small reward model little of what makes an answer right; the language-model term makes its features solve
-the task the preferences are about. The projection is not saved: the reward model stays a plain value head. As an RL reward (`rl.rewards: [{name: bt}]`) it scores each completion
-with r(x, y); only differences within a group matter to group-normalised estimators. With `clip`, r is clamped
-to the range the model gave the held-out pairs (lowest candidate to highest preferred answer, saved with the
-weights): a completion the model scores above every real preferred answer earns no more than the best of them,
-which takes away the payoff of out-of-distribution outputs a learned reward over-rates (reward hacking).
+the task the preferences are about. The projection is not saved: the reward model stays a plain value head.
+
+As an RL reward (`rl.rewards: [{name: bt}]`) it scores each completion with r(x, y); only differences within a
+group matter to group-normalised estimators. With `clip`, r is clamped to the range the model gave the held-out
+pairs (lowest candidate to highest preferred answer, saved with the weights): a completion the model scores above
+every real preferred answer earns no more than the best of them, which takes away the payoff of out-of-distribution
+outputs a learned reward over-rates (reward hacking).
 Settings: rl.options.bt.path, the `reward_model` stage's output directory; rl.options.bt.clip.
 """
 
@@ -28,9 +30,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
-
 import torch
+from pydantic import Field
 from torch import Tensor
 
 from posttrain.config import Section

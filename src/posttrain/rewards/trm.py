@@ -19,16 +19,14 @@ import functools
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
 from posttrain.config import Section
 from posttrain.errors import UserError
-from typing import Literal
-
-from pydantic import Field
-
 from posttrain.objectives.pd_grpo import margin_rewards, parsed_scores, pd_grpo_rewards
 from posttrain.rewards import reward_models, rewards
 
