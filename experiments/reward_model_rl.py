@@ -15,10 +15,15 @@ from __future__ import annotations
 import json
 import time
 
+import torch
+
 import _common as C
 from posttrain.config import RewardSpec
 from posttrain.models import load_pretrained
-from posttrain.rewards import reward_models
+from posttrain.rewards import reward_models, rewards
+from posttrain.rollout.engine import sample
+from posttrain.rollout.text import decode_completions
+from posttrain.trainers.common import encode_prompts
 from posttrain.stages.preference import load_pairs
 
 BT = (RewardSpec(name="bt", weight=1.0), RewardSpec(name="correctness", weight=0.0))
@@ -47,6 +52,25 @@ def reward_model(cfg, kind: str, task, train, held, sft_path, seed: int):
     return out, json.loads((out / "metrics.json").read_text())
 
 
+@torch.no_grad()
+def best_of_n(cfg, kinds, task, held, sft_path, rl_options: dict, seed: int, n: int = 8) -> dict[str, float]:
+    """Held-out accuracy when each reward model picks one of n SFT samples per prompt (the first of tied best), with
+    a random pick and the oracle (any correct sample) for scale: how well it ranks what RL will show it first."""
+    model, tokenizer = load_pretrained(sft_path)
+    ids, mask = encode_prompts(tokenizer, [e.prompt for e in held], next(model.parameters()).device)
+    out = sample(model, ids, mask, group_size=n, max_new_tokens=cfg.rl.max_new_tokens, eos_id=tokenizer.eos_token_id,
+                 pad_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(seed + 1))
+    texts, finished = decode_completions(tokenizer, out), out.finished.cpu().tolist()
+    examples = [e for e in held for _ in range(n)]
+    correct = rewards.get("correctness")(task, examples, texts, finished).view(-1, n)
+    result = {"n": n, "random_pick_accuracy": float(correct.mean()), "oracle_accuracy": float(correct.max(1).values.mean())}
+    rl = cfg.rl.model_copy(update={"options": rl_options})
+    for kind in kinds:
+        scores = rewards.get(kind)(task, examples, texts, finished, rl=rl).view(-1, n)
+        result[f"{kind}_pick_accuracy"] = float(correct.gather(1, scores.argmax(1, keepdim=True)).mean())
+    return result
+
+
 def main() -> None:
     args = C.parse_args(__doc__.split("\n")[0], 400, [("--arms", str, ",".join(ARMS), "comma-separated arms to run")])
     t0 = time.time()
@@ -60,6 +84,8 @@ def main() -> None:
         print(f"{k} reward model held-out pair accuracy {m['heldout_pair_accuracy']:.4f}", flush=True)
     options = {**cfg.rl.options, **{k: {"path": str(d)} for k, (d, _) in rms.items()}}
     rm_metrics = {k: m for k, (_, m) in rms.items()}
+    picks = best_of_n(cfg, kinds, task, held, path, {**options, "bt": {**options.get("bt", {}), "clip": False}}, args.seed)
+    print(f"best of {picks['n']} SFT samples on held-out prompts: " + ", ".join(f"{k} {v:.4f}" for k, v in picks.items() if k != "n"), flush=True)
     arms, rows = {}, []
     k = max(1, min(20, args.steps // 5))
     for arm in names:
@@ -91,7 +117,7 @@ def main() -> None:
             runs[arm] = C.log_arm(a["_cfg"], f"reward_model_rl/{arm}", a["_history"], final, rows, text)
     for a in arms.values():
         a.pop("_history"), a.pop("_cfg")
-    results = {"claim": "reward_model_rl", "steps": args.steps, "sft_heldout": sft, "reward_model": rm_metrics, "arms": arms,
+    results = {"claim": "reward_model_rl", "steps": args.steps, "sft_heldout": sft, "reward_model": rm_metrics, "best_of_n": picks, "arms": arms,
                "table": rows, "mlflow_runs": runs, "runtime_s": round(time.time() - t0, 1)}
     print(f"runtime {results['runtime_s']}s")
     C.write_json(args, results)

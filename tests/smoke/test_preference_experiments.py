@@ -34,3 +34,7 @@ def test_experiment_runs_and_writes_json(name, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(out.read_text())
     assert data["claim"] == name and data["steps"] == 2 and set(data["arms"]) == arms and data["table"]
+    if name == "reward_model_rl":  # each reward model's pick among 8 SFT samples, between a random pick and the oracle's
+        picks = data["best_of_n"]
+        assert {"bt_pick_accuracy", "trm_pick_accuracy"} <= set(picks)
+        assert 0 <= picks["random_pick_accuracy"] <= picks["oracle_accuracy"] <= 1 and picks["bt_pick_accuracy"] <= picks["oracle_accuracy"]
