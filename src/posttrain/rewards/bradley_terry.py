@@ -85,7 +85,7 @@ def scores(model, ids: Tensor, mask: Tensor, response: Tensor, pooling: str) -> 
     return pool(model, hidden_states(model, ids, mask), response, pooling)
 
 
-def language_head(model, policy_dir: Path, device) -> torch.nn.Module:
+def language_head(model, policy_dir: Path, device) -> Callable[[Tensor], Tensor]:
     """The SFT model's output projection over `model`'s backbone: its tied input embeddings, or (untied) a
     trainable copy of the checkpoint's lm_head, used only by the auxiliary loss and not saved."""
     from transformers import AutoModelForCausalLM
@@ -159,10 +159,11 @@ def train_bt(cfg, policy_dir: Path, train, heldout, out_dir: Path, seed: int, on
     for step in range(1, rm_cfg.steps + 1):
         picked = torch.randint(len(train), (min(rm_cfg.batch_size, len(train)),), generator=generator)
         rows = torch.stack([2 * picked, 2 * picked + 1], dim=1).flatten().to(device)
-        hidden = hidden_states(model, ids[rows], mask[rows])
-        r = pool(model, hidden, response[rows], pooling)
+        batch_ids, batch_response = ids[rows], response[rows]
+        hidden = hidden_states(model, batch_ids, mask[rows])
+        r = pool(model, hidden, batch_response, pooling)
         bt_loss = -torch.nn.functional.logsigmoid(r[0::2] - r[1::2]).mean()
-        loss = bt_loss if head is None else bt_loss + options.sft_weight * chosen_nll(head, hidden[0::2], ids[rows][0::2], response[rows][0::2])
+        loss = bt_loss if head is None else bt_loss + options.sft_weight * chosen_nll(head, hidden[0::2], batch_ids[0::2], batch_response[0::2])
         loss.backward()
         torch.nn.utils.clip_grad_norm_([*model.parameters(), *extra], 1.0)
         optimizer.step()
