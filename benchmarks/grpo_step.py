@@ -74,6 +74,7 @@ def build(cfg, sft_steps: int):
 
     from posttrain.models import build_tiny, train_char_tokenizer
     from posttrain.tasks import build_task
+    from posttrain.models.sampling import encode_prompts
     from posttrain.trainers.common import seed_everything
     from posttrain.trainers.sft import train_sft
 
@@ -115,6 +116,7 @@ class OurLoop:
         import torch
 
         from posttrain.objectives import needs_of
+        from posttrain.models.sampling import encode_prompts
         from posttrain.trainers.common import optimizer_and_schedule
         from posttrain.trainers.online_rl import PromptStream, RLRun
 
@@ -270,8 +272,8 @@ def run_rollouts(cfg, train, tokenizer, model, repeats: int, device: str = "cpu"
     """Median seconds of our `sample()` and of `model.generate` on the same prompts, alternated, on `device`."""
     import torch
 
-    from posttrain.rollout.engine import sample
-    from posttrain.trainers.common import encode_prompts
+    from posttrain.models.sampling import sample
+    from posttrain.models.sampling import encode_prompts
 
     rl = cfg.rl
     device = torch.device(device)

@@ -21,10 +21,11 @@ import _common as C
 from posttrain.data import flexbench as F
 from posttrain.models import build_tiny, load_pretrained, save_pretrained
 from posttrain.models.tokenizer import word_tokenizer
-from posttrain.rollout.engine import sample
-from posttrain.rollout.text import decode_completions
+from posttrain.models.sampling import sample
+from posttrain.models.sampling import decode_completions
 from posttrain.tasks import Example
-from posttrain.trainers.common import encode_prompts, seed_everything
+from posttrain.models.sampling import encode_prompts
+from posttrain.trainers.common import seed_everything
 from posttrain.trainers.preference import train_preference
 from posttrain.trainers.sft import train_sft
 

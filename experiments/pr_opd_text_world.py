@@ -22,9 +22,9 @@ import _common as C
 import _distill as D
 from posttrain.envs.text_world import CELLS, ROOMS, shortest_actions, transcript
 from posttrain.objectives.distill import contexts
-from posttrain.rollout.text import decode_completions
+from posttrain.models.sampling import decode_completions
 from posttrain.tasks import Example
-from posttrain.trainers.common import encode_prompts
+from posttrain.models.sampling import encode_prompts
 
 ARMS = ("grpo", "pr_opd")
 

@@ -21,9 +21,9 @@ import _common as C
 from posttrain.config import RewardSpec
 from posttrain.models import load_pretrained
 from posttrain.rewards import reward_models, rewards
-from posttrain.rollout.engine import sample
-from posttrain.rollout.text import decode_completions
-from posttrain.trainers.common import encode_prompts
+from posttrain.models.sampling import sample
+from posttrain.models.sampling import decode_completions
+from posttrain.models.sampling import encode_prompts
 from posttrain.stages.preference import load_pairs
 
 BT = (RewardSpec(name="bt", weight=1.0), RewardSpec(name="correctness", weight=0.0))

@@ -18,10 +18,10 @@ import torch
 
 import _common as C
 from posttrain.models import load_pretrained
-from posttrain.rollout.engine import sample
-from posttrain.rollout.text import decode_completions
+from posttrain.models.sampling import sample
+from posttrain.models.sampling import decode_completions
 from posttrain.tasks.distribution import total_variation
-from posttrain.trainers.common import encode_prompts
+from posttrain.models.sampling import encode_prompts
 
 TASK = ["task.name=distribution", "task.digits=3", "task.n_train=200", "task.n_heldout=60",
         "rl.max_new_tokens=2", "eval.max_new_tokens=2", "eval.n_prompts=60", "eval.batch_size=60"]

@@ -16,9 +16,9 @@ import torch
 from posttrain.config import LoraConfig
 from posttrain.models import build_tiny, maybe_lora
 from posttrain.models.logprobs import completion_logprobs
-from posttrain.rollout import engine
-from posttrain.rollout.decoders import FastLlamaDecoder, HFDecoder, decoder_for, positions_from_mask, shared_prompts
-from posttrain.rollout.engine import categorical, sample
+from posttrain.models import sampling as engine
+from posttrain.models.decoders import FastLlamaDecoder, HFDecoder, decoder_for, positions_from_mask, shared_prompts
+from posttrain.models.sampling import categorical, sample
 
 GROUP, NEW = 3, 5
 PROMPTS = ["37+48=", "5+9=", "123*4=", "7="]  # unequal lengths: rows are left-padded

@@ -38,8 +38,8 @@ def micro(char_tokenizer):
 
 
 def rollouts(run, examples, group_size=3, correct=(1.0, 0.0, 0.0)):
-    from posttrain.rollout.engine import sample
-    from posttrain.trainers.common import encode_prompts
+    from posttrain.models.sampling import sample
+    from posttrain.models.sampling import encode_prompts
 
     tok = run.tokenizer
     ids, mask = encode_prompts(tok, [e.prompt for e in examples], torch.device("cpu"))

@@ -90,9 +90,9 @@ def policy_pairs(task: Task, examples: Sequence[Example], n: int, seed: int, *, 
     text); at most 2 pairs per prompt; severity = error_tier / 3. `policy` = (model, tokenizer, max_new_tokens)."""
     import torch
 
-    from posttrain.rollout.engine import sample
-    from posttrain.rollout.text import decode_completions
-    from posttrain.trainers.common import encode_prompts
+    from posttrain.models.sampling import sample
+    from posttrain.models.sampling import decode_completions
+    from posttrain.models.sampling import encode_prompts
 
     model, tokenizer, max_new_tokens = policy
     rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)

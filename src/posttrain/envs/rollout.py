@@ -15,8 +15,8 @@ from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.envs.base import Env
-from posttrain.rollout.decoders import positions_from_mask
-from posttrain.rollout.engine import Samples, categorical
+from posttrain.models.decoders import positions_from_mask
+from posttrain.models.sampling import Samples, categorical
 
 
 @torch.no_grad()

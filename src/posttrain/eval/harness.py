@@ -8,10 +8,11 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.config import EvalConfig
-from posttrain.rollout.engine import sample
-from posttrain.rollout.text import decode_completions
+from posttrain.models.sampling import sample
+from posttrain.models.sampling import decode_completions
 from posttrain.tasks import Example, Task
-from posttrain.trainers.common import encode_prompts, progress
+from posttrain.models.sampling import encode_prompts
+from posttrain.trainers.common import progress
 
 
 _COUNTED = ("greedy_correct", "greedy_format", "sampled_correct", "sampled_format")

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from posttrain.rollout.decoders import FastLlamaDecoder, positions_from_mask, shared_prompts
+from posttrain.models.decoders import FastLlamaDecoder, positions_from_mask, shared_prompts
 
 
 def completion_logprobs(

@@ -20,7 +20,7 @@ from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.errors import UserError
-from posttrain.rollout.decoders import positions_from_mask
+from posttrain.models.decoders import positions_from_mask
 
 
 @dataclass(frozen=True)

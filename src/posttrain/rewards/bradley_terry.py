@@ -37,7 +37,7 @@ from torch import Tensor
 from posttrain.config import Section
 from posttrain.errors import UserError
 from posttrain.rewards import reward_models, rewards
-from posttrain.rollout.decoders import positions_from_mask
+from posttrain.models.decoders import positions_from_mask
 
 SCORE_CHUNK = 512
 POOLING_FILE = "bt_pooling.json"  # saved next to the weights: how the reward reads r(x, y), and its held-out range

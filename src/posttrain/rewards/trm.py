@@ -87,9 +87,9 @@ def judgement(response: str, rubric: str, score_max: float) -> str:
 @torch.no_grad()
 def judge(model, tokenizer, prompts: Sequence[str], responses: Sequence[str], score_max: float, max_new_tokens: int) -> tuple[Tensor, Tensor, list[str]]:
     """Greedy judgements of each (prompt, response): (scores [N], 0 where unparseable; parseable [N]; texts)."""
-    from posttrain.rollout.engine import sample
-    from posttrain.rollout.text import decode_completions
-    from posttrain.trainers.common import encode_prompts
+    from posttrain.models.sampling import sample
+    from posttrain.models.sampling import decode_completions
+    from posttrain.models.sampling import encode_prompts
 
     device = next(model.parameters()).device
     scores, valid, texts = [], [], []

@@ -1,4 +1,4 @@
-"""Small pieces the training loops share: seeding, tokenising prompts, progress, the LR schedule."""
+"""Small pieces the training loops share: seeding, progress, the LR schedule."""
 
 from __future__ import annotations
 
@@ -16,12 +16,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def encode_prompts(tokenizer: PreTrainedTokenizerBase, prompts: list[str], device: torch.device) -> tuple[Tensor, Tensor]:
-    """Left-padded prompt ids and attention mask."""
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    return enc.input_ids.to(device), enc.attention_mask.to(device)
 
 
 def progress(total: int, desc: str, initial: int = 0) -> tqdm:

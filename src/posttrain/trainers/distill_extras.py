@@ -22,10 +22,10 @@ from posttrain.errors import UserError
 from posttrain.models.teacher import teacher_forward
 from posttrain.objectives.distill import contexts
 from posttrain.rollout import RolloutBatch
-from posttrain.rollout.engine import sample
-from posttrain.rollout.text import decode_completions
+from posttrain.models.sampling import sample
+from posttrain.models.sampling import decode_completions
 from posttrain.tasks import Example
-from posttrain.trainers.common import encode_prompts
+from posttrain.models.sampling import encode_prompts
 
 if TYPE_CHECKING:
     from posttrain.trainers.online_rl import RLRun

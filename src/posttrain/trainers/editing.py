@@ -24,9 +24,10 @@ from posttrain.data.facts import Edit, FactSet, split_facts
 from posttrain.data.preferences import PreferencePair
 from posttrain.errors import UserError
 from posttrain.objectives.editing import EditRecord, EditStep, edit_methods
-from posttrain.rollout.engine import sample
-from posttrain.rollout.text import decode_completions
-from posttrain.trainers.common import encode_prompts, progress
+from posttrain.models.sampling import sample
+from posttrain.models.sampling import decode_completions
+from posttrain.models.sampling import encode_prompts
+from posttrain.trainers.common import progress
 from posttrain.trainers.preference import all_sequence_logps, encode_pairs
 
 PROBE_CHUNK = 512  # prompts per greedy-decoding batch

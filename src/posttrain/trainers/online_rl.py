@@ -28,12 +28,13 @@ from posttrain.objectives.diagnostics import composition_metrics
 from posttrain.objectives.kl import k3_kl
 from posttrain.rewards import reward_matrix
 from posttrain.rollout import RolloutBatch
-from posttrain.rollout.engine import sample
-from posttrain.rollout.text import decode_completions
+from posttrain.models.sampling import sample
+from posttrain.models.sampling import decode_completions
 from posttrain.tasks import Example, Task
 from posttrain.trainers import distributed
 from posttrain.trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from posttrain.trainers.common import encode_prompts, optimizer_and_schedule, progress
+from posttrain.models.sampling import encode_prompts
+from posttrain.trainers.common import optimizer_and_schedule, progress
 from posttrain.trainers.dynamic_sampling import concat, informative_groups, select_groups
 
 

@@ -21,7 +21,8 @@ from posttrain.data.preferences import PreferencePair
 from posttrain.errors import UserError
 from posttrain.models.logprobs import completion_logprobs
 from posttrain.objectives.preference import PairLogps, preference_objectives
-from posttrain.trainers.common import encode_prompts, optimizer_and_schedule, progress
+from posttrain.models.sampling import encode_prompts
+from posttrain.trainers.common import optimizer_and_schedule, progress
 
 EVAL_CHUNK = 256  # pairs per no-grad forward pass
 

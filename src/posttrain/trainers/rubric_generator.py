@@ -118,9 +118,9 @@ class RubricTask(Task):
 @torch.no_grad()
 def generate_rubrics(model, tokenizer, prompts: Sequence[str], batch_size: int = 512) -> list[str]:
     """The generator's greedy rubric text for each prompt."""
-    from posttrain.rollout.engine import sample
-    from posttrain.rollout.text import decode_completions
-    from posttrain.trainers.common import encode_prompts
+    from posttrain.models.sampling import sample
+    from posttrain.models.sampling import decode_completions
+    from posttrain.models.sampling import encode_prompts
 
     device, texts = next(model.parameters()).device, []
     for s in range(0, len(prompts), batch_size):
@@ -157,6 +157,7 @@ def train_rubric_generator(
     """SFT then preference RL of a tiny generator (sizes from `model`); saves it to out_dir/model. Returns
     (metrics, RL history, a table of held-out rubrics after training)."""
     from posttrain.models import build_tiny, save_pretrained, select_device, train_char_tokenizer
+    from posttrain.models.sampling import encode_prompts
     from posttrain.trainers.common import seed_everything
     from posttrain.trainers.online_rl import RLRun, train_online_rl
     from posttrain.trainers.sft import train_sft

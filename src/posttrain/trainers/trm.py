@@ -71,9 +71,9 @@ def warmup_examples(pairs: Sequence[PreferencePair], score_max: float, rubrics: 
 @torch.no_grad()
 def own_answers(model, tokenizer, prompts: Sequence[str], max_new_tokens: int) -> dict[str, str]:
     """prompt -> the model's greedy answer (the warm-up rubrics)."""
-    from posttrain.rollout.engine import sample
-    from posttrain.rollout.text import decode_completions
-    from posttrain.trainers.common import encode_prompts
+    from posttrain.models.sampling import sample
+    from posttrain.models.sampling import decode_completions
+    from posttrain.models.sampling import encode_prompts
 
     unique, answers = list(dict.fromkeys(prompts)), []
     for s in range(0, len(unique), 512):
@@ -132,6 +132,7 @@ def _scale(cfg) -> tuple[int, int]:
 def warm_up(cfg, policy_dir: Path, train, heldout, seed: int, on_log):
     """The SFT model with the format's tokens added, after the format SFT warm-up: (model, tokenizer)."""
     from posttrain.models import load_pretrained, select_device
+    from posttrain.models.sampling import encode_prompts
     from posttrain.trainers.common import seed_everything
     from posttrain.trainers.sft import train_sft
 
@@ -156,6 +157,7 @@ def warm_up(cfg, policy_dir: Path, train, heldout, seed: int, on_log):
 def pairwise_rl(cfg, model, tokenizer, train, heldout, seed: int, on_log, first_step: int = 0) -> dict[str, float]:
     """`options.trm.rl_steps` of pairwise RL (`options.trm.pairwise_reward`) on `model`, in place, through the online
     RL step; returns the last held-out metrics ({} when rl_steps is 0)."""
+    from posttrain.models.sampling import encode_prompts
     from posttrain.trainers.common import optimizer_and_schedule
     from posttrain.trainers.online_rl import RLRun, policy_step
 

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from posttrain.config import Section
 from posttrain.objectives import auxiliaries
-from posttrain.rollout.decoders import positions_from_mask
+from posttrain.models.decoders import positions_from_mask
 
 
 class ROFTOptions(Section):
