@@ -53,9 +53,9 @@ def _stage_command(name: str, doc: str):
         resume: Annotated[bool, typer.Option("--resume", help="Continue from the last checkpoint, if any.")] = False,
         launcher: Annotated[str, typer.Option("--launcher", help="Recorded in the MLflow run's tags.")] = "cli",
     ) -> None:
-        from posttrain import config, stages
+        from posttrain import resolve, stages
 
-        cfg = config.load(params, overrides)
+        cfg = resolve.load(params, overrides)
         metrics = stages.execute(name, cfg, _parse_inputs(inputs), out or Path("outputs") / name, launcher=launcher, resume=resume)
         typer.echo(json.dumps(metrics, sort_keys=True))
 
@@ -73,7 +73,7 @@ def _register_stage_commands() -> None:
 @app.command("registry")
 def registry(as_json: Annotated[bool, typer.Option("--json", help="Print {registry: [names]} as JSON.")] = False) -> None:
     """Print every registry and the names registered in it."""
-    from posttrain.registry import all_registries
+    from posttrain.resolve import all_registries
 
     listing = {kind: reg.names() for kind, reg in all_registries().items()}
     if as_json:
@@ -91,10 +91,10 @@ def summary(
     params: Params = Path("params.yaml"),
 ) -> None:
     """Print SFT vs RL held-out accuracy and write summary.json."""
-    from posttrain import config
+    from posttrain import resolve
     from posttrain.tracking import resolve_uri
 
-    cfg = config.load(params)
+    cfg = resolve.load(params)
     result: dict[str, object] = {}
     for name in ("sft", "rl"):
         path = eval_dir / name / "metrics.json"

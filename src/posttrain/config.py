@@ -1,8 +1,13 @@
 """Settings: one pydantic model per `params.yaml` section, frozen, unknown keys rejected.
 
 `params.yaml` is the only source of defaults: the models here declare types and bounds, not values.
-`load(params, overrides)` is the only way settings enter a run. A bad key or value raises `UserError`
-with one line that names the key, before any work is done.
+`load(params, overrides)` reads and validates the structure; a bad key or value raises `UserError` with one
+line that names the key, before any work is done.
+
+This module is a leaf: it imports no component. A field whose value names a registry entry is marked
+`Registered("<registry>")`, and a per-component settings mapping is marked `OptionsOf("<registry>", ...)`;
+`posttrain.resolve` checks those markers against the registries (names, options, meta rules) at the CLI and
+preflight boundary, and the Airflow / Kubeflow schemas read the same markers.
 """
 
 from __future__ import annotations
@@ -13,11 +18,13 @@ import hashlib
 import json
 import re
 import typing
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from posttrain.errors import UserError
 
@@ -25,17 +32,37 @@ from posttrain.errors import UserError
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # "org/name"; any other model path must exist on disk
 
 
+@dataclass(frozen=True)
+class Registered:
+    """Field metadata: the value (or each item of a tuple) names an entry of registry `registry`."""
+
+    registry: str
+
+
+@dataclass(frozen=True, init=False)
+class OptionsOf:
+    """Field metadata: a `{name: {key: value}}` mapping of per-component settings, each name registered in one
+    of `registries` with an options model (registry meta `options`)."""
+
+    registries: tuple[str, ...]
+
+    def __init__(self, *registries: str):
+        object.__setattr__(self, "registries", registries)
+
+
+Options = dict[str, Any]  # name -> raw settings as read; name -> the parsed options model once resolved
+
+
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-
-def _check_registered(registry_name: str, name: str) -> str:
-    from posttrain.registry import all_registries
-
-    registry = all_registries()[registry_name]
-    if name not in registry:
-        raise ValueError(registry.unknown_message(name))
-    return name
+    def options_for(self, name: str) -> BaseModel | None:
+        """The parsed settings of the component registered as `name` (None when it takes none). Options are
+        parsed once, by `posttrain.resolve`; reading an unresolved block is a programming error."""
+        value = getattr(self, "options", {}).get(name)
+        if value is None or isinstance(value, BaseModel):
+            return value
+        raise RuntimeError(f"options of {name!r} were not resolved: load settings with posttrain.resolve.load / resolve.section")
 
 
 class PipelineConfig(Section):
@@ -52,25 +79,12 @@ class TrackingConfig(Section):
 
 
 class TaskConfig(Section):
-    name: str
+    name: Annotated[str, Registered("tasks")]
     digits: int = Field(ge=1, le=6)
     operations: tuple[Literal["+", "-", "*"], ...]
     n_train: int = Field(gt=0)
     n_heldout: int = Field(gt=0)
-    options: dict[str, dict[str, Any]]  # per-task settings: task.options.<task name>.<key>
-
-    @field_validator("name")
-    @classmethod
-    def _known_task(cls, v: str) -> str:
-        return _check_registered("tasks", v)
-
-    @model_validator(mode="after")
-    def _check_options(self) -> "TaskConfig":
-        _validate_options(self.options, (self.name,), ("tasks",), "task.options")
-        return self
-
-    def options_for(self, name: str) -> BaseModel:
-        return option_schema(name, ("tasks",)).model_validate(self.options[name] or {})
+    options: Annotated[Options, OptionsOf("tasks")]  # per-task settings: task.options.<task name>.<key>
 
     @field_validator("operations")
     @classmethod
@@ -126,58 +140,16 @@ class SFTConfig(Section):
 
 
 class RewardSpec(Section):
-    name: str
+    name: Annotated[str, Registered("rewards")]
     weight: float = 1.0
-
-    @field_validator("name")
-    @classmethod
-    def _known_reward(cls, v: str) -> str:
-        return _check_registered("rewards", v)
-
-
-def option_schema(name: str, kinds: tuple[str, ...] = ("advantages", "losses", "rewards", "auxiliaries")) -> type[BaseModel] | None:
-    """The options model declared by the component registered as `name` in one of `kinds`, if any."""
-    from posttrain.registry import all_registries
-
-    for kind in kinds:
-        registry = all_registries()[kind]
-        if name in registry:
-            return registry.entry(name).meta.get("options")
-    return None
-
-
-_KIND_WORD = {
-    "advantages": "estimator", "losses": "loss", "rewards": "reward", "auxiliaries": "auxiliary term", "tasks": "task",
-    "reward_models": "reward model", "preference_objectives": "preference objective", "edit_methods": "edit method",
-}
-
-
-def _validate_options(options: dict[str, dict[str, Any]], used: tuple[str, ...], kinds: tuple[str, ...], where: str) -> None:
-    """Every options block belongs to a registered component that declares a schema and validates against it;
-    every component in use that declares a schema has its block (its defaults live in params.yaml)."""
-    for name, values in options.items():
-        schema = option_schema(name, kinds)
-        if schema is None:
-            kind = ", ".join(_KIND_WORD[k] for k in kinds[:-1]) + (" or " if len(kinds) > 1 else "") + _KIND_WORD[kinds[-1]]
-            raise ValueError(f"{where}.{name}: no registered {kind} named {name!r} takes options")
-        try:
-            schema.model_validate(values or {})
-        except ValidationError as e:
-            raise ValueError(_one_line(e, schema, prefix=f"{where}.{name}.")) from None
-    for name in used:
-        if option_schema(name, kinds) is not None and name not in options:
-            raise ValueError(f"{where}.{name}: missing; {name}'s settings belong in params.yaml")
-
-
-_REGISTRY_OF = {"advantage": "advantages", "loss": "losses", "loss_agg": "loss_aggregations"}  # rl key -> registry
 
 
 class RLConfig(Section):
-    preset: str | None  # a named method (objectives/presets.py), expanded by `load` below explicit overrides
-    advantage: str
-    loss: str
-    loss_agg: str
-    aux: tuple[str, ...]  # auxiliary loss terms added to the policy loss (distillation, alignment), by registry name
+    preset: Annotated[str | None, Registered("presets")]  # a named method (objectives/presets.py), expanded below explicit overrides
+    advantage: Annotated[str, Registered("advantages")]
+    loss: Annotated[str, Registered("losses")]
+    loss_agg: Annotated[str, Registered("loss_aggregations")]
+    aux: tuple[Annotated[str, Registered("auxiliaries")], ...]  # auxiliary loss terms added to the policy loss, by registry name
     rewards: tuple[RewardSpec, ...]
     steps: int = Field(gt=0)
     prompts_per_step: int = Field(gt=0)
@@ -200,32 +172,7 @@ class RLConfig(Section):
     log_every: int = Field(gt=0)
     # per-method settings, keyed by the registered name of the estimator / loss / reward that declares them
     # (`options=<Section model>` in its registry entry); e.g. `options: {qglas: {gamma_max: 0.5}}`
-    options: dict[str, dict[str, Any]]
-
-    @model_validator(mode="after")
-    def _check_options(self) -> "RLConfig":
-        used = (self.advantage, self.loss, *self.aux, *(r.name for r in self.rewards))
-        _validate_options(self.options, used, ("advantages", "losses", "rewards", "auxiliaries"), "rl.options")
-        return self
-
-    def options_for(self, name: str) -> BaseModel:
-        """The validated settings of the component registered as `name`."""
-        return option_schema(name).model_validate(self.options[name] or {})
-
-    @field_validator("preset")
-    @classmethod
-    def _known_preset(cls, v: str | None) -> str | None:
-        return v if v is None else _check_registered("presets", v)
-
-    @field_validator(*_REGISTRY_OF)
-    @classmethod
-    def _registered(cls, v: str, info: ValidationInfo) -> str:
-        return _check_registered(_REGISTRY_OF[info.field_name], v)
-
-    @field_validator("aux")
-    @classmethod
-    def _known_aux(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        return tuple(_check_registered("auxiliaries", name) for name in v)
+    options: Annotated[Options, OptionsOf("advantages", "losses", "rewards", "auxiliaries")]
 
     @field_validator("rewards")
     @classmethod
@@ -255,13 +202,8 @@ class GPUConfig(Section):
 
 
 class SweepConfig(Section):
-    objectives: tuple[str, ...]  # advantage estimators (rl.advantage) to sweep
+    objectives: tuple[Annotated[str, Registered("advantages")], ...]  # advantage estimators (rl.advantage) to sweep
     parallelism: int = Field(ge=1)
-
-    @field_validator("objectives")
-    @classmethod
-    def _registered(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        return tuple(_check_registered("advantages", name) for name in v)
 
 
 class AirflowConfig(Section):
@@ -275,7 +217,7 @@ class TrainerJobConfig(Section):
     """Multi-node training through Kubeflow Trainer: a launcher task submits a TrainJob (torchrun on every node)."""
 
     enabled: bool
-    stages: tuple[str, ...]  # the training stages that run as TrainJobs when enabled
+    stages: tuple[Annotated[str, Registered("stages")], ...]  # the training stages that run as TrainJobs when enabled
     runtime: str  # ClusterTrainingRuntime that runs torchrun (Kubeflow Trainer's torch-distributed)
     num_nodes: int = Field(ge=1)
     namespace: str
@@ -283,11 +225,6 @@ class TrainerJobConfig(Section):
     poll_seconds: float = Field(gt=0)
     volume: str  # PersistentVolumeClaim (ReadWriteMany) the launcher and every node mount: inputs and outputs
     mount_path: str
-
-    @field_validator("stages")
-    @classmethod
-    def _registered(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        return tuple(_check_registered("stages", name) for name in v)
 
 
 class OrchestrationConfig(Section):
@@ -307,11 +244,9 @@ class OrchestrationConfig(Section):
 
 class PairTrainingConfig(Section):
     """What the `reward_model` and `preference` stages share: where pairs come from, the optimiser loop, and
-    per-method settings in `options`, validated against the `options_registry` entry they name."""
+    per-method settings in `options` (each subclass marks the registry of the methods it selects)."""
 
-    options_registry: ClassVar[tuple[str, str]]  # (section, registry of the methods it selects)
-
-    data: str  # preference_data registry: how pairs are built from the task's examples (when `pairs` is null)
+    data: Annotated[str, Registered("preference_data")]  # preference_data registry: how pairs are built from the task's examples (when `pairs` is null)
     pairs: str | None  # a JSON-lines file of pairs (data/preferences.py) to train on instead
     n_pairs: int = Field(gt=0)  # generated training pairs
     n_heldout_pairs: int = Field(gt=0)  # generated held-out pairs (from held-out prompts)
@@ -321,12 +256,7 @@ class PairTrainingConfig(Section):
     lr: float = Field(gt=0)
     warmup_steps: int = Field(ge=0)
     log_every: int = Field(gt=0)
-    options: dict[str, dict[str, Any]]  # <section>.options.<registered name>.<key>
-
-    @field_validator("data")
-    @classmethod
-    def _known_data(cls, v: str) -> str:
-        return _check_registered("preference_data", v)
+    options: Options  # <section>.options.<registered name>.<key>
 
     @field_validator("pairs")
     @classmethod
@@ -335,60 +265,23 @@ class PairTrainingConfig(Section):
             raise ValueError(f"preference file not found: {v}")
         return v
 
-    def method(self) -> str:
-        raise NotImplementedError
-
-    @model_validator(mode="after")
-    def _check_options(self) -> "PairTrainingConfig":
-        section, registry = self.options_registry
-        _validate_options(self.options, (self.method(),), (registry,), f"{section}.options")
-        return self
-
-    def options_for(self, name: str) -> BaseModel:
-        """The validated settings of the method registered as `name`."""
-        return option_schema(name, (self.options_registry[1],)).model_validate(self.options[name] or {})
 
 
 class RewardModelConfig(PairTrainingConfig):
-    options_registry = ("reward_model", "reward_models")
-    kind: str  # reward_models registry: bt (Bradley-Terry value head) | trm (Thinking Reward Model)
+    kind: Annotated[str, Registered("reward_models")]  # bt (Bradley-Terry value head) | trm (Thinking Reward Model)
     rl_rewards: tuple[RewardSpec, ...]  # the `rl_rm` stage's reward list (rl settings otherwise); the model's path is its input
+    options: Annotated[Options, OptionsOf("reward_models")]
 
     @field_validator("rl_rewards")
     @classmethod
     def _some_rewards(cls, v: tuple[RewardSpec, ...]) -> tuple[RewardSpec, ...]:
         return RLConfig._some_rewards(v)
 
-    @model_validator(mode="after")
-    def _rewards_use_the_trained_kind(self) -> "RewardModelConfig":
-        from posttrain.rewards import reward_models
-
-        other = [r.name for r in self.rl_rewards if r.name in reward_models and r.name != self.kind]
-        if other:  # rl_rm hands its reward_model input to the reward named `kind` only
-            raise ValueError(f"reward_model.rl_rewards: {other[0]} is not the trained reward_model.kind ({self.kind}); list {self.kind} instead")
-        return self
-
-    @field_validator("kind")
-    @classmethod
-    def _known_kind(cls, v: str) -> str:
-        return _check_registered("reward_models", v)
-
-    def method(self) -> str:
-        return self.kind
-
 
 class PreferenceConfig(PairTrainingConfig):
-    options_registry = ("preference", "preference_objectives")
-    objective: str  # preference_objectives registry: dpo | gm_dpo | abc_align
+    objective: Annotated[str, Registered("preference_objectives")]  # dpo | gm_dpo | abc_align
     beta: float = Field(gt=0)  # DPO's inverse temperature on the log-ratio margin
-
-    @field_validator("objective")
-    @classmethod
-    def _known_objective(cls, v: str) -> str:
-        return _check_registered("preference_objectives", v)
-
-    def method(self) -> str:
-        return self.objective
+    options: Annotated[Options, OptionsOf("preference_objectives")]
 
 
 class FactsConfig(Section):  # edit.facts: the synthetic fact set (data/facts.py)
@@ -409,7 +302,7 @@ class EditConfig(Section):
 
     facts: FactsConfig
     pretrain: SFTConfig  # the `knowledge` stage's SFT on every fact under every template
-    method: str  # edit_methods registry: naive | glime
+    method: Annotated[str, Registered("edit_methods")]  # naive | glime
     edits: str | None  # a JSON-lines edit stream {subject, relation, new}; null: `n_edits` seeded edits
     n_edits: int = Field(gt=0)
     steps_per_edit: int = Field(gt=0)
@@ -417,12 +310,7 @@ class EditConfig(Section):
     max_grad_norm: float = Field(gt=0)
     params: tuple[str, ...]  # edited parameters: names containing one of these (e.g. "mlp": every FFN)
     log_every: int = Field(gt=0)  # edits between running-retention probes
-    options: dict[str, dict[str, Any]]  # edit.options.<method>.<key>
-
-    @field_validator("method")
-    @classmethod
-    def _known_method(cls, v: str) -> str:
-        return _check_registered("edit_methods", v)
+    options: Annotated[Options, OptionsOf("edit_methods")]  # edit.options.<method>.<key>
 
     @field_validator("edits")
     @classmethod
@@ -438,15 +326,6 @@ class EditConfig(Section):
             raise ValueError("needs at least one parameter-name pattern")
         return v
 
-    @model_validator(mode="after")
-    def _check_options(self) -> "EditConfig":
-        _validate_options(self.options, (self.method,), ("edit_methods",), "edit.options")
-        return self
-
-    def options_for(self, name: str) -> BaseModel | None:
-        """The validated settings of the method registered as `name` (None for a method without settings)."""
-        schema = option_schema(name, ("edit_methods",))
-        return None if schema is None else schema.model_validate(self.options[name] or {})
 
 
 class CareConfig(Section):  # stage care: CARE's rubric generator (spec §17) for the dialogue task
@@ -470,19 +349,9 @@ class CareConfig(Section):  # stage care: CARE's rubric generator (spec §17) fo
 
 
 class DistillConfig(Section):
-    method: str  # a distillation preset (objectives/distill/presets.py) applied on top of the rl section
+    method: Annotated[str, Registered("presets")]  # a distillation preset (objectives/distill/presets.py) applied on the rl section
     steps: int = Field(gt=0)
     prompts_per_step: int = Field(gt=0)
-
-    @field_validator("method")
-    @classmethod
-    def _known_method(cls, v: str) -> str:
-        from posttrain.objectives.distill.presets import DISTILL_METHODS
-
-        _check_registered("presets", v)
-        if v not in DISTILL_METHODS:
-            raise ValueError(f"{v!r} is not a distillation method; choose from {', '.join(DISTILL_METHODS)}")
-        return v
 
 
 class CityConfig(Section):  # the synthetic city (stage `city`), the embedded default source of `curate`
@@ -495,28 +364,21 @@ class CurateConfig(Section):  # VIGOR-his curation (spec §1)
     d_max_m: float = Field(gt=0)  # pairing radius (haversine)
     min_gap_years: int = Field(ge=0)  # newer capture year - older capture year
     tile_radius_m: float = Field(gt=0)  # satellite tiles farther than this from the recent panorama are not used
-    embedder: str  # registry: image embedders
+    embedder: Annotated[str, Registered("embedders")]
     min_similarity: float = Field(ge=-1, le=1)  # persistent-content cosine similarity
-    geometric_check: str  # registry: geometric_checks (none skips it)
+    geometric_check: Annotated[str, Registered("geometric_checks")]  # none skips it
     min_inlier_ratio: float = Field(ge=0, le=1)  # geometric agreement: RANSAC inliers / keypoints
     min_brightness: float = Field(ge=0, le=1)
     min_sharpness: float = Field(ge=0)
-    classifier: str  # registry: change classifiers
+    classifier: Annotated[str, Registered("change_classifiers")]
     min_changed: float = Field(ge=0, le=1)  # share of satellite pixels whose material changed, below: no_change
-    instruction_writer: str  # registry: instruction writers
+    instruction_writer: Annotated[str, Registered("instruction_writers")]
     min_region_share: float = Field(ge=0, le=1)  # share of the street-level difference inside the edited region
     heldout_fraction: float = Field(ge=0, lt=1)
 
-    @field_validator("embedder", "geometric_check", "classifier", "instruction_writer")
-    @classmethod
-    def _registered_step(cls, v: str, info: ValidationInfo) -> str:
-        registry = {"embedder": "embedders", "geometric_check": "geometric_checks", "classifier": "change_classifiers",
-                    "instruction_writer": "instruction_writers"}
-        return _check_registered(registry[info.field_name], v)
-
 
 class FlowModelConfig(Section):  # the conditional flow-matching image model
-    kind: str  # registry: flow_backends (unet: the tiny UNet; flux: a diffusers FLUX checkpoint + LoRA)
+    kind: Annotated[str, Registered("flow_backends")]  # unet: the tiny UNet; flux: a diffusers FLUX checkpoint + LoRA
     path: str | None  # unet: a saved flow model directory or None (tiny new one); flux: the checkpoint directory
     flux_guidance: float = Field(ge=0)  # flux: the distilled guidance value fed to a transformer with guidance embeddings
     image_size: int = Field(ge=8, multiple_of=4)  # the model's resolution; curated images are area-averaged down to it
@@ -532,21 +394,6 @@ class FlowModelConfig(Section):  # the conditional flow-matching image model
         if v is not None and not Path(v).is_dir():
             raise ValueError(f"flow model directory not found: {v}")
         return v
-
-    @field_validator("kind")
-    @classmethod
-    def _known_kind(cls, v: str) -> str:
-        return _check_registered("flow_backends", v)
-
-    @model_validator(mode="after")
-    def _kind_requirements(self) -> "FlowModelConfig":
-        """A kind registered with needs_checkpoint / needs_lora (flux) refuses a missing path or r = 0 up front."""
-        from posttrain.registry import all_registries
-
-        meta = all_registries()["flow_backends"].entry(self.kind).meta
-        if (meta.get("needs_checkpoint") and self.path is None) or (meta.get("needs_lora") and self.lora.r == 0):
-            raise ValueError(f"flow.kind {self.kind} needs flow.path (a checkpoint directory) and flow.lora.r > 0 (only adapters train)")
-        return self
 
     @model_validator(mode="after")
     def _groups_divide(self) -> "FlowModelConfig":
@@ -565,19 +412,14 @@ class FlowSFTConfig(Section):
 
 
 class ImageRewardSpec(Section):
-    name: str
+    name: Annotated[str, Registered("image_rewards")]
     weight: float
-
-    @field_validator("name")
-    @classmethod
-    def _known_image_reward(cls, v: str) -> str:
-        return _check_registered("image_rewards", v)
 
 
 class FlowRLConfig(Section):  # Flow-GRPO (spec §0.4) with the text pipeline's advantage estimators and losses
-    advantage: str  # an estimator that works on the reward matrix alone (gdpo, sum_then_normalize, grpo)
-    loss: str  # registry: losses, applied per denoising step
-    loss_agg: str
+    advantage: Annotated[str, Registered("advantages")]  # one that works on the reward matrix alone (meta on_rewards)
+    loss: Annotated[str, Registered("losses")]  # applied per denoising step
+    loss_agg: Annotated[str, Registered("loss_aggregations")]
     rewards: tuple[ImageRewardSpec, ...]
     steps: int = Field(gt=0)
     prompts_per_step: int = Field(gt=0)
@@ -595,22 +437,6 @@ class FlowRLConfig(Section):  # Flow-GRPO (spec §0.4) with the text pipeline's 
     max_grad_norm: float = Field(gt=0)
     log_every: int = Field(gt=0)
     checkpoint_every: int = Field(ge=0)  # 0: no checkpoints (flow_rl --resume then starts over)
-
-    @field_validator("advantage")
-    @classmethod
-    def _reward_matrix_estimator(cls, v: str) -> str:
-        from posttrain.objectives import advantages
-
-        _check_registered("advantages", v)
-        if "on_rewards" not in advantages.entry(v).meta:
-            usable = [e.name for e in advantages if "on_rewards" in e.meta]
-            raise ValueError(f"advantage {v!r} needs token-level rollouts; images take one of {', '.join(usable)}")
-        return v
-
-    @field_validator("loss", "loss_agg")
-    @classmethod
-    def _registered_loss(cls, v: str, info: ValidationInfo) -> str:
-        return _check_registered(_REGISTRY_OF[info.field_name], v)
 
     @field_validator("rewards")
     @classmethod
@@ -649,28 +475,19 @@ class Config(Section):
     flow_rl: FlowRLConfig
     flow_eval: FlowEvalConfig
 
-    @model_validator(mode="after")
-    def _task_fits_methods(self) -> "Config":
-        """A component that works on one kind of task (registry meta `tasks`) refuses the others up front."""
-        from posttrain.registry import all_registries
-
-        reg = all_registries()
-        used = [("rl.advantage", reg["advantages"], self.rl.advantage), ("rl.loss", reg["losses"], self.rl.loss)]
-        used += [("rl.rewards", reg["rewards"], r.name) for r in self.rl.rewards]
-        for key, registry, name in used:
-            fits = registry.entry(name).meta.get("tasks")
-            if fits and self.task.name not in fits:
-                raise ValueError(f"{key}: {name} needs task.name in {{{', '.join(fits)}}} (got {self.task.name!r})")
-        return self
-
     def section_hash(self, *sections: str) -> str:
         """A stable digest of the named sections (used to refuse resuming under changed settings)."""
         dump = {s: getattr(self, s).model_dump(mode="json") for s in sections}
         return hashlib.sha256(json.dumps(dump, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def load(params: Path | str, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Read `params` (YAML), apply `section.key=value` overrides (values parsed as YAML), validate."""
+PresetExpander = Callable[[str, dict[str, Any]], dict[str, Any]]  # (preset name, rl section so far) -> the rl keys it sets
+
+
+def load(params: Path | str, overrides: list[str] | tuple[str, ...] = (), expand_preset: PresetExpander | None = None) -> Config:
+    """Read `params` (YAML), apply `section.key=value` overrides (values parsed as YAML), validate the structure.
+    `expand_preset` turns `rl.preset` into its keys (below explicit overrides, above params.yaml); without it a
+    preset is refused. Registry names are not checked here: `posttrain.resolve.load` does both."""
     path = Path(params)
     if not path.is_file():
         raise UserError(f"params file not found: {path}")
@@ -680,16 +497,16 @@ def load(params: Path | str, overrides: list[str] | tuple[str, ...] = ()) -> Con
         raise UserError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(raw, dict):
         raise UserError(f"{path}: expected a mapping of sections at the top level")
-    _apply_preset(raw, overrides)
+    _apply_preset(raw, overrides, expand_preset)
     for item in overrides:
         _apply_override(raw, item)
     try:
         return Config.model_validate(raw)
     except ValidationError as e:
-        raise UserError(_one_line(e)) from None
+        raise UserError(one_line(e)) from None
 
 
-def _apply_preset(raw: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> None:
+def _apply_preset(raw: dict[str, Any], overrides: list[str] | tuple[str, ...], expand: PresetExpander | None) -> None:
     """Expand `rl.preset` (from params.yaml or an override) into its rl keys, in place, so that the explicit
     overrides applied afterwards win over the preset, and the preset wins over params.yaml."""
     probe = copy.deepcopy(raw)
@@ -699,12 +516,67 @@ def _apply_preset(raw: dict[str, Any], overrides: list[str] | tuple[str, ...]) -
     name = rl.get("preset") if isinstance(rl, dict) else None
     if name is None:
         return
-    from posttrain.objectives.presets import presets
-
-    if not isinstance(name, str) or name not in presets:
-        raise UserError(f"rl.preset: {presets.unknown_message(str(name))}")
+    if expand is None:
+        raise UserError("rl.preset: presets are expanded by posttrain.resolve.load (this loader has no registry)")
     section = raw.get("rl") if isinstance(raw.get("rl"), dict) else {}
-    raw["rl"] = {**section, **presets.get(name)(section)}
+    raw["rl"] = {**section, **expand(str(name), section)}
+
+
+# --- the registry markers, for posttrain.resolve and the launchers' schemas -------------------------------
+
+Marker = Registered | OptionsOf
+
+
+def _marker(metadata: typing.Iterable[Any]) -> Marker | None:
+    return next((m for m in metadata if isinstance(m, (Registered, OptionsOf))), None)
+
+
+def _item_type(annotation: Any) -> Any:
+    """The item type of `tuple[X, ...]`, else None."""
+    if typing.get_origin(annotation) is tuple:
+        args = typing.get_args(annotation)
+        return args[0] if args else None
+    return None
+
+
+def _is_section(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+def marked_values(model: BaseModel, prefix: str = "") -> Iterator[tuple[str, Marker, Any, BaseModel]]:
+    """(dotted key, marker, value, owning section) for every marked field in `model`: nested sections and
+    tuples of sections are walked; a tuple of registered names yields one item per name (`key.i`)."""
+    for name, field in type(model).model_fields.items():
+        value, key = getattr(model, name), f"{prefix}{name}"
+        marker = _marker(field.metadata)
+        item = _item_type(field.annotation)
+        if marker is not None:
+            if value is not None:
+                yield key, marker, value, model
+        elif item is not None and typing.get_origin(item) is Annotated and _marker(item.__metadata__) is not None:
+            for i, v in enumerate(value):
+                yield f"{key}.{i}", _marker(item.__metadata__), v, model
+        elif isinstance(value, BaseModel):
+            yield from marked_values(value, f"{key}.")
+        elif item is not None and _is_section(item):
+            for i, v in enumerate(value):
+                yield from marked_values(v, f"{key}.{i}.")
+
+
+def registered_keys(model: type[BaseModel], prefix: str = "") -> dict[str, str]:
+    """`key -> registry` for the class: `rl.advantage`, `rl.aux[]` (each item), `rl.rewards[].name` (a field of each item)."""
+    keys: dict[str, str] = {}
+    for name, field in model.model_fields.items():
+        key, marker, item = f"{prefix}{name}", _marker(field.metadata), _item_type(field.annotation)
+        if isinstance(marker, Registered):
+            keys[key] = marker.registry
+        elif item is not None and typing.get_origin(item) is Annotated and isinstance(_marker(item.__metadata__), Registered):
+            keys[f"{key}[]"] = _marker(item.__metadata__).registry
+        elif _is_section(field.annotation):
+            keys.update(registered_keys(field.annotation, f"{key}."))
+        elif item is not None and _is_section(item):
+            keys.update(registered_keys(item, f"{key}[]."))
+    return keys
 
 
 def _apply_override(raw: dict[str, Any], item: str) -> None:
@@ -738,7 +610,7 @@ def _apply_override(raw: dict[str, Any], item: str) -> None:
             node, model = child, (annotation if is_section else None)
 
 
-def _one_line(e: ValidationError, root: type[BaseModel] | None = None, prefix: str = "") -> str:
+def one_line(e: ValidationError, root: type[BaseModel] | None = None, prefix: str = "") -> str:
     """The first validation error as one line naming its full key (`prefix` + location in `root`)."""
     err = e.errors()[0]
     loc = prefix + ".".join(str(p) for p in err["loc"])

@@ -9,3 +9,10 @@ class UserError(Exception):
     """A problem in what the user asked for, reported as one line."""
 
     exit_code = 2
+
+
+def assert_no_grad(**tensors) -> None:
+    """Teacher, reference, base and critic tensors are constants to the policy: fail loudly if one carries gradient."""
+    for name, tensor in tensors.items():
+        if tensor is not None and tensor.requires_grad:
+            raise AssertionError(f"{name} must not carry gradient (teacher, base, reference and critic tensors are constants)")

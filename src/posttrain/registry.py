@@ -1,7 +1,8 @@
 """Name -> implementation registries.
 
 Every interchangeable part (advantage estimators, policy losses, rewards, tasks, stages) is registered
-under a name; `params.yaml` selects parts by these names and nothing else dispatches on them.
+under a name; `params.yaml` selects parts by these names and nothing else dispatches on them. The list of
+every registry, and the check of a config against them, live in `posttrain.resolve`.
 """
 
 from __future__ import annotations
@@ -66,38 +67,3 @@ class Registry(Generic[T]):
     def __iter__(self) -> Iterator[Entry[T]]:
         return iter(self._entries[n] for n in self.names())
 
-
-def all_registries() -> dict[str, Registry]:
-    """Every registry, with its implementations imported so that all names are present."""
-    from posttrain import objectives, rewards, stages, tasks
-    from posttrain.data.preferences import preference_data
-    from posttrain.objectives.preference import preference_objectives
-    from posttrain.objectives.editing import edit_methods
-    from posttrain.data.vigor.steps import change_classifiers, embedders, geometric_checks, instruction_writers
-    from posttrain.objectives.presets import presets
-    from posttrain.rewards.care_reward import care_weight_sources
-    from posttrain.rewards.image import image_rewards
-    from posttrain.models.flow import flow_backends
-    import posttrain.models.flux  # noqa: F401  (registers the flux kind)
-
-    return {
-        "advantages": objectives.advantages,
-        "losses": objectives.losses,
-        "loss_aggregations": objectives.aggregations,
-        "auxiliaries": objectives.auxiliaries,
-        "presets": presets,
-        "rewards": rewards.rewards,
-        "reward_models": rewards.reward_models,
-        "care_weight_sources": care_weight_sources,
-        "preference_objectives": preference_objectives,
-        "preference_data": preference_data,
-        "edit_methods": edit_methods,
-        "tasks": tasks.tasks,
-        "stages": stages.stages,
-        "image_rewards": image_rewards,
-        "embedders": embedders,
-        "geometric_checks": geometric_checks,
-        "change_classifiers": change_classifiers,
-        "instruction_writers": instruction_writers,
-        "flow_backends": flow_backends,
-    }

@@ -1,4 +1,5 @@
-"""Kill RL mid-run, resume from its checkpoint, finish: weights and metrics equal an uninterrupted run."""
+"""Kill RL mid-run, resume from its checkpoint, finish: weights and metrics equal an uninterrupted run; the same
+for the distillation methods that keep state between updates (declared states and side modules)."""
 
 from __future__ import annotations
 
@@ -28,35 +29,63 @@ def prepare(pipeline_outputs: Path, root: Path) -> Path:
     return root
 
 
-def test_resume_after_kill_matches_uninterrupted_run(pipeline_outputs, tmp_path):
-    straight = prepare(pipeline_outputs, tmp_path / "straight")
-    posttrain("rl", cwd=straight)
-
-    resumed = prepare(pipeline_outputs, tmp_path / "resumed")
-    checkpoints = resumed / "outputs" / ".rl.partial" / "checkpoints"
-    proc = subprocess.Popen([POSTTRAIN, "rl"], cwd=resumed, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while not (checkpoints / "step-000010").is_dir() and proc.poll() is None and time.time() < deadline:
+def kill_resume_and_compare(straight: Path, resumed: Path, stage: str, args: list[str], kill_at: int, steps: int) -> list[dict]:
+    """Run `stage` straight through in one copy; in the other, SIGKILL it once checkpoint `kill_at` exists, then
+    `--resume`: weights, history and metrics must be equal. Returns the straight run's history."""
+    posttrain(stage, *args, cwd=straight)
+    checkpoints = resumed / "outputs" / f".{stage}.partial" / "checkpoints"
+    proc = subprocess.Popen([POSTTRAIN, stage, *args], cwd=resumed, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 180
+    while not (checkpoints / f"step-{kill_at:06d}").is_dir() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, "the run finished before it could be interrupted"
     stopped_at = sorted(p.name for p in checkpoints.glob("step-*"))
-    assert stopped_at and stopped_at[-1] < "step-000040"
+    assert stopped_at and stopped_at[-1] < f"step-{steps:06d}"
 
-    posttrain("rl", "--resume", cwd=resumed)
-    a = load_file(straight / "outputs" / "rl" / "model" / "model.safetensors")
-    b = load_file(resumed / "outputs" / "rl" / "model" / "model.safetensors")
+    posttrain(stage, *args, "--resume", cwd=resumed)
+    a = load_file(straight / "outputs" / stage / "model" / "model.safetensors")
+    b = load_file(resumed / "outputs" / stage / "model" / "model.safetensors")
     assert a.keys() == b.keys()
     for name in a:
         assert (a[name] == b[name]).all(), f"{name} differs after resume"
-    history_a = json.loads((straight / "outputs" / "rl" / "history.json").read_text())
-    history_b = json.loads((resumed / "outputs" / "rl" / "history.json").read_text())
-    assert len(history_b) == RL["steps"]
+    history_a = json.loads((straight / "outputs" / stage / "history.json").read_text())
+    history_b = json.loads((resumed / "outputs" / stage / "history.json").read_text())
+    assert len(history_b) == steps
     assert deterministic(history_a) == deterministic(history_b)
-    metrics_a = json.loads((straight / "outputs" / "rl" / "metrics.json").read_text())
-    assert metrics_a == json.loads((resumed / "outputs" / "rl" / "metrics.json").read_text())
-    assert not (resumed / "outputs" / ".rl.partial").exists()
+    metrics_a = json.loads((straight / "outputs" / stage / "metrics.json").read_text())
+    assert metrics_a == json.loads((resumed / "outputs" / stage / "metrics.json").read_text())
+    assert not (resumed / "outputs" / f".{stage}.partial").exists()
+    return history_a
+
+
+def test_resume_after_kill_matches_uninterrupted_run(pipeline_outputs, tmp_path):
+    straight, resumed = prepare(pipeline_outputs, tmp_path / "straight"), prepare(pipeline_outputs, tmp_path / "resumed")
+    kill_resume_and_compare(straight, resumed, "rl", [], kill_at=10, steps=RL["steps"])
+
+
+# the methods with memory across updates: PR-OPD's projectors (a side module in the optimiser), GATS's success EMA
+# and UniOPSD's correlation EMA (declared provider states); short warm start so the projectors train before the kill
+STATEFUL = {
+    "pr_opd": ["--set", "rl.options.pr_opd.warm_start=2"],
+    "gats": [],  # rl.options.gats.teacher_success is null: S_T is measured by sampling the teacher at step 1
+    "uniopsd": [],
+}
+
+
+@pytest.mark.parametrize("method", sorted(STATEFUL))
+def test_stateful_distillation_resumes_bit_for_bit(pipeline_outputs, tmp_path, method):
+    steps = 8
+    sections = {"rl": {**RL, "checkpoint_every": 2}, "distill": {"method": method, "steps": steps, "prompts_per_step": 4}}
+    roots = []
+    for name in ("straight", "resumed"):
+        copy_outputs(pipeline_outputs, tmp_path / name)
+        micro_params(tmp_path / name, **sections)
+        roots.append(tmp_path / name)
+    history = kill_resume_and_compare(*roots, "distill", STATEFUL[method], kill_at=4, steps=steps)
+    if method == "pr_opd":  # the representation term (and so the projectors) was live on both sides of the kill
+        assert [h["pr_opd/rep_loss"] > 0 for h in history] == [False, False] + [True] * (steps - 2)
 
 
 def test_resume_refuses_a_checkpoint_made_with_other_settings(pipeline_outputs, tmp_path):

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from helpers import REPO
-from posttrain import config
+from posttrain import resolve
 from posttrain.errors import UserError
 from posttrain.orchestration.graph import check_overrides, load_pipelines, load_tasks
 from posttrain.orchestration.preflight import config_text, resolve_config
@@ -101,11 +101,11 @@ def test_resolved_settings_read_back_unchanged(tmp_path):
     assert (cfg.rl.advantage, cfg.sft.steps, cfg.rl.beta) == ("gdpo", 7, 0.01)
     written = tmp_path / "params.yaml"
     written.write_text(config_text(cfg))
-    assert config.load(written) == cfg
+    assert resolve.load(written) == cfg
 
 
 def test_sections_without_their_null_keys_resolve_them_to_null():
-    sections = config.load(REPO / "params.yaml").model_dump(mode="json")
+    sections = resolve.load(REPO / "params.yaml").model_dump(mode="json")
     values = [json.dumps({name: {k: v for k, v in section.items() if v is not None}}) for name, section in sections.items()]
     cfg = resolve_config(Path("/nonexistent/params.yaml"), values, [])
     assert cfg.model.path is None and cfg.rl.preset is None

@@ -211,10 +211,10 @@ def test_an_imported_model_replaces_its_task_and_reaches_consumers_as_a_uri(tmp_
     from kfp import compiler
 
     from pipelines.build import build_pipeline
-    from posttrain import config
+    from posttrain import resolve
     from posttrain.orchestration.graph import load_pipelines
 
-    cfg = config.load(REPO / "params.yaml")
+    cfg = resolve.load(REPO / "params.yaml")
     uri = "s3://models/sft-2026-11"
     cfg = cfg.model_copy(update={"orchestration": cfg.orchestration.model_copy(update={"imports": {"sft": uri}})})
     compiler.Compiler().compile(build_pipeline(load_pipelines(REPO)["text"], cfg), str(tmp_path / "text.yaml"))

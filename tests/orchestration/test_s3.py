@@ -86,14 +86,14 @@ def test_a_stage_reads_an_existing_dataset_by_its_s3_uri(s3_endpoint, tmp_path, 
     """`--in data=s3://...` (what orchestration.imports hands a consumer) trains exactly as the local directory does."""
     import boto3
 
-    from posttrain import config
+    from posttrain import resolve
     from posttrain.orchestration.preflight import preflight
     from posttrain.storage import local_path
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
     monkeypatch.setenv("POSTTRAIN_CACHE", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
-    cfg = config.load(tiny_params(tmp_path, tracking={"enabled": False}, sft={"steps": 3, "batch_size": 8, "log_every": 1}))
+    cfg = resolve.load(tiny_params(tmp_path, tracking={"enabled": False}, sft={"steps": 3, "batch_size": 8, "log_every": 1}))
     posttrain_in_process("data")
     client = boto3.client("s3", endpoint_url=s3_endpoint)
     for path in (tmp_path / "outputs" / "data").iterdir():

@@ -12,7 +12,7 @@ from orch_helpers import loopback_server
 import yaml
 
 from helpers import REPO, micro_params
-from posttrain import config
+from posttrain import resolve
 from posttrain.errors import UserError
 from posttrain.orchestration.trainjob import job_name, launch, render
 
@@ -80,7 +80,7 @@ def _settings(tmp_path: Path, **trainer) -> Path:
 
 def test_rendered_trainjob_runs_torchrun_on_every_node_with_gpus_and_secret_refs(monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "do-not-leak-5e1")
-    orch = config.load(REPO / "params.yaml").orchestration
+    orch = resolve.load(REPO / "params.yaml").orchestration
     name = job_name("8f14e45f-ceea-467e-a8b6-0c7e2c1a9e61", "rl")
     spec = render(name, "registry.local/posttrain:1", ["torchrun", "--no-python", "posttrain", "rl"], orch, {"POSTTRAIN_PIPELINE_RUN": "run-1"})
     assert name == "pt-rl-8f14e45f-ceea-467e-a8b6-0c7e2c1a9e61" and len(job_name("x" * 80, "eval@rl")) <= 63
@@ -140,7 +140,7 @@ def test_the_trainer_option_turns_training_tasks_into_launchers_in_the_compiled_
     from pipelines.build import build_pipeline
     from posttrain.orchestration.graph import load_pipelines
 
-    cfg = config.load(REPO / "params.yaml")
+    cfg = resolve.load(REPO / "params.yaml")
     trainer = cfg.orchestration.trainer.model_copy(update={"enabled": True})
     cfg = cfg.model_copy(update={"orchestration": cfg.orchestration.model_copy(update={"trainer": trainer})})
     compiler.Compiler().compile(build_pipeline(load_pipelines(REPO)["text"], cfg), str(tmp_path / "text.yaml"))

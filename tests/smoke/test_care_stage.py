@@ -13,7 +13,7 @@ MICRO_CARE = {"n_sft": 30, "n_preference": 20, "n_heldout": 10, "sft_steps": 3, 
 
 
 def test_care_stage_trains_a_generator_that_rewards_dialogue_rl(tmp_path):
-    from posttrain.config import load
+    from posttrain.resolve import load
     from posttrain.stages import execute
 
     params = micro_params(tmp_path, care=MICRO_CARE)
@@ -26,8 +26,7 @@ def test_care_stage_trains_a_generator_that_rewards_dialogue_rl(tmp_path):
 
     from posttrain.models import build_tiny, train_char_tokenizer
     from posttrain.tasks import build_task
-    from posttrain.trainers.common import optimizer_and_schedule
-    from posttrain.trainers.online_rl import RLRun, policy_step
+    from posttrain.trainers.online_rl import OnlineRL, RLRun
 
     cfg = load(params, ["task.name=dialogue", "task.n_train=8", "task.n_heldout=2", "rl.max_new_tokens=5",
                         "rl.rewards=[{name: care}, {name: correctness, weight: 0.0}]", f"rl.options.care.path={out}"])
@@ -35,8 +34,7 @@ def test_care_stage_trains_a_generator_that_rewards_dialogue_rl(tmp_path):
     tokenizer = train_char_tokenizer([task.alphabet()])
     policy = build_tiny(cfg.model, tokenizer)
     run = RLRun(policy, tokenizer, task, task.splits(0)["train"], cfg.rl, 0, tmp_path / "ckpt", "h")
-    optimizer, schedule = optimizer_and_schedule(list(policy.parameters()), cfg.rl.lr, 0.0, 0, 2)
-    result = policy_step(run, run.examples[:4], torch.Generator().manual_seed(0), optimizer, schedule)
+    result = OnlineRL(run, total_steps=2).step(run.examples[:4])
     assert result.batch.reward_names == ("care", "correctness")
     care = result.batch.rewards[:, 0]
     assert bool(((care >= 0) & (care <= 1)).all()) and "reward/care_mean" in result.metrics

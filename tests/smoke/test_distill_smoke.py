@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from helpers import REPO, copy_outputs, micro_params, posttrain
-from posttrain import config
+from posttrain import config, resolve
 from posttrain.models.teacher import freeze
 from posttrain.objectives.distill.presets import DISTILL_METHODS
-from posttrain.trainers.online_rl import PromptStream, RLRun, policy_step
+from posttrain.trainers.online_rl import OnlineRL, PromptStream, RLRun
 
 # options that make a 2-step run exercise the method's whole path (e.g. no warm start, no measured S_T)
 FAST = {
@@ -30,7 +30,7 @@ def micro(tmp_path_factory):
     from posttrain.tasks import build_task
 
     root = tmp_path_factory.mktemp("distill")
-    cfg = config.load(micro_params(root), ["rl.max_new_tokens=4", "rl.prompts_per_step=3", "rl.group_size=3"])
+    cfg = resolve.load(micro_params(root), ["rl.max_new_tokens=4", "rl.prompts_per_step=3", "rl.group_size=3"])
     task = build_task(cfg.task)
     tokenizer = train_char_tokenizer([task.alphabet()])
     torch.manual_seed(0)
@@ -47,25 +47,22 @@ def micro(tmp_path_factory):
 
 
 def two_steps(micro, method: str, extra: list[str] = ()):
-    from posttrain.trainers.common import optimizer_and_schedule
-
     root, task, examples, tokenizer, state, model, teachers = micro
     model.load_state_dict(state)
-    cfg = config.load(root / "params.yaml", ["rl.max_new_tokens=4", "rl.prompts_per_step=3", "rl.group_size=3", f"rl.preset={method}", *FAST.get(method, []), *extra])
-    run = RLRun(model, tokenizer, task, examples, cfg.rl, seed=0, checkpoint_dir=REPO / "unused", config_hash="x", teachers=teachers)
-    optimizer, schedule = optimizer_and_schedule(list(model.parameters()), cfg.rl.lr, 0.0, 0, 2)
-    stream, generator = PromptStream(examples, 0), torch.Generator().manual_seed(0)
+    cfg = resolve.load(root / "params.yaml", ["rl.max_new_tokens=4", "rl.prompts_per_step=3", "rl.group_size=3", f"rl.preset={method}", *FAST.get(method, []), *extra])
+    run = RLRun(model, tokenizer, task, examples, cfg.rl, seed=0, checkpoint_dir=REPO / "unused", config_hash="x", models=teachers)
+    trainer, stream = OnlineRL(run, total_steps=2), PromptStream(examples, 0)
     before = [p.detach().clone() for p in model.parameters()]
-    history = [policy_step(run, stream.take(3), generator, optimizer, schedule, None).metrics for _ in range(2)]
+    history = [trainer.step(stream.take(3)).metrics for _ in range(2)]
     moved = any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
     assert all(not p.requires_grad for t in teachers.values() for p in t.parameters())
-    return history, moved, run
+    return history, moved, trainer
 
 
 @pytest.mark.parametrize("method", DISTILL_METHODS)
 def test_every_distillation_method_takes_two_steps(micro, method):
-    history, moved, run = two_steps(micro, method)
-    assert len(history) == 2 and run.state["step"] == 2
+    history, moved, trainer = two_steps(micro, method)
+    assert len(history) == 2 and trainer.step_index == 2
     for metrics in history:
         assert all(math.isfinite(v) for v in metrics.values()), metrics
     assert moved, f"{method} did not change the policy"
@@ -93,32 +90,31 @@ def test_opd_without_a_teacher_is_a_user_error(micro):
     from posttrain.errors import UserError
 
     root, task, examples, tokenizer, state, model, teachers = micro
-    cfg = config.load(root / "params.yaml", ["rl.max_new_tokens=4", "rl.group_size=3", "rl.preset=opd"])
+    cfg = resolve.load(root / "params.yaml", ["rl.max_new_tokens=4", "rl.group_size=3", "rl.preset=opd"])
     run = RLRun(model, tokenizer, task, examples, cfg.rl, seed=0, checkpoint_dir=REPO / "unused", config_hash="x")
-    with pytest.raises(UserError, match="teacher"):  # the CLI turns it into one line and exit code 2
-        policy_step(run, examples[:3], torch.Generator().manual_seed(0), None, None)
+    with pytest.raises(UserError, match="teacher"):  # before any rollout; the CLI turns it into one line and exit code 2
+        OnlineRL(run)
 
 
 @pytest.mark.parametrize("method", ["grpo", "pr_opd"])
 def test_text_world_multi_turn_training_takes_two_steps(tmp_path, method):
     from posttrain.models import build_tiny, train_char_tokenizer
     from posttrain.tasks import build_task
-    from posttrain.trainers.common import optimizer_and_schedule
 
     overrides = ["task.name=text_world", "task.n_train=60", "task.n_heldout=20", "rl.max_new_tokens=9", "rl.group_size=3",
                  f"rl.preset={method}", "rl.options.pr_opd.warm_start=1"]
-    cfg = config.load(micro_params(tmp_path), overrides)
+    cfg = resolve.load(micro_params(tmp_path), overrides)
     task = build_task(cfg.task)
     tokenizer = train_char_tokenizer([task.alphabet()])
     torch.manual_seed(0)
     model = build_tiny(cfg.model, tokenizer)
     examples = task.splits(0)["train"]
     run = RLRun(model, tokenizer, task, examples, cfg.rl, seed=0, checkpoint_dir=REPO / "unused", config_hash="x")
-    optimizer, schedule = optimizer_and_schedule(list(model.parameters()), cfg.rl.lr, 0.0, 0, 2)
-    stream, generator = PromptStream(examples, 0), torch.Generator().manual_seed(0)
+    trainer, stream = OnlineRL(run, total_steps=2), PromptStream(examples, 0)
     for step in (1, 2):
-        result = policy_step(run, stream.take(3), generator, optimizer, schedule, None)
+        result = trainer.step(stream.take(3))
         assert all(math.isfinite(v) for v in result.metrics.values())
         assert (result.batch.completion_mask == 0).any()  # observations were appended and masked
     if method == "pr_opd":  # warm start (step 1) then the representation term (step 2)
-        assert "pr_opd/rep_loss" in result.metrics and "pr_opd" in run.state
+        assert result.metrics["pr_opd/rep_loss"] > 0 and "pr_opd" in trainer.modules
+        assert any(p.grad is None and not torch.equal(p, torch.eye(p.shape[0])) for p in trainer.modules["pr_opd"].parameters() if p.dim() == 2)

@@ -61,12 +61,12 @@ def test_torchrun_sft_equals_the_single_process_update_and_rl_keeps_replicas_in_
 
 
 def _weights_of_a_fresh_model(tmp_path: Path) -> dict[str, torch.Tensor]:
-    from posttrain import config
+    from posttrain import resolve
     from posttrain.models import build_tiny, train_char_tokenizer
     from posttrain.tasks import build_task
     from posttrain.trainers.common import seed_everything
 
-    cfg = config.load(tmp_path / "params.yaml")
+    cfg = resolve.load(tmp_path / "params.yaml")
     seed_everything(cfg.pipeline.seed)
     model = build_tiny(cfg.model, train_char_tokenizer([build_task(cfg.task).alphabet()]))
     return {k: v.detach().clone() for k, v in model.state_dict().items()}

@@ -20,7 +20,7 @@ def params_path() -> Path:
 
 @pytest.fixture(scope="session")
 def cfg(params_path):
-    from posttrain.config import load
+    from posttrain.resolve import load
 
     return load(params_path)
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from helpers import REPO, micro_params
-from posttrain import config
+from posttrain import resolve
 from posttrain.errors import UserError
 from posttrain.objectives import advantages, aggregations, losses, needs_of
 from posttrain.objectives.aggregation import token_sum_norm
@@ -41,7 +41,7 @@ def make_batch(rewards_, group, weights=None, greedy=None, T=3) -> RolloutBatch:
     return batch.with_extras(greedy_rewards=greedy)
 
 
-CFG = SimpleNamespace(std_scaling="group", std_eps=1e-4, options_for=config.load(REPO / "params.yaml").rl.options_for)
+CFG = SimpleNamespace(std_scaling="group", std_eps=1e-4, options_for=resolve.load(REPO / "params.yaml").rl.options_for)
 
 
 def estimate(name, batch, cfg=CFG):
@@ -211,18 +211,18 @@ def test_overlong_soft_punishment_eq13():
 
 def test_presets_expand_below_explicit_overrides(tmp_path):
     params = micro_params(tmp_path)
-    dapo = config.load(params, ["rl.preset=dapo"]).rl
+    dapo = resolve.load(params, ["rl.preset=dapo"]).rl
     assert (dapo.clip_eps_high, dapo.loss_agg, dapo.dynamic_sampling) == (0.28, "token_mean", True)
     assert [r.name for r in dapo.rewards][-1] == "overlong"
-    assert config.load(params, ["rl.preset=dapo", "rl.clip_eps_high=0.3"]).rl.clip_eps_high == 0.3
-    assert config.load(params, ["rl.clip_eps_high=0.3", "rl.preset=dapo"]).rl.clip_eps_high == 0.3
-    dr = config.load(params, ["rl.preset=dr_grpo"]).rl
+    assert resolve.load(params, ["rl.preset=dapo", "rl.clip_eps_high=0.3"]).rl.clip_eps_high == 0.3
+    assert resolve.load(params, ["rl.clip_eps_high=0.3", "rl.preset=dapo"]).rl.clip_eps_high == 0.3
+    dr = resolve.load(params, ["rl.preset=dr_grpo"]).rl
     assert (dr.advantage, dr.loss_agg) == ("dr_grpo", "token_sum_norm")
-    gspo = config.load(params, ["rl.preset=gspo"]).rl
+    gspo = resolve.load(params, ["rl.preset=gspo"]).rl
     assert (gspo.loss, gspo.clip_eps_low, gspo.clip_eps_high) == ("gspo", 3e-4, 4e-4)
-    assert config.load(params).rl.preset is None
+    assert resolve.load(params).rl.preset is None
     with pytest.raises(UserError, match="rl.preset: unknown preset 'dappo'; did you mean 'dapo'"):
-        config.load(params, ["rl.preset=dappo"])
+        resolve.load(params, ["rl.preset=dappo"])
 
 
 # ---------------------------------------------------------------- dynamic sampling, diagnostics

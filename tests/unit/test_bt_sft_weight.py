@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, Qwen2Config
 
 from helpers import REPO
-from posttrain import config
+from posttrain import resolve
 from posttrain.data.preferences import PreferencePair
 from posttrain.models import train_char_tokenizer
 from posttrain.rewards.bradley_terry import POOLING_FILE, chosen_nll, encode_texts, hidden_states, language_head, train_bt
@@ -43,7 +43,7 @@ def test_the_auxiliary_head_is_the_sft_models_language_model(tmp_path, tied):
 
 
 def _cfg(tmp_path, sft_weight: float):
-    return config.load(REPO / "params.yaml", [
+    return resolve.load(REPO / "params.yaml", [
         "pipeline.device=cpu", "reward_model.steps=4", "reward_model.batch_size=4", "reward_model.log_every=2",
         "reward_model.warmup_steps=0", "reward_model.options.bt.pooling=last", f"reward_model.options.bt.sft_weight={sft_weight}",
     ])

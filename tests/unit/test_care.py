@@ -8,7 +8,8 @@ import random
 import pytest
 import torch
 
-from posttrain.config import load
+from posttrain import resolve
+from posttrain.resolve import load
 from posttrain.errors import UserError
 from posttrain.rewards import reward_matrix
 from posttrain.rewards.care import format_rubric, parse_rubric, turn_reward
@@ -67,7 +68,7 @@ def test_compact_rubrics_parse_and_failures_fall_back_to_uniform():
 
 
 def score(cfg, source: str, prompts: list[str], replies: list[str]) -> torch.Tensor:
-    rl = cfg.rl.model_copy(update={"options": {**cfg.rl.options, "care": {"source": source, "path": "nowhere"}}})
+    rl = resolve.updated(cfg.rl, "rl", options={"care": {"source": source, "path": "nowhere"}})
     examples = [Example(p, "", "") for p in prompts]
     matrix, names, _ = reward_matrix(rl.rewards, None, examples, replies, [True] * len(replies), rl=rl)
     assert names == ("care",)

@@ -6,7 +6,9 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from posttrain.config import Config, load
+from posttrain.config import Config
+
+from posttrain.resolve import load
 from posttrain.errors import UserError
 
 

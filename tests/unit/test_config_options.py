@@ -8,7 +8,7 @@ import pytest
 import yaml
 from pydantic import Field
 
-from posttrain import config
+from posttrain import resolve
 from posttrain.config import Section
 from posttrain.errors import UserError
 from posttrain.objectives import advantages
@@ -36,7 +36,7 @@ def params_with(tmp_path, options) -> str:
 
 def test_options_are_validated_and_typed(toy_estimator, tmp_path):
     path = params_with(tmp_path, {toy_estimator: {"strength": 0.5, "mode": "add"}})
-    cfg = config.load(path, [f"rl.advantage={toy_estimator}", f"rl.options.{toy_estimator}.strength=2"])
+    cfg = resolve.load(path, [f"rl.advantage={toy_estimator}", f"rl.options.{toy_estimator}.strength=2"])
     opts = cfg.rl.options_for(toy_estimator)
     assert isinstance(opts, ToyOptions) and opts.strength == 2.0 and opts.mode == "add"
 
@@ -52,7 +52,7 @@ def test_options_are_validated_and_typed(toy_estimator, tmp_path):
 def test_bad_options_are_one_line_errors_naming_the_key(toy_estimator, tmp_path, overrides, needle):
     path = params_with(tmp_path, {toy_estimator: {"strength": 0.5, "mode": "add"}})
     with pytest.raises(UserError) as err:
-        config.load(path, overrides)
+        resolve.load(path, overrides)
     assert str(err.value) == needle or str(err.value).startswith(needle)
     assert "\n" not in str(err.value)
 
@@ -60,4 +60,4 @@ def test_bad_options_are_one_line_errors_naming_the_key(toy_estimator, tmp_path,
 def test_selected_method_without_its_options_is_an_error(toy_estimator, tmp_path):
     path = params_with(tmp_path, {})
     with pytest.raises(UserError, match="rl.options.toy_with_options: missing"):
-        config.load(path, [f"rl.advantage={toy_estimator}"])
+        resolve.load(path, [f"rl.advantage={toy_estimator}"])

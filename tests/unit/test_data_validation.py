@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from helpers import micro_params
-from posttrain import config, stages
+from posttrain import resolve, stages
 from posttrain.data.validation import validate_examples
 from posttrain.errors import UserError
 from posttrain.stages.data import verified
@@ -18,7 +18,7 @@ from posttrain.tasks import Example, build_task
 
 @pytest.fixture(scope="module")
 def task(tmp_path_factory):
-    return build_task(config.load(micro_params(tmp_path_factory.mktemp("v"))).task)
+    return build_task(resolve.load(micro_params(tmp_path_factory.mktemp("v"))).task)
 
 
 def frame(task, rows: list[tuple[str, Example]]) -> pd.DataFrame:
@@ -48,7 +48,7 @@ def test_leaked_prompt_and_wrong_solution_are_reported(task):
 
 
 def test_failing_suite_stops_the_stage_and_writes_nothing(tmp_path, monkeypatch):
-    cfg = config.load(micro_params(tmp_path))
+    cfg = resolve.load(micro_params(tmp_path))
     task_cls = type(build_task(cfg.task))
     original = task_cls.splits
 

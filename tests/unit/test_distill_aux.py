@@ -9,16 +9,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from posttrain import config
+from posttrain import resolve
 from posttrain.errors import UserError
-from posttrain.models.teacher import assert_no_grad, completion_forward, freeze, load_teacher, teacher_forward
-from posttrain.objectives.distill import contexts
+from posttrain.errors import assert_no_grad
+from posttrain.models.logprobs import completion_forward, sequence_logprobs
+from posttrain.models.teacher import freeze, load_teacher, teacher_forward
+from posttrain.trainers import contexts
 from posttrain.objectives.distill.divergence import jsd, reverse_kl
 from posttrain.objectives.distill.pr_opd import Projectors, representation_loss
 from posttrain.objectives.distill.ride import directional_objective, ride_loss, ride_target
 from posttrain.objectives.distill.roft import retrospection_nll
 from posttrain.objectives.distill.think_opd import route_weights, routed_loss
-from posttrain.rollout import RolloutBatch
+from posttrain.rollout import PolicyOutputs, RolloutBatch
 
 PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
 
@@ -29,12 +31,25 @@ def micro(char_tokenizer):
     from posttrain.tasks import build_task
     from posttrain.trainers.online_rl import RLRun
 
-    cfg = config.load(PARAMS, ["model.hidden_size=32", "model.intermediate_size=64", "model.layers=2", "rl.max_new_tokens=4"])
+    cfg = resolve.load(PARAMS, ["model.hidden_size=32", "model.intermediate_size=64", "model.layers=2", "rl.max_new_tokens=4"])
     torch.manual_seed(0)
     model = build_tiny(cfg.model, char_tokenizer)
     task = build_task(cfg.task)
     examples = task.splits(0)["train"][:2]
     return RLRun(model, char_tokenizer, task, examples, cfg.rl, 0, Path("unused"), "x"), examples
+
+
+def context(run, state=None, seed=0, cfg=None, policy=None):
+    """What a provider reads, for the run's policy (or `policy`) and settings (or `cfg`)."""
+    from posttrain.trainers.extras import ExtraContext
+
+    return ExtraContext(policy or run.policy, run.tokenizer, run.task, cfg or run.cfg, {}, 1, torch.Generator().manual_seed(seed), state)
+
+
+def student(run, batch, hidden=False):
+    """The trainer's policy forward as the auxiliary terms receive it."""
+    out = completion_forward(run.policy, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.attention_mask, full=True, hidden=hidden)
+    return PolicyOutputs(out.logp, logprobs=out.logprobs, hidden=out.hidden)
 
 
 def rollouts(run, examples, group_size=3, correct=(1.0, 0.0, 0.0)):
@@ -101,12 +116,12 @@ def test_token_divergences_are_nonnegative_and_zero_for_identical_distributions(
 
 
 def test_opsd_privileged_teacher_reads_the_reference_before_the_prompt(micro):
-    from posttrain.trainers.distill_extras import privileged_logprobs
+    from posttrain.trainers.extras import privileged_logprobs
 
     run, examples = micro
     batch = rollouts(run, examples)
     assert contexts.answer_context(examples[0]).endswith(examples[0].prompt) and examples[0].completion in contexts.answer_context(examples[0])
-    teacher = privileged_logprobs(run, examples, batch, None)
+    teacher = privileged_logprobs(context(run), examples, batch)
     assert teacher.shape == (*batch.completion_ids.shape, len(run.tokenizer)) and not teacher.requires_grad
 
 
@@ -193,12 +208,12 @@ def test_pr_opd_empty_skill_teacher_pass_equals_student_pass(micro):
     run, examples = micro
     batch = rollouts(run, examples)
     assert contexts.skill_context(examples[0], "") == examples[0].prompt
-    from posttrain.trainers.distill_extras import score_under, row_examples
+    from posttrain.trainers.extras import row_examples, score_under
 
-    teacher = score_under(run.policy, run, [contexts.skill_context(e, "") for e in row_examples(examples, batch)], batch, hidden=True).hidden
+    teacher = score_under(run.policy, context(run), [contexts.skill_context(e, "") for e in row_examples(examples, batch)], batch, hidden=True).hidden
     with torch.no_grad():
-        student = completion_forward(run.policy, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, hidden=True).hidden
-    assert representation_loss(student, teacher, batch.completion_mask, Projectors(teacher.shape[0], teacher.shape[-1])) < 1e-10
+        own = student(run, batch, hidden=True).hidden
+    assert representation_loss(own, teacher, batch.completion_mask, Projectors(teacher.shape[0], teacher.shape[-1])) < 1e-10
 
 
 def test_pr_opd_with_zero_weight_or_in_warm_start_adds_nothing(micro):
@@ -206,22 +221,25 @@ def test_pr_opd_with_zero_weight_or_in_warm_start_adds_nothing(micro):
 
     run, examples = micro
     batch = rollouts(run, examples).with_extras(skill_hidden=torch.randn(2, 6, 4, 32), train_step=torch.tensor(1.0))
+    projectors = Projectors(2, 32)
     for opts in ({"lam_rep": 0.0, "warm_start": 0}, {"lam_rep": 1.0, "warm_start": 5}):
-        cfg = run.cfg.model_copy(update={"options": {**run.cfg.options, "pr_opd": {**run.cfg.options["pr_opd"], **opts}}})
-        probe = type(run)(**{**run.__dict__, "cfg": cfg, "state": {}})
-        loss, _ = auxiliaries.get("pr_opd")(probe, batch)
-        assert float(loss) == 0.0
+        cfg = resolve.updated(run.cfg, "rl", options={"pr_opd": opts})
+        loss, _ = auxiliaries.get("pr_opd")(batch, student(run, batch, hidden=True), cfg, projectors)
+        assert float(loss) == 0.0 and not loss.requires_grad  # the projectors get no gradient, so they are not stepped
+    cfg = resolve.updated(run.cfg, "rl", options={"pr_opd": {"lam_rep": 1.0, "warm_start": 0}})
+    loss, _ = auxiliaries.get("pr_opd")(batch, student(run, batch, hidden=True), cfg, projectors)
+    loss.backward()
+    assert float(loss.detach()) > 0 and all(p.grad is not None for p in projectors.parameters())  # trained through the trainer's backward
 
 
 # --- ROFT ------------------------------------------------------------------------------------------------
 
 def test_roft_loss_mask_covers_retrospection_tokens_only(micro):
-    from posttrain.trainers.distill_extras import retrospections
+    from posttrain.trainers.extras import retrospections
 
     run, examples = micro
     batch = rollouts(run, examples)
-    torch.manual_seed(0)
-    retro = retrospections(run, examples, batch, None)
+    retro = retrospections(context(run), examples, batch)
     ids, attention, loss_mask = retro[:, 0], retro[:, 1], retro[:, 2]
     prompt_width = ids.shape[1] - run.cfg.options_for("roft").max_tokens
     assert (loss_mask[:, :prompt_width] == 0).all()
@@ -240,7 +258,8 @@ def test_roft_gradient_does_not_read_the_reward(micro):
     for correct in ((1.0, 0.0, 0.0), (0.0, 1.0, 1.0)):
         batch = rollouts(run, examples, correct=correct).with_extras(retrospections=retro)
         run.policy.zero_grad()
-        loss, _ = auxiliaries.get("roft")(run, batch)
+        scored = {"retrospections": sequence_logprobs(run.policy, retro[:, 0], retro[:, 1])}
+        loss, _ = auxiliaries.get("roft")(batch, PolicyOutputs(None, scored=scored), run.cfg, None)
         loss.backward()
         grads.append([p.grad.clone() for p in run.policy.parameters()])
     run.policy.zero_grad()
@@ -251,40 +270,34 @@ def test_roft_empty_retrospection_contributes_nothing(micro):
     run, _ = micro
     retro = torch.zeros(2, 3, 5, dtype=torch.long)
     retro[:, 0], retro[:, 1] = 3, 1
-    value = retrospection_nll(run.policy, retro)
+    value = retrospection_nll(sequence_logprobs(run.policy, retro[:, 0], retro[:, 1]), retro)
     assert value == 0 and not torch.isnan(value) and value.requires_grad
 
 
 def test_roft_retrospections_are_sampled_from_the_current_policy(micro):
-    from posttrain.trainers.distill_extras import retrospections
+    from posttrain.trainers.extras import retrospections
 
     run, examples = micro
     batch = rollouts(run, examples)
-    torch.manual_seed(0)
-    first = retrospections(run, examples, batch, None)
+    first = retrospections(context(run), examples, batch)
+    assert torch.equal(first, retrospections(context(run), examples, batch))  # drawn from the trainer's generator only
     changed = copy.deepcopy(run.policy)
     with torch.no_grad():
         changed.lm_head.weight.mul_(-3.0)  # tied to the embeddings: a different model
-    other = type(run)(**{**run.__dict__, "policy": changed})
-    torch.manual_seed(0)
-    assert not torch.equal(first, retrospections(other, examples, batch, None))
+    assert not torch.equal(first, retrospections(context(run, policy=changed), examples, batch))
 
 
-def test_schedule_state_survives_a_weights_only_checkpoint(tmp_path):
+def test_declared_states_survive_a_weights_only_checkpoint(tmp_path):
     from posttrain.objectives.distill.gats import GATSState
     from posttrain.objectives.distill.uniopsd import TrustState
-    from posttrain.trainers.distill_extras import export_state, import_state
 
-    projectors = Projectors(2, 4)
-    optimizer = torch.optim.Adam(projectors.parameters(), lr=0.1)
-    projectors(torch.randn(2, 1, 3, 4)).sum().backward()
-    optimizer.step()
-    state = {"step": 7, "gats": GATSState(0.4, 0.6, True), "uniopsd": TrustState(0.3, 12), "pr_opd": (projectors, optimizer)}
-    torch.save({"run_state": export_state(state)}, tmp_path / "trainer.pt")
-    restored = import_state(torch.load(tmp_path / "trainer.pt", weights_only=True)["run_state"])
-    assert restored["gats"] == state["gats"] and restored["uniopsd"] == state["uniopsd"]
-    saved = restored["pr_opd_saved"]["projectors"]
-    assert all(torch.equal(saved[k], v) for k, v in projectors.state_dict().items())
+    states = {"gats_weight": GATSState(0.4, 0.6, True), "uniopsd_rho": TrustState(0.3, 12)}
+    torch.save({name: state.state_dict() for name, state in states.items()}, tmp_path / "trainer.pt")
+    saved = torch.load(tmp_path / "trainer.pt", weights_only=True)
+    restored = {"gats_weight": GATSState(), "uniopsd_rho": TrustState()}
+    for name, state in restored.items():
+        state.load_state_dict(saved[name])
+    assert restored == states
 
 
 @pytest.mark.parametrize("name,need", [("opsd", "privileged_logprobs"), ("think_opd", "trace_logprobs")])
@@ -293,13 +306,12 @@ def test_distillation_terms_vanish_at_zero_weight_and_for_an_identical_teacher(m
 
     run, examples = micro
     batch = rollouts(run, examples)
-    with torch.no_grad():
-        own = completion_forward(run.policy, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask).logprobs
+    policy = student(run, batch)
+    own = policy.logprobs.detach()
     same = batch.with_extras(**{need: own})
-    loss, _ = auxiliaries.get(name)(run, same)
+    loss, _ = auxiliaries.get(name)(same, policy, run.cfg, None)
     assert abs(float(loss.detach())) < 1e-6  # the teacher is the student: divergence 0
     other = batch.with_extras(**{need: torch.randn_like(own).log_softmax(-1)})
-    assert float(auxiliaries.get(name)(run, other)[0].detach()) > 0
-    cfg = run.cfg.model_copy(update={"options": {**run.cfg.options, name: {**run.cfg.options[name], "weight": 0.0}}})
-    zero = type(run)(**{**run.__dict__, "cfg": cfg})
-    assert float(auxiliaries.get(name)(zero, other)[0].detach()) == 0.0
+    assert float(auxiliaries.get(name)(other, policy, run.cfg, None)[0].detach()) > 0
+    cfg = resolve.updated(run.cfg, "rl", options={name: {"weight": 0.0}})
+    assert float(auxiliaries.get(name)(other, policy, cfg, None)[0].detach()) == 0.0

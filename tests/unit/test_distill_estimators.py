@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from posttrain import config
+from posttrain import resolve
 from posttrain.objectives import advantages
 from posttrain.objectives.distill.gats import GATSOptions, GATSState, gap_weight
 from posttrain.objectives.distill.opd import opd_token_advantage
@@ -18,12 +18,11 @@ from posttrain.objectives.distill.uniopsd import (
 from posttrain.rollout import RolloutBatch
 
 PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
-RL = config.load(PARAMS).rl
+RL = resolve.load(PARAMS).rl
 
 
 def rl(**options):
-    merged = {k: {**v, **options.get(k, {})} for k, v in RL.options.items()}
-    return RL.model_copy(update={"options": merged, "std_scaling": "group", "std_eps": 1e-4})
+    return resolve.updated(RL, "rl", options=options, std_scaling="group", std_eps=1e-4)
 
 
 def make_batch(rewards, T=4, lengths=None, group=None, **extras) -> RolloutBatch:

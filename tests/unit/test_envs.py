@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from posttrain import config
+from posttrain import resolve
 from posttrain.envs.rollout import multi_turn_sample
 from posttrain.envs.text_world import KeyRoom, TextWorld, goal_of, hint, replay, shortest_actions, transcript
 from posttrain.models.sampling import decode_completions
@@ -60,7 +60,7 @@ def test_multi_turn_rollout_masks_observation_tokens_out_of_the_loss():
 
     task = world()
     tokenizer = train_char_tokenizer([task.alphabet()])
-    cfg = config.load(PARAMS, ["model.hidden_size=32", "model.intermediate_size=64", "model.layers=1"])
+    cfg = resolve.load(PARAMS, ["model.hidden_size=32", "model.intermediate_size=64", "model.layers=1"])
     torch.manual_seed(0)
     model = build_tiny(cfg.model, tokenizer)
     envs = [KeyRoom(p) for p in ("a0>", "b1>", "c2>", "d3>")]

@@ -132,10 +132,10 @@ def test_gdpo_differs_from_sum_then_normalize_on_judges():
 
 def test_only_reward_matrix_estimators_are_accepted_for_images(tmp_path):
     from helpers import REPO
-    from posttrain import config
+    from posttrain import resolve
     from posttrain.errors import UserError
 
-    assert config.load(REPO / "params.yaml").flow_rl.advantage == "gdpo"
+    assert resolve.load(REPO / "params.yaml").flow_rl.advantage == "gdpo"
     with pytest.raises(UserError, match="flow_rl.advantage.*needs token-level rollouts.*gdpo"):
-        config.load(REPO / "params.yaml", ["flow_rl.advantage=remax"])
-    assert config.load(REPO / "params.yaml", ["flow_rl.advantage=sum_then_normalize"]).flow_rl.advantage == "sum_then_normalize"
+        resolve.load(REPO / "params.yaml", ["flow_rl.advantage=remax"])
+    assert resolve.load(REPO / "params.yaml", ["flow_rl.advantage=sum_then_normalize"]).flow_rl.advantage == "sum_then_normalize"

@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from helpers import REPO
-from posttrain import config
+from posttrain import resolve
 from posttrain.config import FactsConfig, LoraConfig, ModelConfig
 from posttrain.data.facts import ROLES, Edit, build_fact_set, edit_stream, read_edits, split_facts
 from posttrain.errors import UserError
 from posttrain.models import build_tiny, train_char_tokenizer
 from posttrain.objectives.editing import EditStep, edit_methods
 from posttrain.objectives.glime import GlimeOptions, preference_loss, project_gradient
-from posttrain.trainers.editing import apply_edits, edited_parameters, make_record
+from posttrain.trainers.editing import apply_edits, edited_parameters, make_record, pair_scorer
 
 FACTS = FactsConfig(n_subjects=6, relations=2, objects_per_relation=4, seed=0)
 
@@ -40,7 +40,7 @@ def records(micro, n):
 def grads_after(method, micro, current, memory, opts, seed=0):
     facts, model, tokenizer = micro
     params = edited_parameters(model, ["mlp"])
-    edit_methods.get(method)(EditStep(model, tokenizer, params, current, memory, torch.Generator().manual_seed(seed)), opts)
+    edit_methods.get(method)(EditStep(pair_scorer(model, tokenizer), params, current, memory, torch.Generator().manual_seed(seed)), opts)
     grads = torch.cat([p.grad.flatten() for p in params])
     for p in params:
         p.grad = None
@@ -54,7 +54,7 @@ def opts(**kw):
 def test_dpo_term_is_log2_per_pair_before_the_edit_moves_the_model(micro):
     facts, model, tokenizer = micro
     recs = records(micro, 3)
-    step = EditStep(model, tokenizer, [], recs, [], torch.Generator())
+    step = EditStep(pair_scorer(model, tokenizer), [], recs, [], torch.Generator())
     assert sum(len(r.pref_pairs) for r in recs) == 3 * len(ROLES["paraphrase"])
     assert float(preference_loss(step, recs, beta=0.1).detach()) == pytest.approx(math.log(2), abs=1e-5)
     assert not any(r.ref_chosen.requires_grad or r.ref_rejected.requires_grad for r in recs)
@@ -88,7 +88,7 @@ def test_projection_removes_exactly_the_conflicting_component():
 def test_editing_loop_metrics_are_rates(micro):
     facts, model, tokenizer = micro
     edits = edit_stream(facts, 2, seed=0)
-    cfg = config.load(REPO / "params.yaml", ["edit.method=glime", "edit.steps_per_edit=2", "edit.log_every=1"]).edit
+    cfg = resolve.load(REPO / "params.yaml", ["edit.method=glime", "edit.steps_per_edit=2", "edit.log_every=1"]).edit
     state = {k: v.clone() for k, v in model.state_dict().items()}
     history, metrics = apply_edits(model, tokenizer, facts, edits, cfg, 0, on_log=lambda i, m: None)
     model.load_state_dict(state)
@@ -152,5 +152,5 @@ def test_edit_file_round_trip_and_errors(tmp_path):
 ])
 def test_edit_options_are_validated(override, needle):
     with pytest.raises(UserError) as err:
-        config.load(REPO / "params.yaml", [override])
+        resolve.load(REPO / "params.yaml", [override])
     assert needle in str(err.value)

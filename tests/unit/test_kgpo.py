@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from helpers import REPO
-from posttrain import config
+from posttrain import resolve
 from posttrain.errors import UserError
 from posttrain.rewards import reward_matrix
 from posttrain.rewards.kgpo import list_reward, relevance
@@ -18,7 +18,7 @@ DIAGNOSIS = ["task.name=diagnosis", "task.n_train=200", "task.n_heldout=50", "rl
 
 
 def load(*extra: str):
-    return config.load(REPO / "params.yaml", [*DIAGNOSIS, *extra])
+    return resolve.load(REPO / "params.yaml", [*DIAGNOSIS, *extra])
 
 
 @pytest.fixture(scope="module", params=["dcg", "saturating"])
@@ -146,9 +146,9 @@ def test_diagnosis_task_is_solvable_and_its_splits_disjoint():
 
 def test_diagnosis_settings_are_checked_up_front():
     with pytest.raises(UserError, match=r"^rl.rewards: kgpo needs task.name in \{diagnosis\}"):
-        config.load(REPO / "params.yaml", ["rl.rewards=[{name: kgpo}]"])
+        resolve.load(REPO / "params.yaml", ["rl.rewards=[{name: kgpo}]"])
     with pytest.raises(UserError, match=r"^rl.advantage: witness needs task.name in \{distribution\}"):
-        config.load(REPO / "params.yaml", ["rl.advantage=witness"])
+        resolve.load(REPO / "params.yaml", ["rl.advantage=witness"])
     with pytest.raises(UserError, match=r"task.options.diagnosis.groups"):
         load("task.options.diagnosis.groups=0")
     with pytest.raises(UserError, match=r"task.options.diagnosis: missing"):

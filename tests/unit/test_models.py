@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import PreTrainedModel
 
-from posttrain.config import load
+from posttrain.resolve import load
 from posttrain.errors import UserError
 from posttrain.models import build_tiny, load_pretrained, maybe_lora, save_pretrained
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from posttrain.config import load
+from posttrain.resolve import load
 from posttrain.errors import UserError
 
 

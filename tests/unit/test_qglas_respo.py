@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from posttrain import config
+from posttrain import resolve
 from posttrain.errors import UserError
 from posttrain.objectives import advantages, losses
 from posttrain.objectives.qglas import QGLASOptions, strength
@@ -17,13 +17,12 @@ from posttrain.objectives.respo import ReSPOOptions, log_kernel, phi_neg, phi_po
 from posttrain.rollout import RolloutBatch
 
 PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
-RL = config.load(PARAMS).rl
+RL = resolve.load(PARAMS).rl
 
 
 def rl(agg="token_mean", **options):
     """The repo's rl settings with `loss_agg` and some options replaced (by name -> dict of changed keys)."""
-    merged = {k: {**v, **options.get(k, {})} for k, v in RL.options.items()}
-    return RL.model_copy(update={"loss_agg": agg, "options": merged, "std_scaling": "group", "std_eps": 1e-4})
+    return resolve.updated(RL, "rl", loss_agg=agg, options=options, std_scaling="group", std_eps=1e-4)
 
 
 def make_batch(rewards_, lengths, group=None, T=None) -> RolloutBatch:
@@ -176,9 +175,9 @@ def test_respo_keeps_gradient_where_ppo_clip_starves_under_generated_positives()
 
 
 def test_repo_params_select_qglas_and_respo():
-    cfg = config.load(PARAMS, ["rl.advantage=qglas"])
+    cfg = resolve.load(PARAMS, ["rl.advantage=qglas"])
     assert cfg.rl.advantage == "qglas" and isinstance(cfg.rl.options_for("qglas"), QGLASOptions)
-    cfg = config.load(PARAMS, ["rl.advantage=qglas", "rl.loss=respo", "rl.options.qglas.mode=multiplicative"])
+    cfg = resolve.load(PARAMS, ["rl.advantage=qglas", "rl.loss=respo", "rl.options.qglas.mode=multiplicative"])
     assert cfg.rl.options_for("qglas").mode == "multiplicative" and isinstance(cfg.rl.options_for("respo"), ReSPOOptions)
     defaults = yaml.safe_load(PARAMS.read_text())["rl"]["options"]
     assert cfg.rl.options_for("respo").model_dump() == defaults["respo"]
@@ -195,7 +194,7 @@ def test_repo_params_select_qglas_and_respo():
 )
 def test_bad_options_are_one_line_user_errors(override, message):
     with pytest.raises(UserError) as err:
-        config.load(PARAMS, [override])
+        resolve.load(PARAMS, [override])
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
 
 
@@ -205,6 +204,6 @@ def test_selected_method_without_options_is_an_error(tmp_path, selected, name):
     del raw["rl"]["options"][name]
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(raw))
-    config.load(path)  # not selected: fine
+    resolve.load(path)  # not selected: fine
     with pytest.raises(UserError, match=rf"^rl\.options\.{name}: missing"):
-        config.load(path, [selected])
+        resolve.load(path, [selected])

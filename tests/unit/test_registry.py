@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from posttrain.errors import UserError
-from posttrain.registry import Registry, all_registries
+from posttrain.registry import Registry
+from posttrain.resolve import all_registries
 
 
 def make_registry() -> Registry:

@@ -8,21 +8,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from pydantic import ValidationError
 
-from posttrain import config
+from posttrain import config, resolve
+from posttrain.errors import UserError
 from posttrain.rewards import reward_matrix, rewards
 from posttrain.rewards.audit_correction import AuditOptions, corrected_reward, draw_audits, imperfect_verifier
 from posttrain.rewards.sdrl import SDRLOptions, diversity_bonuses, groups_of, sdrl_reward, similarity, strategy_of
 from posttrain.tasks.base import Example, Task
 
 PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
-RL = config.load(PARAMS).rl
+RL = resolve.load(PARAMS).rl
 
 
 def rl(**options):
-    merged = {k: {**v, **options.get(k, {})} for k, v in RL.options.items()}
-    return RL.model_copy(update={"options": merged})
+    return resolve.updated(RL, "rl", options=options)
 
 
 class Echo(Task):
@@ -192,10 +191,13 @@ def test_registered_audit_reward_matches_the_formula():
 
 def test_defaults_validate_and_live_in_params_yaml():
     assert isinstance(SDRL, SDRLOptions) and isinstance(RL.options_for("audit_correction"), AuditOptions)
+    import yaml
+
+    written = yaml.safe_load(PARAMS.read_text())["rl"]["options"]
     for field in SDRLOptions.model_fields:
-        assert field in RL.options["sdrl"]
+        assert field in written["sdrl"]
     for field in AuditOptions.model_fields:
-        assert field in RL.options["audit_correction"]
+        assert field in written["audit_correction"]
 
 
 @pytest.mark.parametrize("name, bad", [
@@ -205,13 +207,13 @@ def test_defaults_validate_and_live_in_params_yaml():
     ("audit_correction", {"variant": "both"}), ("audit_correction", {"seed": "x"}),
 ])
 def test_bad_options_are_rejected(name, bad):
-    with pytest.raises(ValidationError, match=f"rl.options.{name}"):
-        config.RLConfig.model_validate({**RL.model_dump(), "options": {**RL.options, name: {**RL.options[name], **bad}}})
+    with pytest.raises(UserError, match=f"rl.options.{name}"):
+        resolve.updated(RL, "rl", options={name: bad})
 
 
 def test_listing_a_reward_requires_its_options():
     options = {k: v for k, v in RL.options.items() if k != "audit_correction"}
-    data = {**RL.model_dump(), "options": options, "rewards": [{"name": "audit_correction", "weight": 1.0}]}
-    with pytest.raises(ValidationError, match="rl.options.audit_correction: missing"):
-        config.RLConfig.model_validate(data)
-    assert config.RLConfig.model_validate({**data, "options": RL.options}).rewards[0].name == "audit_correction"
+    rewards = (config.RewardSpec(name="audit_correction", weight=1.0),)
+    with pytest.raises(UserError, match="rl.options.audit_correction: missing"):
+        resolve.section(RL.model_copy(update={"options": options, "rewards": rewards}), "rl")
+    assert resolve.section(RL.model_copy(update={"rewards": rewards}), "rl").rewards[0].name == "audit_correction"

@@ -38,9 +38,9 @@ def curated(city):
 def test_cfg_mirrors_params_yaml():
     from pathlib import Path
 
-    from posttrain import config
+    from posttrain import resolve
 
-    defaults = config.load(Path(__file__).resolve().parents[2] / "params.yaml").curate.model_dump()
+    defaults = resolve.load(Path(__file__).resolve().parents[2] / "params.yaml").curate.model_dump()
     assert defaults == vars(CFG)
 
 

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from posttrain import resolve
 from posttrain.errors import UserError
 from posttrain.objectives import advantages
 from posttrain.objectives.grpo import group_normalize
@@ -109,18 +110,20 @@ def test_estimator_as_reward_or_scaled_advantage(cfg):
     rl = cfg.rl.model_copy(update={"advantage": "witness"})
     assert rl.options_for("witness").as_reward  # params.yaml default
     assert torch.allclose(advantages.get("witness")(b, rl), group_normalize(raw, group, rl.std_scaling, rl.std_eps))
-    scaled = rl.model_copy(update={"options": {**rl.options, "witness": {**rl.options["witness"], "as_reward": False, "scale": 2.0}}})
+    scaled = resolve.updated(rl, "rl", options={"witness": {"as_reward": False, "scale": 2.0}})
     assert torch.allclose(advantages.get("witness")(b, scaled), 2.0 * raw)
     with pytest.raises(UserError, match="distribution-matching task"):
         advantages.get("witness")(batch(group), rl)
 
 
 def test_witness_on_arithmetic_is_a_user_error(cfg):
-    from posttrain.trainers.online_rl import outcomes
+    from posttrain.trainers.extras import outcomes
 
-    run = SimpleNamespace(task=build_task(cfg.task), cfg=cfg.rl.model_copy(update={"advantage": "witness"}))
+    ctx = SimpleNamespace(task=build_task(cfg.task), cfg=cfg.rl.model_copy(update={"advantage": "witness"}))
     with pytest.raises(UserError, match="^witness needs a distribution-matching task"):
-        outcomes(run, [], None, None)
+        outcomes(ctx, [], None)  # the provider's own guard, behind resolve's `tasks` meta check
+    with pytest.raises(UserError, match="^rl.advantage: witness needs task.name in"):
+        resolve.check(cfg.model_copy(update={"rl": cfg.rl.model_copy(update={"advantage": "witness"})}))
 
 
 @pytest.fixture
@@ -159,12 +162,11 @@ def test_total_variation_by_hand():
 
 
 def test_witness_runs_two_steps_on_the_distribution_task(params_path):
-    from posttrain import config
+    from posttrain import resolve
     from posttrain.models import build_tiny, train_char_tokenizer
-    from posttrain.trainers.common import optimizer_and_schedule
-    from posttrain.trainers.online_rl import PromptStream, RLRun, policy_step
+    from posttrain.trainers.online_rl import OnlineRL, PromptStream, RLRun
 
-    cfg = config.load(params_path, [
+    cfg = resolve.load(params_path, [
         "task.name=distribution", "task.n_train=40", "task.n_heldout=10", "model.hidden_size=32", "model.intermediate_size=64",
         "model.layers=1", "rl.advantage=witness", "rl.prompts_per_step=3", "rl.group_size=4", "rl.max_new_tokens=3",
     ])
@@ -174,10 +176,9 @@ def test_witness_runs_two_steps_on_the_distribution_task(params_path):
     model = build_tiny(cfg.model, tokenizer)
     examples = task.splits(0)["train"]
     run = RLRun(model, tokenizer, task, examples, cfg.rl, seed=0, checkpoint_dir=params_path.parent / "unused", config_hash="x")
-    optimizer, schedule = optimizer_and_schedule(list(model.parameters()), cfg.rl.lr, 0.0, 0, 2)
-    stream, generator = PromptStream(examples, 0), torch.Generator().manual_seed(0)
+    trainer, stream = OnlineRL(run, total_steps=2), PromptStream(examples, 0)
     for _ in range(2):
-        result = policy_step(run, stream.take(3), generator, optimizer, schedule, None, more_prompts=stream.take)
+        result = trainer.step(stream.take(3), more_prompts=stream.take)
         assert all(math.isfinite(v) for v in result.metrics.values()), result.metrics
         found = result.batch.extras["outcomes"]
         assert found.shape == (12,) and result.batch.extras["target_probs"].shape == (12, 3)

@@ -3,7 +3,8 @@
 Each turn the policy samples one action token after everything so far (prompt, its earlier actions, the
 environment's observations); the environment's observation is then appended as tokens the policy did not
 produce. The result is a `Samples` like single-turn sampling gives, with `completion_mask` 1 on action tokens
-only, so observation tokens never enter the loss, the log-probs or the decoded text the rewards read.
+only, so observation tokens never enter the loss, the log-probs or the decoded text the rewards read, and
+`attention_mask` 1 on every real token, so every later forward pass reads the episode as the policy saw it.
 """
 
 from __future__ import annotations
@@ -68,13 +69,15 @@ def multi_turn_sample(
     width = max(map(len, ids))
     out_ids = torch.full((len(envs), width), tokenizer.pad_token_id, dtype=torch.long, device=device)
     out_mask = torch.zeros_like(out_ids)
+    out_attention = torch.zeros_like(out_ids)
     out_logp = torch.zeros(len(envs), width, device=device)
     for i in range(len(envs)):
         n = len(ids[i])
         out_ids[i, :n] = torch.tensor(ids[i], device=device)
         out_mask[i, :n] = torch.tensor(acted[i], device=device)
+        out_attention[i, :n] = 1
         out_logp[i, :n] = torch.tensor(logps[i], device=device)
-    return Samples(out_ids, out_mask, out_logp, torch.tensor(finished, device=device))
+    return Samples(out_ids, out_mask, out_logp, torch.tensor(finished, device=device), out_attention)
 
 
 def env_sampler(tokenizer: PreTrainedTokenizerBase, make_env: Callable[[str], Env]):

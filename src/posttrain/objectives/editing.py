@@ -4,6 +4,8 @@
 
 The trainer (trainers/editing.py) calls the method `steps_per_edit` times per edit, each time followed by one
 optimiser step on the edited parameters; records of earlier edits stay in `step.memory` for methods that replay.
+A method runs no forward pass itself: `step.pair_logps(pairs)` is the trainer's scorer (sequence log-probs of
+each pair's chosen and rejected answer after its prompt, with gradient).
 
 `naive`: sequential fine-tuning on each edit alone, the baseline of lifelong editing (e.g. the "FT" baseline of
 Meng et al. 2022, ROME, arXiv 2202.05262, and of the lifelong-editing literature the GLIME abstract addresses):
@@ -15,16 +17,18 @@ Meng et al. 2022, ROME, arXiv 2202.05262, and of the lifelong-editing literature
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from posttrain.data.facts import Edit
-from posttrain.data.preferences import PreferencePair
 from posttrain.registry import Registry
+
+if TYPE_CHECKING:
+    from posttrain.data.facts import Edit
+    from posttrain.data.preferences import PreferencePair
 
 edit_methods: Registry = Registry("edit method")
 
@@ -36,29 +40,27 @@ class EditRecord:
 
     edit: Edit
     prompt: str  # p_e
+    edit_pair: PreferencePair  # (p_e, o_new, o_old): its chosen side is the edit's target
     pref_pairs: tuple[PreferencePair, ...]  # (p', y_w asserting o_new, y_l the model's own pre-edit generation)
     ref_chosen: Tensor  # [K] log pi_ref(y_w | p'), no gradient
     ref_rejected: Tensor  # [K] log pi_ref(y_l | p'), no gradient
 
 
+PairScorer = Callable[[Sequence["PreferencePair"]], tuple[Tensor, Tensor]]  # pairs -> (chosen, rejected) log-probs [N]
+
+
 @dataclass
 class EditStep:
-    model: PreTrainedModel
-    tokenizer: PreTrainedTokenizerBase
+    pair_logps: PairScorer  # the trainer's forward pass over pairs, with gradient
     params: list[torch.nn.Parameter]  # the edited parameters (the rest is frozen)
     current: list[EditRecord]  # the edit(s) being applied now
     memory: list[EditRecord]  # every earlier edit of the stream, oldest first
     generator: torch.Generator  # for replay sampling
 
 
-def edit_loss(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, records: Sequence[EditRecord]) -> Tensor:
-    """L_edit = -log pi(o_new | p_e), averaged over `records`."""
-    from posttrain.trainers.preference import encode_pairs, sequence_logps  # trainers import objectives: import late
-
-    device = next(model.parameters()).device
-    # a pair whose rejected side is the old object: one forward pass gives log pi(o_new | p_e) (and the old one)
-    pairs = [PreferencePair(r.prompt, r.edit.new, r.edit.old, 0.0, None) for r in records]
-    new_logp, _ = sequence_logps(model, encode_pairs(tokenizer, pairs, device))
+def edit_loss(pair_logps: PairScorer, records: Sequence[EditRecord]) -> Tensor:
+    """L_edit = -log pi(o_new | p_e), averaged over `records` (one pass over the edit pairs gives it)."""
+    new_logp, _ = pair_logps([r.edit_pair for r in records])
     return -new_logp.mean()
 
 
@@ -74,7 +76,7 @@ def set_grads(params: Sequence[torch.nn.Parameter], grads: Sequence[Tensor]) -> 
 @edit_methods.register("naive")
 def naive(step: EditStep, opts: None) -> dict[str, float]:
     """Sequential fine-tuning on the current edit alone: no replay, no constraint, no preference term."""
-    loss = edit_loss(step.model, step.tokenizer, step.current)
+    loss = edit_loss(step.pair_logps, step.current)
     set_grads(step.params, grads_of(loss, step.params))
     return {"loss/edit": float(loss.detach())}
 

@@ -71,11 +71,7 @@ class GlimeOptions(Section):  # edit.options.glime
 
 def preference_loss(step: EditStep, records: Sequence[EditRecord], beta: float) -> Tensor:
     """L_pref: sigmoid DPO over every generation-preference pair of `records`, mean over pairs."""
-    from posttrain.trainers.preference import encode_pairs, sequence_logps  # trainers import objectives: import late
-
-    pairs = [p for r in records for p in r.pref_pairs]
-    device = next(step.model.parameters()).device
-    chosen, rejected = sequence_logps(step.model, encode_pairs(step.tokenizer, pairs, device))
+    chosen, rejected = step.pair_logps([p for r in records for p in r.pref_pairs])
     ref_chosen, ref_rejected = torch.cat([r.ref_chosen for r in records]), torch.cat([r.ref_rejected for r in records])
     zeros = torch.zeros_like(ref_chosen)
     logps = PairLogps(chosen, rejected, ref_chosen, ref_rejected, zeros, torch.full_like(zeros, float("nan")))
@@ -83,7 +79,7 @@ def preference_loss(step: EditStep, records: Sequence[EditRecord], beta: float) 
 
 
 def glime_loss(step: EditStep, records: Sequence[EditRecord], opts: GlimeOptions) -> tuple[Tensor, dict[str, float]]:
-    loss = edit_loss(step.model, step.tokenizer, records)
+    loss = edit_loss(step.pair_logps, records)
     metrics = {"edit": float(loss.detach())}
     if opts.lambda_p > 0 and any(r.pref_pairs for r in records):
         pref = preference_loss(step, records, opts.beta)

@@ -240,11 +240,11 @@ def _topological(tasks: dict[str, Task]) -> list[Task]:
 
 def check_overrides(pipeline: Pipeline, params: Path) -> None:
     """The `--set` values of a pipeline and of each of its tasks must validate against the config models."""
-    from posttrain import config
+    from posttrain import resolve
 
     for task in pipeline.tasks:
         overrides = [*pipeline.overrides, *(a.removeprefix("--set=") for a in task.extra_args)]
         try:
-            config.load(params, overrides)
+            resolve.load(params, overrides)
         except UserError as e:
             raise UserError(f"pipeline {pipeline.name!r}, stage {task.id!r}: {e}") from None

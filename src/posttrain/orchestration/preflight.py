@@ -19,8 +19,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from posttrain import config
-from posttrain.config import Config, option_schema
+from posttrain import resolve
+from posttrain.config import Config, OptionsOf, _marker
 from posttrain.errors import UserError
 from posttrain.orchestration.schema import values_to_raw
 
@@ -44,15 +44,12 @@ def resolve_config(params: Path, values_json: list[str], overrides: list[str]) -
     with tempfile.TemporaryDirectory() as tmp:
         merged = Path(tmp) / "params.yaml"
         merged.write_text(yaml.safe_dump(raw, sort_keys=False))
-        return config.load(merged, overrides)
+        return resolve.load(merged, overrides)
 
 
 def without_nulls(section: dict[str, Any]) -> dict[str, Any]:
     """Kubeflow parameters cannot hold null; such keys are left out (at any depth) and read back as null."""
     return {k: without_nulls(v) if isinstance(v, dict) else v for k, v in section.items() if v is not None}
-
-
-_OPTION_REGISTRIES = ("advantages", "losses", "rewards", "auxiliaries", "tasks", "reward_models", "preference_objectives", "edit_methods")
 
 
 def _absent_optional_is_null(raw: dict[str, Any], model: type[BaseModel] = Config) -> None:
@@ -64,9 +61,9 @@ def _absent_optional_is_null(raw: dict[str, Any], model: type[BaseModel] = Confi
             raw[key] = None
         elif isinstance(values, dict) and isinstance(annotation, type) and issubclass(annotation, BaseModel):
             _absent_optional_is_null(values, annotation)
-        elif key == "options" and isinstance(values, dict):  # per-method blocks, typed by the method's registry entry
+        elif isinstance(_marker(field.metadata), OptionsOf) and isinstance(values, dict):  # per-method blocks, typed by their entry
             for name, block in values.items():
-                schema = option_schema(name, _OPTION_REGISTRIES)
+                schema = resolve.option_schema(name, _marker(field.metadata).registries)
                 if schema is not None and isinstance(block, dict):
                     _absent_optional_is_null(block, schema)
 

@@ -15,12 +15,10 @@ from typing import Any
 
 import yaml
 
-from posttrain.config import _REGISTRY_OF, Config
+from posttrain.config import Config, registered_keys
 from posttrain.errors import UserError
 from posttrain.orchestration.graph import Task, check_overrides, load_pipelines
 
-# keys whose values are names in a registry (section.key -> registry); `rl.rewards[].name` is handled below
-REGISTRY_KEYS = {"task.name": "tasks", "rl.preset": "presets", **{f"rl.{k}": v for k, v in _REGISTRY_OF.items()}}
 ORCHESTRATION_SECTION = "orchestration"  # launcher settings: compile-time, not a run parameter
 
 
@@ -44,10 +42,13 @@ def _with_enum(schema: dict[str, Any], names: list[str]) -> dict[str, Any]:
 
 
 def param_specs(params_yaml: Path) -> dict[str, dict[str, Any]]:
-    """`section.key` -> {"default", "schema", "section"} for every run setting in `Config`."""
-    from posttrain.registry import all_registries
+    """`section.key` -> {"default", "schema", "section"} for every run setting in `Config`. Keys marked
+    `Registered` in config.py (the same markers `posttrain.resolve` checks) are enums of the registered names:
+    a key itself, each item of a tuple (`rl.aux[]`), or a field of each item (`rl.rewards[].name`)."""
+    from posttrain.resolve import all_registries
 
     registries = all_registries()
+    marked = registered_keys(Config)
     full = Config.model_json_schema()
     root = _inline_refs(full, full.get("$defs", {}))
     defaults = yaml.safe_load(Path(params_yaml).read_text())
@@ -58,11 +59,13 @@ def param_specs(params_yaml: Path) -> dict[str, dict[str, Any]]:
         for key, schema in section_schema["properties"].items():
             name = f"{section}.{key}"
             schema = {k: v for k, v in schema.items() if k != "title"}
-            if name in REGISTRY_KEYS:
-                schema = _with_enum(schema, registries[REGISTRY_KEYS[name]].names())
-            if name == "rl.rewards":
+            if name in marked:
+                schema = _with_enum(schema, registries[marked[name]].names())
+            if f"{name}[]" in marked and "items" in schema:
+                schema["items"] = _with_enum(schema["items"], registries[marked[f"{name}[]"]].names())
+            for field, registry in ((k.removeprefix(f"{name}[]."), r) for k, r in marked.items() if k.startswith(f"{name}[].")):
                 item = schema["items"]
-                item["properties"]["name"] = _with_enum(item["properties"]["name"], registries["rewards"].names())
+                item["properties"][field] = _with_enum(item["properties"][field], registries[registry].names())
             specs[name] = {"default": defaults[section][key], "schema": schema, "section": section}
     return specs
 

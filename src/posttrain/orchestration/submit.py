@@ -10,13 +10,13 @@ from pathlib import Path
 
 import yaml
 
-from posttrain import config
+from posttrain import resolve
 from posttrain.errors import UserError
 from posttrain.orchestration.preflight import without_nulls
 
 
 def run_arguments(params: Path, overrides: list[str], package: Path, image: str) -> dict:
-    cfg = config.load(params, overrides)
+    cfg = resolve.load(params, overrides)
     if not package.is_file():
         raise UserError(f"compiled pipeline not found: {package} (run `make pipelines`)")
     declared = next(yaml.safe_load_all(package.read_text()))["root"]["inputDefinitions"]["parameters"]

@@ -121,10 +121,10 @@ def launch(
 ) -> str:
     """What the launcher task does: inputs onto the shared volume, render + save + submit the TrainJob, wait,
     then the output back into the task's artifact."""
-    from posttrain import config
+    from posttrain import resolve
     from posttrain.stages import stages
 
-    cfg = config.load(params)
+    cfg = resolve.load(params)
     orch = cfg.orchestration
     if stage not in orch.trainer.stages:
         raise UserError(f"stage {stage!r} is not in orchestration.trainer.stages {list(orch.trainer.stages)}")

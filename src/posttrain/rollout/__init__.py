@@ -1,7 +1,8 @@
-"""Rollouts: batched generation with a KV cache (`engine.sample`) into a `RolloutBatch`.
+"""Rollouts: the `RolloutBatch` contract that sampling fills and objectives read, and the `PolicyOutputs` of
+the trainer's one policy forward. Sampling itself lives in `posttrain.models.sampling`.
 
 Only the contract is imported here, so objectives can use it without loading transformers."""
 
-from posttrain.rollout.batch import RolloutBatch
+from posttrain.rollout.batch import PolicyOutputs, RolloutBatch
 
-__all__ = ["RolloutBatch"]
+__all__ = ["PolicyOutputs", "RolloutBatch"]

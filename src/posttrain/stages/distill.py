@@ -11,31 +11,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from posttrain.config import Config, RLConfig
+from pydantic import ValidationError
+
+from posttrain import resolve
+from posttrain.config import Config, RLConfig, one_line
 from posttrain.errors import UserError
 from posttrain.stages import stages
 from posttrain.stages.rl import train_and_save
 
-# which frozen model each teacher-side need reads
-MODEL_ROLES = {
-    "teacher_logp": "teacher", "teacher_hidden": "teacher", "teacher_logprobs": "teacher", "gats_weight": "teacher",
-    "trace_logprobs": "teacher", "base_hidden": "base", "base_logprobs": "base",
-}
-
 
 def distill_rl_config(cfg: Config) -> RLConfig:
-    """The rl section with the method's preset keys and the distill budget, validated again."""
-    from pydantic import ValidationError
-
-    from posttrain.config import _one_line
-    from posttrain.objectives.presets import presets
-
+    """The rl section with the method's preset keys and the distill budget, validated and resolved again."""
     raw = cfg.rl.model_dump(mode="json")
-    raw.update(presets.get(cfg.distill.method)(raw), steps=cfg.distill.steps, prompts_per_step=cfg.distill.prompts_per_step, preset=None)
+    raw.update(resolve.expand_preset(cfg.distill.method, raw), steps=cfg.distill.steps, prompts_per_step=cfg.distill.prompts_per_step, preset=None)
     try:
-        return RLConfig.model_validate(raw)
+        rl = RLConfig.model_validate(raw)
     except ValidationError as e:
-        raise UserError(_one_line(e, RLConfig, prefix="rl.")) from None
+        raise UserError(one_line(e, RLConfig, prefix="rl.")) from None
+    return resolve.section(rl, "rl")
 
 
 @stages.register(
@@ -46,15 +39,15 @@ def distill_rl_config(cfg: Config) -> RLConfig:
 )
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     from posttrain.models.teacher import load_teacher
-    from posttrain.objectives import needs_of
+    from posttrain.trainers.extras import roles_needed
 
     rl = distill_rl_config(cfg)
-    roles = {MODEL_ROLES[n] for n in needs_of(rl) if n in MODEL_ROLES}
+    roles = roles_needed(rl) & set(inputs)  # teacher / base: exactly the roles the method's extras read
 
-    def load_teachers(tokenizer, device):
+    def load_models(tokenizer, device):
         return {role: load_teacher(inputs[role] / "model", tokenizer, cfg.model.dtype, device) for role in sorted(roles)}
 
     if getattr(tracker, "_mlflow", None):  # the stage's run was opened with the rl section's objective tag
         tracker._mlflow.set_tag("objective", "+".join([rl.advantage, rl.loss, *rl.aux]))
         tracker._mlflow.set_tag("distill_method", cfg.distill.method)
-    return train_and_save(cfg.model_copy(update={"rl": rl}), inputs, out_dir, tracker, resume, load_teachers)
+    return train_and_save(cfg.model_copy(update={"rl": rl}), inputs, out_dir, tracker, resume, load_models)

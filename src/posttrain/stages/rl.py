@@ -42,9 +42,9 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     return train_and_save(cfg, inputs, out_dir, tracker, resume)
 
 
-def train_and_save(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool, load_teachers=None) -> dict[str, float]:
-    """Online RL under `cfg.rl` from `inputs["policy"]`; `load_teachers(tokenizer, device) -> {role: model}`
-    supplies frozen teacher models (the `distill` stage)."""
+def train_and_save(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool, load_models=None) -> dict[str, float]:
+    """Online RL under `cfg.rl` from `inputs["policy"]`; `load_models(tokenizer, device) -> {role: model}`
+    supplies the frozen models of the roles the objective's extras read (the `distill` stage's teacher / base)."""
     from posttrain.models import load_pretrained, maybe_lora, save_pretrained, select_device
     from posttrain.trainers.common import seed_everything
     from posttrain.trainers.online_rl import RLRun, train_online_rl
@@ -57,7 +57,7 @@ def train_and_save(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker,
     rl_run = RLRun(
         policy=policy, tokenizer=tokenizer, task=build_task(cfg.task), examples=examples, cfg=cfg.rl, seed=cfg.pipeline.seed,
         checkpoint_dir=out_dir / "checkpoints", config_hash=cfg.section_hash("pipeline", "task", "model", "rl"),
-        teachers=load_teachers(tokenizer, device) if load_teachers else {},
+        models=load_models(tokenizer, device) if load_models else {},
     )
     history, table = train_online_rl(rl_run, resume, on_log=lambda step, m: tracker.log_metrics(m, step))
     save_pretrained(policy, tokenizer, out_dir / "model")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from posttrain import resolve
 from posttrain.config import Config
 from posttrain.stages import rl, stages
 
@@ -21,6 +22,7 @@ from posttrain.stages import rl, stages
 )
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     kind = cfg.reward_model.kind
-    options = {**cfg.rl.options, kind: {**(cfg.rl.options.get(kind) or {}), "path": str(inputs["reward_model"])}}
-    rl_cfg = cfg.rl.model_copy(update={"rewards": cfg.reward_model.rl_rewards, "options": options})
+    options = {name: opts.model_dump() for name, opts in cfg.rl.options.items()}
+    options[kind] = {**options.get(kind, {}), "path": str(inputs["reward_model"])}
+    rl_cfg = resolve.section(cfg.rl.model_copy(update={"rewards": cfg.reward_model.rl_rewards, "options": options}), "rl")
     return rl.run(cfg.model_copy(update={"rl": rl_cfg}), {"data": inputs["data"], "policy": inputs["policy"]}, out_dir, tracker, resume)

@@ -33,7 +33,7 @@ def select_groups(batch: RolloutBatch, keep: Tensor) -> RolloutBatch:
         prompt_ids=batch.prompt_ids[rows], prompt_mask=batch.prompt_mask[rows],
         completion_ids=batch.completion_ids[rows], completion_mask=batch.completion_mask[rows],
         group=new_id[index][rows], old_logp=batch.old_logp[rows], rewards=batch.rewards[rows],
-        reward_names=batch.reward_names, reward_weights=batch.reward_weights,
+        reward_names=batch.reward_names, reward_weights=batch.reward_weights, attention_mask=batch.attention_mask[rows],
     )
 
 
@@ -55,4 +55,5 @@ def concat(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
         group=torch.cat(groups), old_logp=torch.cat([right(b.old_logp, 0.0) for b in batches]),
         rewards=torch.cat([b.rewards for b in batches]),
         reward_names=batches[0].reward_names, reward_weights=batches[0].reward_weights,
+        attention_mask=torch.cat([right(b.attention_mask, 0) for b in batches]),
     )

@@ -28,7 +28,7 @@ from posttrain.models.sampling import sample
 from posttrain.models.sampling import decode_completions
 from posttrain.models.sampling import encode_prompts
 from posttrain.trainers.common import progress
-from posttrain.trainers.preference import all_sequence_logps, encode_pairs
+from posttrain.trainers.preference import all_sequence_logps, encode_pairs, sequence_logps
 
 PROBE_CHUNK = 512  # prompts per greedy-decoding batch
 
@@ -72,7 +72,14 @@ def make_record(model, tokenizer, facts: FactSet, edit: Edit, max_new_tokens: in
     own = greedy_answers(model, tokenizer, paraphrases, max_new_tokens)
     pairs = tuple(PreferencePair(p, edit.new, y if y and y != edit.new else edit.old, 0.0, None) for p, y in zip(paraphrases, own))
     ref_chosen, ref_rejected = all_sequence_logps(model, encode_pairs(tokenizer, pairs, next(model.parameters()).device))
-    return EditRecord(edit, facts.prompt(edit.subject, edit.relation, 0), pairs, ref_chosen, ref_rejected)
+    prompt = facts.prompt(edit.subject, edit.relation, 0)
+    return EditRecord(edit, prompt, PreferencePair(prompt, edit.new, edit.old, 0.0, None), pairs, ref_chosen, ref_rejected)
+
+
+def pair_scorer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase):
+    """The edit methods' forward pass: pairs -> (chosen, rejected) sequence log-probs [N], with gradient."""
+    device = next(model.parameters()).device
+    return lambda pairs: sequence_logps(model, encode_pairs(tokenizer, pairs, device))
 
 
 def apply_edits(
@@ -91,6 +98,7 @@ def apply_edits(
     base_local = greedy_answers(model, tokenizer, local_prompts, max_new)
     base = final_metrics(model, tokenizer, facts, edits, local_prompts, local_truth, base_local, max_new)
     generator = torch.Generator().manual_seed(seed)
+    scorer = pair_scorer(model, tokenizer)
     memory: list[EditRecord] = []
     history: list[dict[str, float]] = []
     model.train()
@@ -99,7 +107,7 @@ def apply_edits(
         record = make_record(model, tokenizer, facts, edit, max_new)
         optimizer = torch.optim.SGD(params, lr=cfg.lr)
         for _ in range(cfg.steps_per_edit):
-            metrics = entry.obj(EditStep(model, tokenizer, params, [record], memory, generator), opts)
+            metrics = entry.obj(EditStep(scorer, params, [record], memory, generator), opts)
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)

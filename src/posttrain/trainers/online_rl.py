@@ -2,9 +2,17 @@
 Under torchrun each rank rolls out its share of the step's prompts and the gradients are averaged
 (trainers/distributed.py); rank 0 writes the checkpoints.
 
-The objective is whatever `rl.advantage` / `rl.loss` / `rl.loss_agg` name in their registries; this loop
-only computes what the chosen parts declare they need (e.g. reference log-probs only when beta > 0, the
-greedy completion's reward only for ReMax): `EXTRAS` maps each need to the function that provides it.
+The objective is whatever `rl.advantage` / `rl.loss` / `rl.loss_agg` / `rl.aux` name in their registries.
+`OnlineRL` owns everything an update changes and computes exactly what the chosen parts declare:
+
+- the extras they `need`, from the providers registry (trainers/extras.py), reading the frozen models by role;
+- ONE policy forward per update pass, handed to the loss and every auxiliary term (`PolicyOutputs`): the
+  sampled-token log-probs, plus full distributions, hidden states or scores of extra sequences only when a
+  part declares it reads them, and no forward at all when nothing reads it;
+- the trainable side modules the terms declare (registry meta `module`), in the same optimiser as the policy;
+- the state objects the providers declare (registry meta `state`).
+
+`state_dict()` holds all of it, keyed by registry names, so a checkpoint needs no method names.
 """
 
 from __future__ import annotations
@@ -15,27 +23,29 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.config import RLConfig
 from posttrain.errors import UserError
-from posttrain.models.logprobs import completion_logprobs
-from posttrain.objectives import advantages, auxiliaries, losses, needs_of
+from posttrain.models.logprobs import completion_forward, sequence_logprobs
+from posttrain.models.sampling import encode_prompts
+from posttrain.models.sampling import decode_completions
+from posttrain.models.sampling import sample
+from posttrain.objectives import advantages, auxiliaries, losses, needs_of, policy_reads
 from posttrain.objectives.aggregation import aggregate
 from posttrain.objectives.diagnostics import composition_metrics
 from posttrain.objectives.kl import k3_kl
 from posttrain.rewards import reward_matrix
-from posttrain.rollout import RolloutBatch
-from posttrain.models.sampling import sample
-from posttrain.models.sampling import decode_completions
+from posttrain.rollout import PolicyOutputs, RolloutBatch
 from posttrain.tasks import Example, Task
 from posttrain.trainers import distributed
 from posttrain.trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from posttrain.models.sampling import encode_prompts
 from posttrain.trainers.common import optimizer_and_schedule, progress
 from posttrain.trainers.dynamic_sampling import concat, informative_groups, select_groups
+from posttrain.trainers.extras import ExtraContext, extras, provide, roles_needed
 
 
 class PromptStream:
@@ -74,134 +84,20 @@ class RLRun:
     seed: int
     checkpoint_dir: Path
     config_hash: str
-    teachers: dict[str, PreTrainedModel] = field(default_factory=dict)  # frozen "teacher" / "base" models (distill stage)
-    state: dict[str, object] = field(default_factory=dict)  # "step" and the state of stateful schedules (GATS, UniOPSD)
+    models: dict[str, PreTrainedModel] = field(default_factory=dict)  # frozen models by role: teacher, base (distill), reference
 
 
-def rollout(run: RLRun, prompts: list[Example], generator: torch.Generator) -> tuple[RolloutBatch, list[str], dict[str, float]]:
-    """Sample, decode and score one batch of prompts; returns the batch, the texts and rollout metrics."""
-    cfg, tok = run.cfg, run.tokenizer
-    device = next(run.policy.parameters()).device
-    prompt_ids, prompt_mask = encode_prompts(tok, [e.prompt for e in prompts], device)
-    start = time.perf_counter()
-    sampler = run.task.sampler(tok) if hasattr(run.task, "sampler") else sample  # multi-turn envs sample whole episodes
-    samples = sampler(
-        run.policy, prompt_ids, prompt_mask, group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
-        eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, temperature=cfg.temperature, generator=generator,
-    )
-    seconds = time.perf_counter() - start
-    texts = decode_completions(tok, samples)
-    expanded = [e for e in prompts for _ in range(cfg.group_size)]
-    rewards, names, weights = reward_matrix(cfg.rewards, run.task, expanded, texts, samples.finished.tolist(), **reward_context(cfg, samples))
-    batch = RolloutBatch(
-        prompt_ids=prompt_ids.repeat_interleave(cfg.group_size, 0),
-        prompt_mask=prompt_mask.repeat_interleave(cfg.group_size, 0),
-        completion_ids=samples.completion_ids,
-        completion_mask=samples.completion_mask,
-        group=torch.arange(len(prompts), device=device).repeat_interleave(cfg.group_size),
-        old_logp=samples.logp,
-        rewards=rewards.to(device),
-        reward_names=names,
-        reward_weights=weights.to(device),
-    )
-    tokens = float(samples.completion_mask.sum())
-    metrics = {"tokens_per_s": tokens / max(seconds, 1e-9), "completion_length": tokens / batch.size}
-    return batch, texts, metrics
+@dataclass(frozen=True)
+class StepResult:
+    batch: RolloutBatch
+    texts: list[str]
+    prompts: list[Example]  # the prompt of each group actually trained on, in group order
+    metrics: dict[str, float]
 
 
 def reward_context(cfg: RLConfig, samples) -> dict[str, object]:
     """What rewards may declare they need besides the text (see rewards.reward_matrix)."""
     return {"lengths": samples.completion_mask.sum(-1).cpu(), "max_len": cfg.max_new_tokens, "overlong_buffer": cfg.overlong_buffer, "rl": cfg}
-
-
-def collect(
-    run: RLRun, prompts: list[Example], generator: torch.Generator, more_prompts: Callable[[int], list[Example]] | None
-) -> tuple[RolloutBatch, list[str], list[Example], dict[str, float]]:
-    """One rollout; with `rl.dynamic_sampling`, drop the groups whose rewards are all equal and roll out more
-    prompts (at most `dynamic_sampling_max_rollouts` times) until `prompts_per_step` groups are informative.
-    Returns the batch, its texts, the prompt of each group (in group-id order) and rollout metrics."""
-    cfg = run.cfg
-    batch, texts, metrics = rollout(run, prompts, generator)
-    if not cfg.dynamic_sampling:
-        return batch, texts, prompts, metrics
-    parts, kept_texts, kept_prompts, dropped, extra = [], [], [], 0, 0
-    while True:
-        keep = informative_groups(batch)
-        rows = keep[torch.unique(batch.group, return_inverse=True)[1]]
-        dropped += int((~keep).sum())
-        parts.append(select_groups(batch, keep))
-        kept_texts += [t for t, r in zip(texts, rows.tolist()) if r]
-        kept_prompts += [p for p, k in zip(prompts, keep.tolist()) if k]
-        missing = cfg.prompts_per_step - len(kept_prompts)
-        if missing <= 0 or extra >= cfg.dynamic_sampling_max_rollouts or more_prompts is None:
-            break
-        extra += 1
-        prompts = more_prompts(missing)
-        batch, texts, _ = rollout(run, prompts, generator)
-    metrics.update({"dynamic_sampling/dropped_groups": float(dropped), "dynamic_sampling/extra_rollouts": float(extra)})
-    if not kept_prompts:  # nothing informative within the bound: train on the last batch (zero advantages)
-        return batch, texts, prompts, metrics
-    batch = concat(parts, run.tokenizer.pad_token_id)
-    n = min(len(kept_prompts), cfg.prompts_per_step)
-    rows = batch.group < n
-    full = select_groups(batch, torch.arange(len(kept_prompts), device=batch.group.device) < n)
-    return full, [t for t, r in zip(kept_texts, rows.tolist()) if r], kept_prompts[:n], metrics
-
-
-def reference_logp(run: RLRun, prompts: list[Example], batch: RolloutBatch, reference: PreTrainedModel | None) -> torch.Tensor:
-    """[B, T] sampled-token log-probs under the frozen reference (no gradient)."""
-    if reference is None:
-        raise ValueError("the objective needs reference log-probs but no reference model was given")
-    with torch.no_grad():
-        logp, _ = completion_logprobs(reference, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, run.cfg.temperature)
-    return logp
-
-
-@torch.no_grad()
-def greedy_rewards(run: RLRun, prompts: list[Example], batch: RolloutBatch, reference: PreTrainedModel | None) -> torch.Tensor:
-    """[B] ReMax baseline: the weighted reward of one greedy completion of each row's prompt (NaN -> 0)."""
-    cfg, tok = run.cfg, run.tokenizer
-    device = batch.group.device
-    prompt_ids, prompt_mask = encode_prompts(tok, [e.prompt for e in prompts], device)
-    samples = sample(
-        run.policy, prompt_ids, prompt_mask, group_size=1, max_new_tokens=cfg.max_new_tokens,
-        eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, temperature=cfg.temperature, greedy=True,
-    )
-    texts = decode_completions(tok, samples)
-    rewards, _, weights = reward_matrix(cfg.rewards, run.task, prompts, texts, samples.finished.tolist(), **reward_context(cfg, samples))
-    per_prompt = torch.nan_to_num(rewards, nan=0.0) @ weights
-    return per_prompt.to(device)[batch.group]
-
-
-def distribution_task(run: RLRun, need: str) -> Task:
-    """The task, when it has outcomes and target distributions (e.g. `distribution`); else a UserError."""
-    if callable(getattr(run.task, "outcome", None)) and callable(getattr(run.task, "target", None)):
-        return run.task
-    parts = ((run.cfg.advantage, advantages), (run.cfg.loss, losses))
-    who = " and ".join(n for n, registry in parts if need in registry.entry(n).meta.get("needs", ()))
-    raise UserError(f"{who} needs a distribution-matching task (task.name: distribution); task {run.task.cfg.name!r} has no target distribution")
-
-
-def outcomes(run: RLRun, prompts: list[Example], batch: RolloutBatch, reference: PreTrainedModel | None) -> torch.Tensor:
-    """[B] 0-based index of each completion's outcome in its task's outcome set; -1 when unparseable."""
-    task = distribution_task(run, "outcomes")
-    found = [task.outcome(text) for text in decode_completions(run.tokenizer, batch)]
-    return torch.tensor([-1 if k is None else k for k in found], device=batch.group.device)
-
-
-def target_probs(run: RLRun, prompts: list[Example], batch: RolloutBatch, reference: PreTrainedModel | None) -> torch.Tensor:
-    """[B, K] the target distribution stated by each row's prompt."""
-    task = distribution_task(run, "target_probs")
-    return torch.tensor([task.target(p) for p in prompts], device=batch.group.device)[batch.group]
-
-
-EXTRAS: dict[str, Callable[..., torch.Tensor]] = {
-    "ref_logp": reference_logp, "greedy_rewards": greedy_rewards, "outcomes": outcomes, "target_probs": target_probs,
-}
-from posttrain.trainers.distill_extras import PROVIDERS as _DISTILL_PROVIDERS  # noqa: E402  (teacher-side extras)
-from posttrain.trainers.distill_extras import export_state, import_state  # noqa: E402
-
-EXTRAS.update(_DISTILL_PROVIDERS)
 
 
 def reward_metrics(batch: RolloutBatch) -> dict[str, float]:
@@ -219,55 +115,182 @@ def reward_metrics(batch: RolloutBatch) -> dict[str, float]:
     return metrics
 
 
-@dataclass(frozen=True)
-class StepResult:
-    batch: RolloutBatch
-    texts: list[str]
-    prompts: list[Example]  # the prompt of each group actually trained on, in group order
-    metrics: dict[str, float]
+class OnlineRL:
+    """The optimiser, schedule, generator, frozen models by role, side modules and declared states of one
+    online RL run over `run.policy`; `step(prompts)` is one update."""
 
+    def __init__(self, run: RLRun, total_steps: int | None = None):
+        cfg, policy = run.cfg, run.policy
+        self.run, self.cfg = run, cfg
+        self.device = next(policy.parameters()).device
+        self.needs = needs_of(cfg)
+        self.reads = policy_reads(cfg)
+        self.models = dict(run.models)
+        missing = sorted(roles_needed(cfg, optional=False) - set(self.models) - {"reference"})
+        if missing:
+            need = next(n for n in sorted(self.needs) if extras.entry(n).meta.get("role") == missing[0])
+            raise UserError(f"{need} needs a frozen {missing[0]} model: run `posttrain distill` (its `{missing[0]}` input) instead of `rl`")
+        if "reference" in roles_needed(cfg) and "reference" not in self.models:  # the starting policy, frozen
+            self.models["reference"] = copy.deepcopy(policy).eval().requires_grad_(False)
+        self.states = {n: extras.entry(n).meta["state"]() for n in sorted(self.needs) if "state" in extras.entry(n).meta}
+        self.modules = {
+            name: auxiliaries.entry(name).meta["module"](policy.config, cfg.options_for(name)).to(self.device)
+            for name in cfg.aux if "module" in auxiliaries.entry(name).meta
+        }
+        self.optimizer, self.schedule = optimizer_and_schedule(self._param_groups(), cfg.lr, 0.0, cfg.warmup_steps, total_steps or cfg.steps)
+        self.generator = torch.Generator(device=self.device).manual_seed(run.seed)
+        self.step_index = 0
 
-def policy_step(
-    run: RLRun, prompts: list[Example], generator: torch.Generator, optimizer, schedule, reference: PreTrainedModel | None = None,
-    more_prompts: Callable[[int], list[Example]] | None = None,
-) -> StepResult:
-    """One update on `prompts`: rollout, rewards, advantages, `epochs_per_batch` policy passes (an optimizer step
-    each) and one schedule step. With `rl.dynamic_sampling`, `more_prompts(n)` supplies refill prompts."""
-    cfg, policy = run.cfg, run.policy
-    estimate = advantages.get(cfg.advantage)
-    policy_loss = losses.get(cfg.loss)
-    run.state["step"] = run.state.get("step", 0) + 1
-    batch, texts, prompts, metrics = collect(run, prompts, generator, more_prompts)
-    for need in sorted(needs_of(cfg)):
-        batch = batch.with_extras(**{need: EXTRAS[need](run, prompts, batch, reference)})
-    adv = estimate(batch, cfg)
-    for _ in range(cfg.epochs_per_batch):
-        logp, entropy = completion_logprobs(
-            policy, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, cfg.temperature, with_entropy=True
+    def _param_groups(self) -> list[dict[str, Any]]:
+        groups = [{"params": [p for p in self.run.policy.parameters() if p.requires_grad]}]
+        for module in self.modules.values():
+            groups.append({"params": list(module.parameters()), "lr": self.cfg.lr * getattr(module, "lr_scale", 1.0)})
+        return groups
+
+    # -- checkpointed state ----------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "optimizer": self.optimizer.state_dict(), "schedule": self.schedule.state_dict(), "generator": self.generator.get_state(),
+            "step_index": self.step_index, "states": {n: s.state_dict() for n, s in self.states.items()},
+            "modules": {n: m.state_dict() for n, m in self.modules.items()},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.schedule.load_state_dict(state["schedule"])
+        self.generator.set_state(state["generator"])
+        self.step_index = state["step_index"]
+        for name, saved in state["states"].items():
+            self.states[name].load_state_dict(saved)
+        for name, saved in state["modules"].items():
+            self.modules[name].load_state_dict(saved)
+
+    # -- one update ------------------------------------------------------------------------------------------
+
+    def context(self, need: str) -> ExtraContext:
+        run = self.run
+        return ExtraContext(run.policy, run.tokenizer, run.task, self.cfg, self.models, self.step_index, self.generator, self.states.get(need))
+
+    def rollout(self, prompts: list[Example]) -> tuple[RolloutBatch, list[str], dict[str, float]]:
+        """Sample, decode and score one batch of prompts; returns the batch, the texts and rollout metrics."""
+        cfg, tok, run = self.cfg, self.run.tokenizer, self.run
+        prompt_ids, prompt_mask = encode_prompts(tok, [e.prompt for e in prompts], self.device)
+        start = time.perf_counter()
+        sampler = run.task.sampler(tok) if hasattr(run.task, "sampler") else sample  # multi-turn envs sample whole episodes
+        samples = sampler(
+            run.policy, prompt_ids, prompt_mask, group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
+            eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, temperature=cfg.temperature, generator=self.generator,
         )
-        loss, loss_metrics = policy_loss(logp, batch.old_logp, adv, batch.completion_mask, cfg)
-        if cfg.beta > 0:
-            kl = aggregate(cfg, k3_kl(logp, batch.extras["ref_logp"]), batch.completion_mask)
-            loss = loss + cfg.beta * kl
-            loss_metrics["kl"] = float(kl.detach())
-        for name in cfg.aux:  # auxiliary terms (distillation, alignment): their own forward pass, added to the loss
-            term, term_metrics = auxiliaries.get(name)(run, batch)
-            loss = loss + term
-            loss_metrics.update(term_metrics)
-        loss.backward()
-        distributed.reduce_gradients(policy, average=True)  # torchrun: equal prompt shares, so the mean of rank means
-        grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    schedule.step()
-    metrics.update(reward_metrics(batch))
-    metrics.update(composition_metrics(batch, adv, cfg.std_eps))
-    metrics.update(loss_metrics)
-    metrics.update(
-        loss=float(loss.detach()), grad_norm=float(grad_norm), lr=schedule.get_last_lr()[0],
-        entropy=float(aggregate(cfg, entropy, batch.completion_mask)), advantage_abs_mean=float(adv.abs().mean()),
-    )
-    return StepResult(batch, texts, prompts, metrics)
+        seconds = time.perf_counter() - start
+        texts = decode_completions(tok, samples)
+        expanded = [e for e in prompts for _ in range(cfg.group_size)]
+        rewards, names, weights = reward_matrix(cfg.rewards, run.task, expanded, texts, samples.finished.tolist(), **reward_context(cfg, samples))
+        batch = RolloutBatch(
+            prompt_ids=prompt_ids.repeat_interleave(cfg.group_size, 0),
+            prompt_mask=prompt_mask.repeat_interleave(cfg.group_size, 0),
+            completion_ids=samples.completion_ids,
+            completion_mask=samples.completion_mask,
+            attention_mask=samples.attention,
+            group=torch.arange(len(prompts), device=self.device).repeat_interleave(cfg.group_size),
+            old_logp=samples.logp,
+            rewards=rewards.to(self.device),
+            reward_names=names,
+            reward_weights=weights.to(self.device),
+        )
+        tokens = float(samples.completion_mask.sum())
+        metrics = {"tokens_per_s": tokens / max(seconds, 1e-9), "completion_length": tokens / batch.size}
+        return batch, texts, metrics
+
+    def collect(
+        self, prompts: list[Example], more_prompts: Callable[[int], list[Example]] | None
+    ) -> tuple[RolloutBatch, list[str], list[Example], dict[str, float]]:
+        """One rollout; with `rl.dynamic_sampling`, drop the groups whose rewards are all equal and roll out more
+        prompts (at most `dynamic_sampling_max_rollouts` times) until `prompts_per_step` groups are informative.
+        Returns the batch, its texts, the prompt of each group (in group-id order) and rollout metrics."""
+        cfg = self.cfg
+        batch, texts, metrics = self.rollout(prompts)
+        if not cfg.dynamic_sampling:
+            return batch, texts, prompts, metrics
+        parts, kept_texts, kept_prompts, dropped, extra = [], [], [], 0, 0
+        while True:
+            keep = informative_groups(batch)
+            rows = keep[torch.unique(batch.group, return_inverse=True)[1]]
+            dropped += int((~keep).sum())
+            parts.append(select_groups(batch, keep))
+            kept_texts += [t for t, r in zip(texts, rows.tolist()) if r]
+            kept_prompts += [p for p, k in zip(prompts, keep.tolist()) if k]
+            missing = cfg.prompts_per_step - len(kept_prompts)
+            if missing <= 0 or extra >= cfg.dynamic_sampling_max_rollouts or more_prompts is None:
+                break
+            extra += 1
+            prompts = more_prompts(missing)
+            batch, texts, _ = self.rollout(prompts)
+        metrics.update({"dynamic_sampling/dropped_groups": float(dropped), "dynamic_sampling/extra_rollouts": float(extra)})
+        if not kept_prompts:  # nothing informative within the bound: train on the last batch (zero advantages)
+            return batch, texts, prompts, metrics
+        batch = concat(parts, self.run.tokenizer.pad_token_id)
+        n = min(len(kept_prompts), cfg.prompts_per_step)
+        rows = batch.group < n
+        full = select_groups(batch, torch.arange(len(kept_prompts), device=batch.group.device) < n)
+        return full, [t for t, r in zip(kept_texts, rows.tolist()) if r], kept_prompts[:n], metrics
+
+    def policy_forward(self, batch: RolloutBatch) -> PolicyOutputs:
+        """The one policy forward of an update pass: only what the configured parts read."""
+        policy, reads = self.run.policy, self.reads
+        out = None
+        if reads & {"logp", "logprobs", "hidden"}:
+            out = completion_forward(
+                policy, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.attention_mask, self.cfg.temperature,
+                full="logprobs" in reads, hidden="hidden" in reads, entropy=True,
+            )
+        scored = {}
+        for read in sorted(r for r in reads if r.startswith("scores:")):
+            name = read.removeprefix("scores:")
+            packed = batch.extras[name]  # [B, 3, W]: token ids, attention mask, loss mask
+            scored[name] = sequence_logprobs(policy, packed[:, 0], packed[:, 1])
+        if out is None:
+            return PolicyOutputs(logp=None, scored=scored)
+        return PolicyOutputs(logp=out.logp, entropy=out.entropy, logprobs=out.logprobs, hidden=out.hidden, scored=scored)
+
+    def step(self, prompts: list[Example], more_prompts: Callable[[int], list[Example]] | None = None) -> StepResult:
+        """One update on `prompts`: rollout, rewards, extras, advantages, `epochs_per_batch` policy passes (an
+        optimizer step each) and one schedule step. With `rl.dynamic_sampling`, `more_prompts(n)` supplies refill prompts."""
+        cfg, policy = self.cfg, self.run.policy
+        estimate, policy_loss = advantages.get(cfg.advantage), losses.get(cfg.loss)
+        self.step_index += 1
+        batch, texts, prompts, metrics = self.collect(prompts, more_prompts)
+        batch = provide(self.needs, self.context, prompts, batch)
+        adv = estimate(batch, cfg)
+        for _ in range(cfg.epochs_per_batch):
+            outputs = self.policy_forward(batch)
+            if outputs.logp is not None:
+                loss, loss_metrics = policy_loss(outputs.logp, batch.old_logp, adv, batch.completion_mask, cfg)
+            else:
+                loss, loss_metrics = torch.zeros((), device=self.device), {}
+            if cfg.beta > 0:
+                kl = aggregate(cfg, k3_kl(outputs.logp, batch.extras["ref_logp"]), batch.completion_mask)
+                loss = loss + cfg.beta * kl
+                loss_metrics["kl"] = float(kl.detach())
+            for name in cfg.aux:  # auxiliary terms (distillation, alignment) read the same forward
+                term, term_metrics = auxiliaries.get(name)(batch, outputs, cfg, self.modules.get(name))
+                loss = loss + term
+                loss_metrics.update(term_metrics)
+            if loss.requires_grad:  # `none` loss and no term: nothing to learn from this batch
+                loss.backward()
+            for model in (policy, *self.modules.values()):  # torchrun: equal prompt shares, so the mean of rank means
+                distributed.reduce_gradients(model, average=True)
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.optimizer.param_groups[0]["params"], cfg.max_grad_norm)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        self.schedule.step()
+        metrics.update(reward_metrics(batch))
+        metrics.update(composition_metrics(batch, adv, cfg.std_eps))
+        metrics.update(loss_metrics)
+        metrics.update(loss=float(loss.detach()), grad_norm=float(grad_norm), lr=self.schedule.get_last_lr()[0], advantage_abs_mean=float(adv.abs().mean()))
+        if outputs.entropy is not None:
+            metrics["entropy"] = float(aggregate(cfg, outputs.entropy, batch.completion_mask))
+        return StepResult(batch, texts, prompts, metrics)
 
 
 def train_online_rl(
@@ -276,37 +299,26 @@ def train_online_rl(
     """Run `cfg.steps` policy updates; return the per-step metric history (restored on resume) and a
     table of the last step's completions."""
     cfg, policy = run.cfg, run.policy
-    device = next(policy.parameters()).device
-    needs = needs_of(cfg)
     ctx = distributed.current()
     if ctx.active and (cfg.prompts_per_step % ctx.world_size or cfg.dynamic_sampling):
         raise UserError(f"under torchrun rl.prompts_per_step ({cfg.prompts_per_step}) must be a multiple of the {ctx.world_size} processes and rl.dynamic_sampling off")
-    reference = None
-    if "ref_logp" in needs:  # a frozen copy of the starting policy; never built when beta == 0
-        reference = copy.deepcopy(policy).eval().requires_grad_(False)
-    optimizer, schedule = optimizer_and_schedule(
-        [p for p in policy.parameters() if p.requires_grad], cfg.lr, 0.0, cfg.warmup_steps, cfg.steps
-    )
+    trainer = OnlineRL(run)
     stream = PromptStream(run.examples, run.seed)
-    generator = torch.Generator(device=device).manual_seed(run.seed)
     history: list[dict[str, float]] = []
     start_step = 0
     found = latest_checkpoint(run.checkpoint_dir) if resume else None
     if found is not None:
         state = load_checkpoint(found, policy, run.config_hash)  # the reference stays the starting policy
-        optimizer.load_state_dict(state["optimizer"])
-        schedule.load_state_dict(state["schedule"])
+        trainer.load_state_dict(state["trainer"])
         stream = PromptStream(run.examples, run.seed, **state["stream"])
-        generator.set_state(state["generator"])
         history = state["history"]
         start_step = state["step"]
-        run.state.update(import_state(state.get("run_state", {})), step=start_step)
 
     policy.train()
     bar = progress(cfg.steps, f"rl ({cfg.advantage}+{cfg.loss})", initial=start_step)
     for step in range(start_step + 1, cfg.steps + 1):
         prompts = distributed.shard(stream.take(cfg.prompts_per_step), ctx)  # every rank draws the same prompts, rolls out its share
-        result = policy_step(run, prompts, generator, optimizer, schedule, reference, more_prompts=stream.take)
+        result = trainer.step(prompts, more_prompts=stream.take)
         metrics = result.metrics
         history.append(metrics)
         bar.update()
@@ -316,11 +328,7 @@ def train_online_rl(
         if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps and ctx.is_main:
             save_checkpoint(
                 run.checkpoint_dir, step, policy,
-                {
-                    "optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(), "stream": stream.state(),
-                    "generator": generator.get_state(), "history": history, "config_hash": run.config_hash,
-                    "run_state": export_state(run.state),  # schedules with memory (GATS, UniOPSD, PR-OPD projectors)
-                },
+                {"trainer": trainer.state_dict(), "stream": stream.state(), "history": history, "config_hash": run.config_hash},
             )
     bar.close()
     distributed.check_in_sync(policy, ctx)

@@ -9,7 +9,7 @@ preference pair (prompt, y_w, y_l) gives two TRM prompts, one judging y_w and on
    learns to write the answer the preferences favour, then to check the response against it) or the starting
    model's own greedy answer (`own`: the warm-up then teaches only the format and the checking procedure, not
    which answer is right). The per-position agreement is the assessment, the share of agreeing positions the score.
-2. Pairwise RL (`reward_model.options.trm`): the online RL step of trainers/online_rl.py (`policy_step`: sampling,
+2. Pairwise RL (`reward_model.options.trm`): the online RL step of trainers/online_rl.py (`OnlineRL.step`: sampling,
    the reward registry, the `grpo` estimator, the `clip` loss) on batches of whole pairs, G rollouts on y_w
    (group W) and G on y_l (group L). The reward `pd_grpo` pays each rollout for the side of the other group's
    median it lands on; GRPO's per-prompt normalisation is then PD-GRPO's separate normalisation within W and
@@ -158,8 +158,7 @@ def pairwise_rl(cfg, model, tokenizer, train, heldout, seed: int, on_log, first_
     """`options.trm.rl_steps` of pairwise RL (`options.trm.pairwise_reward`) on `model`, in place, through the online
     RL step; returns the last held-out metrics ({} when rl_steps is 0)."""
     from posttrain.models.sampling import encode_prompts
-    from posttrain.trainers.common import optimizer_and_schedule
-    from posttrain.trainers.online_rl import RLRun, policy_step
+    from posttrain.trainers.online_rl import OnlineRL, RLRun
 
     rm, opts = cfg.reward_model, cfg.reward_model.options_for("trm")
     if not opts.rl_steps:
@@ -167,13 +166,12 @@ def pairwise_rl(cfg, model, tokenizer, train, heldout, seed: int, on_log, first_
     examples = judge_examples(train, opts.score_max)
     run = RLRun(model, tokenizer, JudgeTask(opts.score_max, opts.alpha_format), examples, judge_rl_config(cfg.rl, opts), seed,
                 Path("unused-checkpoints"), "trm")
-    optimizer, schedule = optimizer_and_schedule([p for p in model.parameters() if p.requires_grad], opts.lr, 0.0, 0, opts.rl_steps)
-    generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    trainer = OnlineRL(run, total_steps=opts.rl_steps)
     rng, final = random.Random(seed), {}
     model.train()
     for step in range(1, opts.rl_steps + 1):
         picked = rng.sample(range(len(train)), min(opts.pairs_per_step, len(train)))
-        result = policy_step(run, [examples[2 * i + side] for i in picked for side in (0, 1)], generator, optimizer, schedule)
+        result = trainer.step([examples[2 * i + side] for i in picked for side in (0, 1)])
         if step % rm.log_every == 0 or step == opts.rl_steps:
             final = pair_metrics(model, tokenizer, heldout, opts.score_max, opts.max_new_tokens)
             keep = ("reward/total_mean", "loss", "entropy", "clip_fraction", "completion_length")

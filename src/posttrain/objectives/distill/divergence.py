@@ -12,7 +12,7 @@ import math
 import torch
 from torch import Tensor
 
-from posttrain.models.teacher import assert_no_grad
+from posttrain.errors import assert_no_grad
 
 
 def reverse_kl(student_logprobs: Tensor, teacher_logprobs: Tensor) -> Tensor:

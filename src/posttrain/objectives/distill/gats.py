@@ -9,7 +9,7 @@ GRPO plus an on-policy-distillation term whose weight follows the teacher-studen
 
 So guidance is strong while the student is far below the teacher, shrinks as it closes the gap and is gone
 once it reaches the teacher: the teacher may be weaker than the final student. The schedule's state lives
-in the trainer (`run.state["gats"]`, trainers/distill_extras.gats_weight); this estimator reads w per row.
+in the trainer: the `gats_weight` provider (trainers/extras.py) declares it; this estimator reads w per row.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pydantic import Field
 from torch import Tensor
 
 from posttrain.config import Section
+from posttrain.state import DataclassState
 from posttrain.objectives import advantages
 from posttrain.objectives.distill.opd import opd_token_advantage, with_reward
 from posttrain.rollout import RolloutBatch
@@ -43,7 +44,7 @@ def gap_weight(student_success: float, teacher_success: float, opts: GATSOptions
 
 
 @dataclass
-class GATSState:
+class GATSState(DataclassState):
     student_success: float | None = None
     teacher_success: float | None = None
     latched: bool = False

@@ -1,6 +1,7 @@
 """The `none` policy loss: no policy-gradient term, for objectives that are their auxiliary terms alone
-(OPSD, ThinkOPD, RIDE, ROFT). It returns an exact zero that stays on the policy's graph, so the trainer's
-backward pass is unchanged."""
+(OPSD, ThinkOPD, RIDE, ROFT). It returns an exact zero that stays on the policy's graph. It reads no
+log-probs (`reads_logp=False`): when no auxiliary term reads the policy's completion forward either, the
+trainer skips that forward altogether."""
 
 from __future__ import annotations
 
@@ -9,6 +10,6 @@ from torch import Tensor
 from posttrain.objectives import losses
 
 
-@losses.register("none", needs=())
+@losses.register("none", needs=(), reads_logp=False)
 def no_policy_gradient(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg) -> tuple[Tensor, dict[str, float]]:
     return (logp * 0.0).sum(), {"clip_fraction": 0.0}

@@ -9,7 +9,7 @@ gradient is E[A_t grad logp_S(y_t)] = -grad KL(pi_S || pi_T) along the sampled p
 
 Settings (rl.options.opd): `weight` scales the teacher term; `reward_weight` adds the GRPO reward advantage
 (0: pure distillation; > 0 with a constant `weight`: the "constant-weight OPD + GRPO" baseline of GATS §7).
-The teacher is `run.teachers["teacher"]` (the `distill` stage's `teacher` input), reading the same prompt.
+The teacher is the model of role `teacher` (the `distill` stage's `teacher` input), reading the same prompt.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pydantic import Field
 from torch import Tensor
 
 from posttrain.config import Section
-from posttrain.models.teacher import assert_no_grad
+from posttrain.errors import assert_no_grad
 from posttrain.objectives import advantages
 from posttrain.objectives.grpo import grpo
 from posttrain.rollout import RolloutBatch

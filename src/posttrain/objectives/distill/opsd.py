@@ -15,7 +15,6 @@ from typing import Literal
 from pydantic import Field
 
 from posttrain.config import Section
-from posttrain.models.teacher import completion_forward
 from posttrain.objectives import auxiliaries
 from posttrain.objectives.aggregation import token_mean
 from posttrain.objectives.distill.divergence import divergence
@@ -27,14 +26,9 @@ class OPSDOptions(Section):
     beta: float = Field(gt=0, lt=1)  # JSD mixture weight (unused by reverse_kl)
 
 
-def student_outputs(run, batch, hidden: bool = False):
-    """The policy's full next-token log-probs (and hidden states) on its own completions, with gradient."""
-    return completion_forward(run.policy, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask, run.cfg.temperature, hidden)
-
-
-@auxiliaries.register("opsd", needs=("privileged_logprobs",), options=OPSDOptions)
-def opsd(run, batch):
-    opts: OPSDOptions = run.cfg.options_for("opsd")
-    per_token = divergence(opts.divergence, student_outputs(run, batch).logprobs, batch.extras["privileged_logprobs"], opts.beta)
+@auxiliaries.register("opsd", needs=("privileged_logprobs",), policy=("logprobs",), options=OPSDOptions)
+def opsd(batch, policy, cfg, module=None):
+    opts: OPSDOptions = cfg.options_for("opsd")
+    per_token = divergence(opts.divergence, policy.logprobs, batch.extras["privileged_logprobs"], opts.beta)
     value = token_mean(per_token, batch.completion_mask)
     return opts.weight * value, {"opsd/divergence": float(value.detach())}

@@ -7,9 +7,11 @@ state (skill-free pass) is pulled to the teacher's on the response tokens, on to
     L_rep = (1/L) sum_l mask-mean_t || P_l(H^S_{l,t}) - H^T_{l,t} ||^2 / d          (P_l linear, init identity)
     L = L_GRPO + lambda_rep L_rep      (L_rep = 0 during the first `warm_start` updates)
 
-The projectors are trained with their own Adam (lr = rl.lr * projector_lr_scale), kept in `run.state`; their
-gradient comes from the trainer's backward pass and their optimizer steps at the next call, before the
-projectors are used again. Inference never uses them. Settings: rl.options.pr_opd.
+The projectors are a trainable side module (registry meta `module`): the trainer builds them (identity
+init), puts them in its optimiser at lr = rl.lr * projector_lr_scale, steps them with the policy after the
+same backward pass and checkpoints them with it, so a resumed run equals an uninterrupted one. The student
+hidden states come from the trainer's one policy forward (`policy=("hidden",)`). Inference never uses the
+projectors. Settings: rl.options.pr_opd.
 """
 
 from __future__ import annotations
@@ -19,9 +21,8 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from posttrain.config import Section
-from posttrain.models.teacher import assert_no_grad
+from posttrain.errors import assert_no_grad
 from posttrain.objectives import auxiliaries
-from posttrain.objectives.distill.opsd import student_outputs
 
 
 class PROPDOptions(Section):
@@ -54,29 +55,18 @@ def representation_loss(student: Tensor, teacher: Tensor, mask: Tensor, projecto
     return ((sq * m).sum((-1, -2)) / m.sum().clamp(min=1.0)).mean()
 
 
-def projectors_of(run, hidden: Tensor, opts: PROPDOptions) -> Projectors:
-    state = run.state.get("pr_opd")
-    if state is None:
-        projectors = Projectors(hidden.shape[0], hidden.shape[-1]).to(hidden.device)
-        optimizer = torch.optim.Adam(projectors.parameters(), lr=run.cfg.lr * opts.projector_lr_scale)
-        saved = run.state.pop("pr_opd_saved", None)  # restored from a checkpoint (trainers/distill_extras.import_state)
-        if saved is not None:
-            projectors.load_state_dict(saved["projectors"])
-            optimizer.load_state_dict(saved["optimizer"])
-        state = run.state["pr_opd"] = (projectors, optimizer)
-    projectors, optimizer = state
-    if any(p.grad is not None for p in projectors.parameters()):  # the gradient of the previous update
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+def make_projectors(model_config, opts: PROPDOptions) -> Projectors:
+    """The side module: one identity-initialised d x d map per decoder layer, trained at rl.lr * projector_lr_scale."""
+    projectors = Projectors(model_config.num_hidden_layers, model_config.hidden_size)
+    projectors.lr_scale = opts.projector_lr_scale
     return projectors
 
 
-@auxiliaries.register("pr_opd", needs=("skill_hidden", "train_step"), options=PROPDOptions)
-def pr_opd(run, batch):
-    opts: PROPDOptions = run.cfg.options_for("pr_opd")
+@auxiliaries.register("pr_opd", needs=("skill_hidden", "train_step"), policy=("hidden",), module=make_projectors, options=PROPDOptions)
+def pr_opd(batch, policy, cfg, module: Projectors):
+    opts: PROPDOptions = cfg.options_for("pr_opd")
     teacher = batch.extras["skill_hidden"]
     if int(batch.extras["train_step"]) <= opts.warm_start or opts.lam_rep == 0 or teacher.numel() == 0:
-        return torch.zeros((), device=batch.group.device), {"pr_opd/rep_loss": 0.0}
-    student = student_outputs(run, batch, hidden=True).hidden
-    value = representation_loss(student, teacher, batch.completion_mask, projectors_of(run, teacher, opts))
+        return torch.zeros((), device=batch.group.device), {"pr_opd/rep_loss": 0.0}  # the projectors get no gradient: not stepped
+    value = representation_loss(policy.hidden, teacher, batch.completion_mask, module)
     return opts.lam_rep * value, {"pr_opd/rep_loss": float(value.detach())}

@@ -26,4 +26,4 @@ def _preset(keys: dict[str, Any]):
 
 
 for _name, _keys in METHODS.items():
-    presets.register(_name)(_preset(_keys))
+    presets.register(_name, distill=True)(_preset(_keys))

@@ -19,9 +19,8 @@ from pydantic import Field
 from torch import Tensor
 
 from posttrain.config import Section
-from posttrain.models.teacher import assert_no_grad
+from posttrain.errors import assert_no_grad
 from posttrain.objectives import auxiliaries
-from posttrain.objectives.distill.opsd import student_outputs
 
 
 class RIDEOptions(Section):
@@ -47,18 +46,18 @@ def directional_objective(student: Tensor, teacher: Tensor, base: Tensor, lam: f
     return (2 * (lam - 1.0) * (student * (teacher - base)).sum(-1) - ((student - teacher) ** 2).sum(-1)).sum()
 
 
-@auxiliaries.register("ride", needs=("teacher_hidden", "base_hidden"), options=RIDEOptions)
-def ride(run, batch):
-    opts: RIDEOptions = run.cfg.options_for("ride")
-    student = student_outputs(run, batch, hidden=True).hidden
+@auxiliaries.register("ride", needs=("teacher_hidden", "base_hidden"), policy=("hidden",), options=RIDEOptions)
+def ride(batch, policy, cfg, module=None):
+    opts: RIDEOptions = cfg.options_for("ride")
+    student = policy.hidden
     value = ride_loss(student, batch.extras["teacher_hidden"], batch.extras["base_hidden"], batch.completion_mask, opts.lam)
     return opts.weight * value, {"ride/distance": float(value.detach())}
 
 
-@auxiliaries.register("ride_logits", needs=("teacher_logprobs", "base_logprobs"), options=RIDEOptions)
-def ride_logits(run, batch):
+@auxiliaries.register("ride_logits", needs=("teacher_logprobs", "base_logprobs"), policy=("logprobs",), options=RIDEOptions)
+def ride_logits(batch, policy, cfg, module=None):
     """The output-space baseline: log-probs [1, B, T, V] take the place of the hidden states."""
-    opts: RIDEOptions = run.cfg.options_for("ride_logits")
-    student = student_outputs(run, batch).logprobs[None]
+    opts: RIDEOptions = cfg.options_for("ride_logits")
+    student = policy.logprobs[None]
     value = ride_loss(student, batch.extras["teacher_logprobs"][None], batch.extras["base_logprobs"][None], batch.completion_mask, opts.lam)
     return opts.weight * value, {"ride/distance": float(value.detach())}

@@ -12,13 +12,11 @@ Use with `rl.loss: none` (the `roft` preset). Settings: rl.options.roft.
 
 from __future__ import annotations
 
-import torch
 from pydantic import Field
 from torch import Tensor
 
 from posttrain.config import Section
 from posttrain.objectives import auxiliaries
-from posttrain.models.decoders import positions_from_mask
 
 
 class ROFTOptions(Section):
@@ -27,20 +25,18 @@ class ROFTOptions(Section):
     temperature: float = Field(gt=0)  # sampling temperature of the retrospection
 
 
-def retrospection_nll(model, retro: Tensor) -> Tensor:
-    """retro [B, 3, W] = (ids, attention mask, loss mask) -> mean NLL over loss-mask tokens (0 if none)."""
-    ids, attention, loss_mask = retro[:, 0], retro[:, 1], retro[:, 2]
-    logits = model(input_ids=ids, attention_mask=attention, position_ids=positions_from_mask(attention)).logits[:, :-1]
-    logp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-    m = loss_mask[:, 1:].to(logp.dtype)
+def retrospection_nll(logp: Tensor, retro: Tensor) -> Tensor:
+    """Mean NLL over loss-mask tokens (0 if none): `logp` [B, W-1] are the policy's log-probs of the tokens of
+    retro [B, 3, W] = (ids, attention mask, loss mask) after their prefixes (the trainer's forward scores them)."""
+    m = retro[:, 2, 1:].to(logp.dtype)
     if m.sum() == 0:
         return logp.sum() * 0.0  # keeps the graph, contributes nothing
     return -(logp * m).sum() / m.sum()
 
 
-@auxiliaries.register("roft", needs=("retrospections",), options=ROFTOptions)
-def roft(run, batch):
-    opts: ROFTOptions = run.cfg.options_for("roft")
+@auxiliaries.register("roft", needs=("retrospections",), scores=("retrospections",), options=ROFTOptions)
+def roft(batch, policy, cfg, module=None):
+    opts: ROFTOptions = cfg.options_for("roft")
     retro = batch.extras["retrospections"]
-    value = retrospection_nll(run.policy, retro)
+    value = retrospection_nll(policy.scored["retrospections"], retro)
     return opts.weight * value, {"roft/nll": float(value.detach()), "roft/tokens": float(retro[:, 2].sum())}

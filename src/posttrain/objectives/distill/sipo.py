@@ -19,7 +19,7 @@ from pydantic import Field
 from torch import Tensor
 
 from posttrain.config import Section
-from posttrain.models.teacher import assert_no_grad
+from posttrain.errors import assert_no_grad
 from posttrain.objectives import advantages
 from posttrain.objectives.grpo import grpo
 from posttrain.rollout import RolloutBatch

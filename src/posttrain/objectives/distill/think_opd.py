@@ -7,7 +7,7 @@ think trace z in context distils every sibling response, weighted by how compati
     w_i     = G softmax_j((a g_j + b c_j) / T)_i          (within the group: sum_i w_i = G; detached)
     L       = (1/G) sum_i w_i mask-mean_t D_{i,t}          (`uniform`: w_i = 1, "Uniform ThinkOPD")
 
-z is the teacher's greedy response to the prompt, shared by the group (trainers/distill_extras.trace_logprobs).
+z is the teacher's greedy response to the prompt, shared by the group (the `trace_logprobs` provider, trainers/extras.py).
 Settings: rl.options.think_opd.
 """
 
@@ -20,7 +20,6 @@ from torch import Tensor
 from posttrain.config import Section
 from posttrain.objectives import auxiliaries
 from posttrain.objectives.distill.divergence import reverse_kl
-from posttrain.objectives.distill.opsd import student_outputs
 from posttrain.objectives.grpo import group_normalize, weighted_reward
 
 
@@ -55,10 +54,10 @@ def routed_loss(per_token: Tensor, mask: Tensor, weights: Tensor) -> Tensor:
     return (weights * per_seq).mean()
 
 
-@auxiliaries.register("think_opd", needs=("trace_logprobs",), options=ThinkOPDOptions)
-def think_opd(run, batch):
-    opts: ThinkOPDOptions = run.cfg.options_for("think_opd")
-    per_token = reverse_kl(student_outputs(run, batch).logprobs, batch.extras["trace_logprobs"])
+@auxiliaries.register("think_opd", needs=("trace_logprobs",), policy=("logprobs",), options=ThinkOPDOptions)
+def think_opd(batch, policy, cfg, module=None):
+    opts: ThinkOPDOptions = cfg.options_for("think_opd")
+    per_token = reverse_kl(policy.logprobs, batch.extras["trace_logprobs"])
     m = batch.completion_mask.to(per_token.dtype)
     trd = (per_token.detach() * m).sum(-1) / m.sum(-1).clamp(min=1.0)
     if opts.uniform:

@@ -14,7 +14,7 @@ Delta_t = logp_T - logp_S becomes a second estimate of the step advantage, fused
     F_k  = c_k A^S + (1 - c_k) A^O;   w_t = clip(exp(sign(F) Delta_t), 1 - eps_w, 1 + eps_w)
     A_hat_t = A^E + F ((1 - lambda) + lambda w_t),   lambda = lambda0 (1 - step / warmdown) before warmdown, then 0
 
-rho_used is the shrunken EMA of past steps' Pearson corr(A^S, A^O) (trainers/distill_extras.uniopsd_rho).
+rho_used is the shrunken EMA of past steps' Pearson corr(A^S, A^O) (the `uniopsd_rho` provider in trainers/extras.py, which declares TrustState as its state).
 On single-turn tasks every trajectory is one step and its anchor state is the prompt, so the anchor group is
 the rollout group (and A^S coincides with the normalised return times omega). Settings: rl.options.uniopsd.
 """
@@ -29,7 +29,8 @@ from pydantic import Field
 from torch import Tensor
 
 from posttrain.config import Section
-from posttrain.models.teacher import assert_no_grad
+from posttrain.state import DataclassState
+from posttrain.errors import assert_no_grad
 from posttrain.objectives import advantages
 from posttrain.objectives.grpo import group_moments, group_normalize, weighted_reward
 from posttrain.rollout import RolloutBatch
@@ -131,7 +132,7 @@ def token_lambda(step: int, opts: UniOPSDOptions) -> float:
 
 
 @dataclass
-class TrustState:
+class TrustState(DataclassState):
     rho_ema: float | None = None
     n_rows: int = 0
 
