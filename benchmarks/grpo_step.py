@@ -325,12 +325,12 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
     import trl
 
-    from posttrain import config
+    from posttrain import resolve
 
     torch.set_num_threads(args.threads)
     total_steps = args.warmup + args.steps
     # rl.steps sizes our LR schedule; TRL's max_steps is the same number, so both schedules match
-    cfg = config.load(args.params, [*args.overrides, f"rl.steps={total_steps}"])
+    cfg = resolve.load(args.params, [*args.overrides, f"rl.steps={total_steps}"])
     check_comparable(cfg.rl)
     rl = cfg.rl
     started = time.perf_counter()

@@ -39,9 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import transformers
 
-    from posttrain import config
+    from posttrain import resolve
 
-    cfg = config.load(args.params, args.overrides)
+    cfg = resolve.load(args.params, args.overrides)
     started = time.perf_counter()
     _, train, tokenizer, model = build(cfg, sft_steps=0)
     result = run_rollouts(cfg, train, tokenizer, model, args.repeats, device=args.device, warmup=args.warmup)

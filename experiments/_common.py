@@ -17,7 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 os.environ.setdefault("TQDM_DISABLE", "1")
 
-from posttrain import config  # noqa: E402
+from posttrain import config  # noqa: E402, resolve
 from posttrain.eval.harness import evaluate  # noqa: E402
 from posttrain.models import build_tiny, load_pretrained, save_pretrained, train_char_tokenizer  # noqa: E402
 from posttrain.tasks import build_task  # noqa: E402
@@ -60,7 +60,7 @@ def load_config(args, overrides: list[str]):
             extra.append(f"tracking.artifact_root={Path(args.tracking_uri[len('sqlite:///'):]).resolve().parent / 'mlartifacts'}")
     if args.no_mlflow:
         extra.append("tracking.enabled=false")
-    return config.load(args.params, (MICRO if args.micro else []) + overrides + extra + args.set)
+    return resolve.load(args.params, (MICRO if args.micro else []) + overrides + extra + args.set)
 
 
 def sft_start(cfg, seed: int):

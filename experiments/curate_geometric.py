@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from posttrain import config
+from posttrain import resolve
 from posttrain.data.vigor.curate import curate, read_sources
 from posttrain.data.vigor.synthetic import write_city
 from posttrain.stages.curate import truth_metrics
@@ -32,7 +32,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args()
-    cfg = config.load(args.params, args.overrides)
+    cfg = resolve.load(args.params, args.overrides)
     arms = {cfg.curate.geometric_check: cfg.curate, "none": cfg.curate.model_copy(update={"geometric_check": "none"})}
     rows = []
     for seed in args.seeds:

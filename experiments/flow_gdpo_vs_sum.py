@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from posttrain import config
+from posttrain import resolve
 from posttrain.data.vigor.edits import load_edits
 from posttrain.eval.images import judge_edits
 from posttrain.models.flow import load_flow_model
@@ -42,7 +42,7 @@ def main() -> None:
     overrides = [*args.overrides, "pipeline.name=claims"] + ([f"flow_rl.steps={args.steps}"] if args.steps else [])
     torch.set_num_threads(1)
 
-    cfg = config.load(args.params, overrides)
+    cfg = resolve.load(args.params, overrides)
     train = load_edits(args.data, "train", cfg.flow.image_size)
     heldout = load_edits(args.data, "heldout", cfg.flow.image_size)
     heldout = heldout.take(list(range(min(cfg.flow_eval.n_prompts, len(heldout)))))
@@ -54,7 +54,7 @@ def main() -> None:
 
     results = {"sft": judge(load_flow_model(args.sft / "model"))}
     for arm in ARMS:
-        arm_cfg = config.load(args.params, [*overrides, f"flow_rl.advantage={arm}"])
+        arm_cfg = resolve.load(args.params, [*overrides, f"flow_rl.advantage={arm}"])
         torch.manual_seed(arm_cfg.pipeline.seed)
         model = load_flow_model(args.sft / "model")
         with stage_run(arm_cfg, f"claim:flow_{arm}", "experiment") as tracker:

@@ -21,7 +21,7 @@ import torch
 import _common as C
 import _distill as D
 from posttrain.envs.text_world import CELLS, ROOMS, shortest_actions, transcript
-from posttrain.objectives.distill import contexts
+from posttrain.trainers import contexts
 from posttrain.models.sampling import decode_completions
 from posttrain.tasks import Example
 from posttrain.models.sampling import encode_prompts

@@ -21,7 +21,7 @@ import torch
 import _common as C
 import _distill as D
 from posttrain.objectives import advantages
-from posttrain.objectives.distill import contexts
+from posttrain.trainers import contexts
 from posttrain.tasks import Example
 
 ARMS = ("grpo", "sipo")
