@@ -131,8 +131,7 @@ def log_arm(cfg, stage: str, history, final: dict, table_rows: list[dict], table
             tracker.log_metrics({k.replace("/", "_"): v for k, v in metrics.items()}, step=step)
         tracker.log_metrics({k: float(v) for k, v in final.items() if isinstance(v, (int, float))})
         tracker.log_table(table_rows, "results_table.json")
-        if tracker._mlflow:
-            tracker._mlflow.log_text(table_text, "results_table.txt")
+        tracker.log_text(table_text, "results_table.txt")
         return tracker.run_id
 
 
