@@ -20,9 +20,10 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 from posttrain import config  # noqa: E402
 from posttrain.eval.harness import evaluate  # noqa: E402
 from posttrain.models import build_tiny, load_pretrained, save_pretrained, train_char_tokenizer  # noqa: E402
+from posttrain.runtime import seed_everything  # noqa: E402
 from posttrain.tasks import build_task  # noqa: E402
 from posttrain.tracking import stage_run  # noqa: E402
-from posttrain.trainers.common import optimizer_and_schedule, seed_everything  # noqa: E402
+from posttrain.trainers.common import optimizer_and_schedule  # noqa: E402
 from posttrain.trainers.online_rl import PromptStream, RLRun, policy_step  # noqa: E402
 from posttrain.trainers.sft import train_sft  # noqa: E402
 
