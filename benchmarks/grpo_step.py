@@ -75,7 +75,7 @@ def build(cfg, sft_steps: int):
     from posttrain.models import build_tiny, train_char_tokenizer
     from posttrain.tasks import build_task
     from posttrain.models.sampling import encode_prompts
-    from posttrain.trainers.common import seed_everything
+    from posttrain.runtime import seed_everything
     from posttrain.trainers.sft import train_sft
 
     seed_everything(cfg.pipeline.seed)

@@ -20,9 +20,10 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 from posttrain import config  # noqa: E402, resolve
 from posttrain.eval.harness import evaluate  # noqa: E402
 from posttrain.models import build_tiny, load_pretrained, save_pretrained, train_char_tokenizer  # noqa: E402
+from posttrain.runtime import seed_everything  # noqa: E402
 from posttrain.tasks import build_task  # noqa: E402
 from posttrain.tracking import stage_run  # noqa: E402
-from posttrain.trainers.common import optimizer_and_schedule, seed_everything  # noqa: E402
+from posttrain.trainers.common import optimizer_and_schedule  # noqa: E402
 from posttrain.trainers.online_rl import PromptStream, RLRun, policy_step  # noqa: E402
 from posttrain.trainers.sft import train_sft  # noqa: E402
 
@@ -131,8 +132,7 @@ def log_arm(cfg, stage: str, history, final: dict, table_rows: list[dict], table
             tracker.log_metrics({k.replace("/", "_"): v for k, v in metrics.items()}, step=step)
         tracker.log_metrics({k: float(v) for k, v in final.items() if isinstance(v, (int, float))})
         tracker.log_table(table_rows, "results_table.json")
-        if tracker._mlflow:
-            tracker._mlflow.log_text(table_text, "results_table.txt")
+        tracker.log_text(table_text, "results_table.txt")
         return tracker.run_id
 
 

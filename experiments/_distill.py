@@ -9,7 +9,7 @@ import json
 import _common as C
 from posttrain.models import build_tiny, load_pretrained, save_pretrained, train_char_tokenizer
 from posttrain.models.teacher import freeze
-from posttrain.trainers.common import seed_everything
+from posttrain.runtime import seed_everything
 from posttrain.trainers.sft import train_sft
 
 

@@ -20,7 +20,7 @@ from dataclasses import replace
 import _common as C
 from posttrain.data.preferences import PreferencePair, preference_data
 from posttrain.models import load_pretrained
-from posttrain.trainers.common import seed_everything
+from posttrain.runtime import seed_everything
 from posttrain.trainers.preference import train_preference
 
 ARMS = ("pseudo_only", "gold_only", "abc_align")

@@ -23,7 +23,7 @@ from posttrain.config import RewardSpec
 from posttrain.models import build_tiny, load_pretrained, save_pretrained, train_char_tokenizer
 from posttrain.tasks import Example
 from posttrain.tasks import dialogue as D
-from posttrain.trainers.common import seed_everything
+from posttrain.runtime import seed_everything
 from posttrain.trainers.rubric_generator import generate_rubrics, train_rubric_generator, weight_error
 from posttrain.trainers.sft import train_sft
 

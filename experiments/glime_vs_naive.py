@@ -19,7 +19,7 @@ import time
 import _common as C
 from posttrain.data.facts import build_fact_set, edit_stream
 from posttrain.models import build_tiny, load_pretrained, save_pretrained, train_char_tokenizer
-from posttrain.trainers.common import seed_everything
+from posttrain.runtime import seed_everything
 from posttrain.trainers.editing import apply_edits
 from posttrain.trainers.sft import train_sft
 

@@ -21,11 +21,9 @@ import _common as C
 from posttrain.data import flexbench as F
 from posttrain.models import build_tiny, load_pretrained, save_pretrained
 from posttrain.models.tokenizer import word_tokenizer
-from posttrain.models.sampling import sample
-from posttrain.models.sampling import decode_completions
+from posttrain.models.sampling import generate
+from posttrain.runtime import seed_everything
 from posttrain.tasks import Example
-from posttrain.models.sampling import encode_prompts
-from posttrain.trainers.common import seed_everything
 from posttrain.trainers.preference import train_preference
 from posttrain.trainers.sft import train_sft
 
@@ -51,13 +49,11 @@ def noisy_captioner(cfg, train_shots, noise: float, sft_steps: int, seed: int):
 @torch.no_grad()
 def caption_eval(model, tokenizer, shots, seed: int) -> dict[str, float]:
     model.eval()
-    ids, mask = encode_prompts(tokenizer, [s.prompt() for s in shots], next(model.parameters()).device)
     generator = torch.Generator().manual_seed(seed)
     out = {}
     for mode in ("greedy", "sampled"):
-        samples = sample(model, ids, mask, group_size=1, max_new_tokens=MAX_CAPTION, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
-                         temperature=1.0, greedy=mode == "greedy", generator=generator)
-        out.update({f"{mode}_{k}": v for k, v in F.caption_metrics(decode_completions(tokenizer, samples), shots).items()})
+        _, texts = generate(model, tokenizer, [s.prompt() for s in shots], MAX_CAPTION, greedy=mode == "greedy", generator=generator)
+        out.update({f"{mode}_{k}": v for k, v in F.caption_metrics(texts, shots).items()})
     model.train()
     return out
 

@@ -21,10 +21,9 @@ import torch
 import _common as C
 import _distill as D
 from posttrain.envs.text_world import CELLS, ROOMS, shortest_actions, transcript
+from posttrain.models.sampling import generate
 from posttrain.trainers import contexts
-from posttrain.models.sampling import decode_completions
 from posttrain.tasks import Example
-from posttrain.models.sampling import encode_prompts
 
 ARMS = ("grpo", "pr_opd")
 
@@ -47,10 +46,8 @@ def sft_mix(train: list[Example], seed: int) -> list[Example]:
 
 @torch.no_grad()
 def env_success(model, tok, task, examples, samples: int, max_tokens: int, seed: int) -> dict[str, float]:
-    ids, mask = encode_prompts(tok, [e.prompt for e in examples], next(model.parameters()).device)
-    out = task.sampler(tok)(model, ids, mask, group_size=samples, max_new_tokens=max_tokens, eos_id=tok.eos_token_id,
-                            pad_id=tok.pad_token_id, generator=torch.Generator().manual_seed(seed))
-    texts = decode_completions(tok, out)
+    _, texts = generate(model, tok, [e.prompt for e in examples], max_tokens, group_size=samples,
+                        generator=torch.Generator().manual_seed(seed), sampler=task.sampler(tok))
     rows = [e for e in examples for _ in range(samples)]
     rate = sum(task.correctness_reward(t, True, e) for t, e in zip(texts, rows)) / len(rows)
     return {"greedy_accuracy": float("nan"), "sampled_accuracy": rate}

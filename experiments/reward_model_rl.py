@@ -20,10 +20,8 @@ import torch
 import _common as C
 from posttrain.config import RewardSpec
 from posttrain.models import load_pretrained
+from posttrain.models.sampling import generate
 from posttrain.rewards import reward_models, rewards
-from posttrain.models.sampling import sample
-from posttrain.models.sampling import decode_completions
-from posttrain.models.sampling import encode_prompts
 from posttrain.stages.preference import load_pairs
 
 BT = (RewardSpec(name="bt", weight=1.0), RewardSpec(name="correctness", weight=0.0))
@@ -57,10 +55,9 @@ def best_of_n(cfg, kinds, task, held, sft_path, rl_options: dict, seed: int, n: 
     """Held-out accuracy when each reward model picks one of n SFT samples per prompt (the first of tied best), with
     a random pick and the oracle (any correct sample) for scale: how well it ranks what RL will show it first."""
     model, tokenizer = load_pretrained(sft_path)
-    ids, mask = encode_prompts(tokenizer, [e.prompt for e in held], next(model.parameters()).device)
-    out = sample(model, ids, mask, group_size=n, max_new_tokens=cfg.rl.max_new_tokens, eos_id=tokenizer.eos_token_id,
-                 pad_id=tokenizer.pad_token_id, generator=torch.Generator().manual_seed(seed + 1))
-    texts, finished = decode_completions(tokenizer, out), out.finished.cpu().tolist()
+    out, texts = generate(model, tokenizer, [e.prompt for e in held], cfg.rl.max_new_tokens, group_size=n,
+                          generator=torch.Generator().manual_seed(seed + 1))
+    finished = out.finished.cpu().tolist()
     examples = [e for e in held for _ in range(n)]
     correct = rewards.get("correctness")(task, examples, texts, finished).view(-1, n)
     result = {"n": n, "random_pick_accuracy": float(correct.mean()), "oracle_accuracy": float(correct.max(1).values.mean())}

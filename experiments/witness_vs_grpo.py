@@ -18,10 +18,8 @@ import torch
 
 import _common as C
 from posttrain.models import load_pretrained
-from posttrain.models.sampling import sample
-from posttrain.models.sampling import decode_completions
+from posttrain.models.sampling import generate
 from posttrain.tasks.distribution import total_variation
-from posttrain.models.sampling import encode_prompts
 
 TASK = ["task.name=distribution", "task.digits=3", "task.n_train=200", "task.n_heldout=60",
         "rl.max_new_tokens=2", "eval.max_new_tokens=2", "eval.n_prompts=60", "eval.batch_size=60"]
@@ -33,10 +31,7 @@ ARMS = {"grpo": {"advantage": "grpo"}, "witness": {"advantage": "witness"}}
 def heldout_tv(model, tok, task, held, samples: int, seed: int) -> dict[str, float]:
     """Mean and median TV(p_hat, q) over held-out prompts, and the share of invalid samples."""
     model.eval()
-    ids, mask = encode_prompts(tok, [e.prompt for e in held], next(model.parameters()).device)
-    out = sample(model, ids, mask, group_size=samples, max_new_tokens=2, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
-                 temperature=1.0, greedy=False, generator=torch.Generator().manual_seed(seed))
-    texts = decode_completions(tok, out)
+    out, texts = generate(model, tok, [e.prompt for e in held], 2, group_size=samples, generator=torch.Generator().manual_seed(seed))
     finished = out.finished.tolist()
     tvs, invalid = [], 0
     for i, example in enumerate(held):

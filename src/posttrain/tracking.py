@@ -66,9 +66,18 @@ class Tracker:
         if self._mlflow:
             self._mlflow.log_figure(figure, artifact_file)
 
+    def log_text(self, text: str, artifact_file: str) -> None:
+        if self._mlflow:
+            self._mlflow.log_text(text, artifact_file)
+
     def log_artifacts(self, local_dir: Path, artifact_path: str) -> None:
         if self._mlflow:
             self._mlflow.log_artifacts(str(local_dir), artifact_path)
+
+    def set_tags(self, **tags: str) -> None:
+        """Set (or overwrite) tags of the run, e.g. a stage whose objective differs from the rl section's."""
+        if self._mlflow:
+            self._mlflow.set_tags(tags)
 
 
 @contextmanager

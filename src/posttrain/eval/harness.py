@@ -8,11 +8,9 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.config import EvalConfig
-from posttrain.models.sampling import sample
-from posttrain.models.sampling import decode_completions
+from posttrain.models.sampling import generate
+from posttrain.runtime import progress
 from posttrain.tasks import Example, Task
-from posttrain.models.sampling import encode_prompts
-from posttrain.trainers.common import progress
 
 
 _COUNTED = ("greedy_correct", "greedy_format", "sampled_correct", "sampled_format")
@@ -22,20 +20,15 @@ def evaluate(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task, examples: Sequence[Example], cfg: EvalConfig, seed: int
 ) -> tuple[dict[str, float], list[dict[str, object]]]:
     examples = list(examples)[: cfg.n_prompts]
-    device = next(model.parameters()).device
-    generator = torch.Generator(device=device).manual_seed(seed)
+    generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     totals = {"greedy_correct": 0.0, "greedy_format": 0.0, "sampled_correct": 0.0, "sampled_format": 0.0}
     rows: list[dict[str, object]] = []
     bar = progress(len(examples), "eval")
     for start in range(0, len(examples), cfg.batch_size):
         chunk = examples[start : start + cfg.batch_size]
-        ids, mask = encode_prompts(tokenizer, [e.prompt for e in chunk], device)
         for mode, k in (("greedy", 1), ("sampled", cfg.samples_per_prompt)):
-            samples = sample(
-                model, ids, mask, group_size=k, max_new_tokens=cfg.max_new_tokens, eos_id=tokenizer.eos_token_id,
-                pad_id=tokenizer.pad_token_id, temperature=cfg.temperature, greedy=mode == "greedy", generator=generator,
-            )
-            texts = decode_completions(tokenizer, samples)
+            samples, texts = generate(model, tokenizer, [e.prompt for e in chunk], cfg.max_new_tokens, group_size=k,
+                                      temperature=cfg.temperature, greedy=mode == "greedy", generator=generator)
             finished = samples.finished.tolist()
             for i, text in enumerate(texts):
                 example = chunk[i // k]

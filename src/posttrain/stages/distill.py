@@ -47,7 +47,6 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     def load_models(tokenizer, device):
         return {role: load_teacher(inputs[role] / "model", tokenizer, cfg.model.dtype, device) for role in sorted(roles)}
 
-    if getattr(tracker, "_mlflow", None):  # the stage's run was opened with the rl section's objective tag
-        tracker._mlflow.set_tag("objective", "+".join([rl.advantage, rl.loss, *rl.aux]))
-        tracker._mlflow.set_tag("distill_method", cfg.distill.method)
+    # the stage's run was opened with the rl section's objective tag
+    tracker.set_tags(objective="+".join([rl.advantage, rl.loss, *rl.aux]), distill_method=cfg.distill.method)
     return train_and_save(cfg.model_copy(update={"rl": rl}), inputs, out_dir, tracker, resume, load_models)

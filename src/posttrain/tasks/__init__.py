@@ -5,8 +5,7 @@ from posttrain.tasks.base import Example, Task
 
 tasks: Registry[type[Task]] = Registry("task")
 
-from posttrain.tasks import arithmetic, diagnosis, dialogue, distribution  # noqa: E402,F401  (registers)
-from posttrain.envs import text_world  # noqa: E402,F401  (registers the multi-turn text world as a task)
+from posttrain.tasks import arithmetic, diagnosis, dialogue, distribution, text_world  # noqa: E402,F401  (registers)
 
 __all__ = ["Example", "Task", "tasks", "build_task"]
 
