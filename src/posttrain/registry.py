@@ -2,16 +2,22 @@
 
 Every interchangeable part (advantage estimators, policy losses, rewards, tasks, stages) is registered
 under a name; `params.yaml` selects parts by these names and nothing else dispatches on them. The list of
-every registry, and the check of a config against them, live in `posttrain.resolve`.
+every registry, and the full check of a config against them (with the meta rules), live in `posttrain.resolve`;
+the functions below check one section against the registries they are given, so a trainer that derives a
+section (the distill stage's rl settings) resolves it with the registries it already imports.
 """
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from pydantic import BaseModel, ValidationError
+
+from posttrain import config
+from posttrain.config import OptionsOf, Registered
 from posttrain.errors import UserError
 
 T = TypeVar("T")
@@ -67,3 +73,86 @@ class Registry(Generic[T]):
     def __iter__(self) -> Iterator[Entry[T]]:
         return iter(self._entries[n] for n in self.names())
 
+
+# --- config sections checked against registries (the markers of config.py) -----------------------------------
+
+def resolve_section(model: BaseModel, key: str, registries: Mapping[str, Registry]) -> BaseModel:
+    """A config section (or a whole config, key "") checked against `registries`: every marked name registered,
+    every options block validated and parsed (`section.options_for(name)` then returns the parsed model)."""
+    prefix = f"{key}." if key else ""
+    check_names(model, registries, prefix)
+    return parse_options(model, prefix, registries)
+
+
+def update_section(model: BaseModel, key: str, registries: Mapping[str, Registry], **update: Any) -> BaseModel:
+    """`model` with `update` applied and resolved again. An `options` update is merged block by block over the
+    current settings: `update_section(cfg.rl, "rl", regs, options={"qglas": {"gamma_max": 0.5}})`."""
+    if "options" in update:
+        merged = {name: _raw(block) for name, block in model.options.items()}
+        for name, block in update["options"].items():
+            merged[name] = {**merged.get(name, {}), **_raw(block)}
+        update["options"] = merged
+    return resolve_section(model.model_copy(update=update), key, registries)
+
+
+def _raw(block: Any) -> dict[str, Any]:
+    return block.model_dump() if isinstance(block, BaseModel) else dict(block or {})
+
+
+# --- names ------------------------------------------------------------------------------------------------
+
+def check_names(model: BaseModel, registries: Mapping[str, Registry], prefix: str = "") -> None:
+    for key, marker, value, _ in config.marked_values(model, prefix):
+        if isinstance(marker, Registered) and value not in registries[marker.registry]:
+            raise UserError(f"{key}: {registries[marker.registry].unknown_message(str(value))}")
+
+
+# --- options ----------------------------------------------------------------------------------------------
+
+_KIND_WORD = {
+    "advantages": "estimator", "losses": "loss", "rewards": "reward", "auxiliaries": "auxiliary term", "tasks": "task",
+    "reward_models": "reward model", "preference_objectives": "preference objective", "edit_methods": "edit method",
+}
+
+
+def option_schema(name: str, kinds: tuple[str, ...], registries: Mapping[str, Registry]) -> type[BaseModel] | None:
+    """The options model declared by the component registered as `name` in one of `kinds`, if any."""
+    for kind in kinds:
+        if name in registries[kind]:
+            return registries[kind].entry(name).meta.get("options")
+    return None
+
+
+def parse_options(model: BaseModel, prefix: str, registries: Mapping[str, Registry]) -> BaseModel:
+    """`model` with every `OptionsOf` mapping (its own and its sections') parsed into options models."""
+    update: dict[str, Any] = {}
+    for name, field in type(model).model_fields.items():
+        value = getattr(model, name)
+        marker = config._marker(field.metadata)
+        if isinstance(marker, OptionsOf):
+            update[name] = _parsed_block(model, value, marker.registries, f"{prefix}{name}", registries)
+        elif isinstance(value, BaseModel):
+            parsed = parse_options(value, f"{prefix}{name}.", registries)
+            if parsed is not value:
+                update[name] = parsed
+    return model.model_copy(update=update) if update else model
+
+
+def _parsed_block(owner: BaseModel, options: dict[str, Any], kinds: tuple[str, ...], where: str, registries) -> dict[str, Any]:
+    parsed: dict[str, Any] = {}
+    for name, values in options.items():
+        schema = option_schema(name, kinds, registries)
+        if schema is None:
+            words = [_KIND_WORD[k] for k in kinds]
+            kind = ", ".join(words[:-1]) + (" or " if len(words) > 1 else "") + words[-1]
+            raise UserError(f"{where}.{name}: no registered {kind} named {name!r} takes options")
+        values = _raw(values)  # a block may already be parsed (a section resolved twice)
+        try:
+            parsed[name] = schema.model_validate(values)
+        except ValidationError as e:
+            raise UserError(config.one_line(e, schema, prefix=f"{where}.{name}.")) from None
+    used = {v for _, m, v, o in config.marked_values(owner) if isinstance(m, Registered) and m.registry in kinds}
+    for name in sorted(used):
+        if option_schema(name, kinds, registries) is not None and name not in options:
+            raise UserError(f"{where}.{name}: missing; {name}'s settings belong in params.yaml")
+    return parsed

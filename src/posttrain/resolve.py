@@ -20,12 +20,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from posttrain import config
-from posttrain.config import Config, OptionsOf, Registered
+from posttrain.config import Config
 from posttrain.errors import UserError
-from posttrain.registry import Registry
+from posttrain.registry import Registry, resolve_section, update_section
+from posttrain.registry import option_schema as registry_option_schema
 
 
 def all_registries() -> dict[str, Registry]:
@@ -73,104 +74,38 @@ def load(params: Path | str, overrides: list[str] | tuple[str, ...] = ()) -> Con
 
 
 def expand_preset(name: str, rl: dict[str, Any]) -> dict[str, Any]:
-    presets = all_registries()["presets"]
-    if name not in presets:
-        raise UserError(f"rl.preset: {presets.unknown_message(name)}")
-    return presets.get(name)(rl)
+    from posttrain.trainers.online_rl import expand_preset as expand
+
+    return expand(name, rl)
 
 
 def check(cfg: Config) -> Config:
     """`cfg` checked against every registry, with its options blocks parsed (raises UserError, one line)."""
     registries = all_registries()
-    _check_names(cfg, registries)
-    cfg = _parse_options(cfg, "", registries)
+    cfg = resolve_section(cfg, "", registries)
     _check_meta(cfg, registries)
     return cfg
 
 
 def section(model: BaseModel, key: str) -> BaseModel:
     """One section (e.g. a derived `rl` section) checked and parsed like `check` does for a whole config."""
-    registries = all_registries()
-    _check_names(model, registries, f"{key}.")
-    model = _parse_options(model, f"{key}.", registries)
+    model = resolve_section(model, key, all_registries())
     if key == "rl":
-        _check_needs(model, registries, key)
+        _check_needs(model, all_registries(), key)
     return model
 
 
 def updated(model: BaseModel, key: str, **update: Any) -> BaseModel:
-    """`model` (a section, e.g. `cfg.rl`) with `update` applied and resolved again. An `options` update is merged
-    block by block over the current settings: `updated(cfg.rl, "rl", options={"qglas": {"gamma_max": 0.5}})`."""
-    if "options" in update:
-        merged = {name: _raw(block) for name, block in model.options.items()}
-        for name, block in update["options"].items():
-            merged[name] = {**merged.get(name, {}), **_raw(block)}
-        update["options"] = merged
-    return section(model.model_copy(update=update), key)
+    """`model` (a section, e.g. `cfg.rl`) with `update` applied and resolved again; `options` merge block by block."""
+    model = update_section(model, key, all_registries(), **update)
+    if key == "rl":
+        _check_needs(model, all_registries(), key)
+    return model
 
 
-def _raw(block: Any) -> dict[str, Any]:
-    return block.model_dump() if isinstance(block, BaseModel) else dict(block or {})
-
-
-# --- names ------------------------------------------------------------------------------------------------
-
-def _check_names(model: BaseModel, registries: dict[str, Registry], prefix: str = "") -> None:
-    for key, marker, value, _ in config.marked_values(model, prefix):
-        if isinstance(marker, Registered) and value not in registries[marker.registry]:
-            raise UserError(f"{key}: {registries[marker.registry].unknown_message(str(value))}")
-
-
-# --- options ----------------------------------------------------------------------------------------------
-
-_KIND_WORD = {
-    "advantages": "estimator", "losses": "loss", "rewards": "reward", "auxiliaries": "auxiliary term", "tasks": "task",
-    "reward_models": "reward model", "preference_objectives": "preference objective", "edit_methods": "edit method",
-}
-
-
-def option_schema(name: str, kinds: tuple[str, ...], registries: dict[str, Registry] | None = None) -> type[BaseModel] | None:
+def option_schema(name: str, kinds: tuple[str, ...]) -> type[BaseModel] | None:
     """The options model declared by the component registered as `name` in one of `kinds`, if any."""
-    registries = registries or all_registries()
-    for kind in kinds:
-        if name in registries[kind]:
-            return registries[kind].entry(name).meta.get("options")
-    return None
-
-
-def _parse_options(model: BaseModel, prefix: str, registries: dict[str, Registry]) -> BaseModel:
-    """`model` with every `OptionsOf` mapping (its own and its sections') parsed into options models."""
-    update: dict[str, Any] = {}
-    for name, field in type(model).model_fields.items():
-        value = getattr(model, name)
-        marker = config._marker(field.metadata)
-        if isinstance(marker, OptionsOf):
-            update[name] = _parsed_block(model, value, marker.registries, f"{prefix}{name}", registries)
-        elif isinstance(value, BaseModel):
-            parsed = _parse_options(value, f"{prefix}{name}.", registries)
-            if parsed is not value:
-                update[name] = parsed
-    return model.model_copy(update=update) if update else model
-
-
-def _parsed_block(owner: BaseModel, options: dict[str, Any], kinds: tuple[str, ...], where: str, registries) -> dict[str, Any]:
-    parsed: dict[str, Any] = {}
-    for name, values in options.items():
-        schema = option_schema(name, kinds, registries)
-        if schema is None:
-            words = [_KIND_WORD[k] for k in kinds]
-            kind = ", ".join(words[:-1]) + (" or " if len(words) > 1 else "") + words[-1]
-            raise UserError(f"{where}.{name}: no registered {kind} named {name!r} takes options")
-        values = _raw(values)  # a block may already be parsed (a section resolved twice)
-        try:
-            parsed[name] = schema.model_validate(values)
-        except ValidationError as e:
-            raise UserError(config.one_line(e, schema, prefix=f"{where}.{name}.")) from None
-    used = {v for _, m, v, o in config.marked_values(owner) if isinstance(m, Registered) and m.registry in kinds}
-    for name in sorted(used):
-        if option_schema(name, kinds, registries) is not None and name not in options:
-            raise UserError(f"{where}.{name}: missing; {name}'s settings belong in params.yaml")
-    return parsed
+    return registry_option_schema(name, kinds, all_registries())
 
 
 # --- meta rules -------------------------------------------------------------------------------------------

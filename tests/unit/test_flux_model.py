@@ -42,8 +42,10 @@ def edits(n: int = 2) -> Edits:
 
 
 def test_flux_kind_needs_a_checkpoint_and_lora():
-    with pytest.raises(ValueError, match="flow.kind flux needs"):
-        FlowModelConfig.model_validate({**PARAMS["flow"], "kind": "flux"})
+    from posttrain import resolve
+
+    with pytest.raises(UserError, match="flow: kind flux needs"):  # a registry meta rule, checked by resolve
+        resolve.load(REPO / "params.yaml", ["flow.kind=flux"])
 
 
 def test_load_by_path_train_sft_and_rl_steps_and_reload_adapters(checkpoint, tmp_path):

@@ -22,10 +22,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("posttrain.rollout", "posttrain.objectives", "posttrain.rewards", "posttrain.tasks", "posttrain.envs",
      "posttrain.data", "posttrain.eval"),
     ("posttrain.trainers",),
-    ("posttrain.stages", "posttrain.resolve"),
-    ("posttrain.cli", "posttrain.orchestration"),
+    ("posttrain.stages",),
+    ("posttrain.cli", "posttrain.orchestration", "posttrain.resolve"),
 )
-LAYER_NAMES = ("leaves", "models/registry/tracking/storage", "parts", "trainers", "stages", "launchers")
+LAYER_NAMES = ("leaves", "models/registry/tracking/storage/runtime", "parts", "trainers", "stages", "launchers and the config boundary")
 LEAVES = LAYERS[0]
 OBJECTIVES_MAY_IMPORT = ("posttrain.objectives", "posttrain.rollout", "posttrain.registry", "posttrain.config",
                          "posttrain.errors", "posttrain.state")

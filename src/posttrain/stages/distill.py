@@ -13,7 +13,6 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from posttrain import resolve
 from posttrain.config import Config, RLConfig, one_line
 from posttrain.errors import UserError
 from posttrain.stages import stages
@@ -22,13 +21,15 @@ from posttrain.stages.rl import train_and_save
 
 def distill_rl_config(cfg: Config) -> RLConfig:
     """The rl section with the method's preset keys and the distill budget, validated and resolved again."""
+    from posttrain.trainers.online_rl import expand_preset, resolve_rl  # torch: after the cheap checks
+
     raw = cfg.rl.model_dump(mode="json")
-    raw.update(resolve.expand_preset(cfg.distill.method, raw), steps=cfg.distill.steps, prompts_per_step=cfg.distill.prompts_per_step, preset=None)
+    raw.update(expand_preset(cfg.distill.method, raw), steps=cfg.distill.steps, prompts_per_step=cfg.distill.prompts_per_step, preset=None)
     try:
         rl = RLConfig.model_validate(raw)
     except ValidationError as e:
         raise UserError(one_line(e, RLConfig, prefix="rl.")) from None
-    return resolve.section(rl, "rl")
+    return resolve_rl(rl)
 
 
 @stages.register(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from posttrain import resolve
 from posttrain.config import Config
 from posttrain.stages import rl, stages
 
@@ -22,7 +21,7 @@ from posttrain.stages import rl, stages
 )
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     kind = cfg.reward_model.kind
-    options = {name: opts.model_dump() for name, opts in cfg.rl.options.items()}
-    options[kind] = {**options.get(kind, {}), "path": str(inputs["reward_model"])}
-    rl_cfg = resolve.section(cfg.rl.model_copy(update={"rewards": cfg.reward_model.rl_rewards, "options": options}), "rl")
+    from posttrain.trainers.online_rl import resolve_rl
+
+    rl_cfg = resolve_rl(cfg.rl, rewards=cfg.reward_model.rl_rewards, options={kind: {"path": str(inputs["reward_model"])}})
     return rl.run(cfg.model_copy(update={"rl": rl_cfg}), {"data": inputs["data"], "policy": inputs["policy"]}, out_dir, tracker, resume)

@@ -30,15 +30,17 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.config import RLConfig
 from posttrain.errors import UserError
+from posttrain.registry import Registry, update_section
 from posttrain.models.logprobs import completion_forward, sequence_logprobs
 from posttrain.models.sampling import encode_prompts
 from posttrain.models.sampling import decode_completions
 from posttrain.models.sampling import sample
-from posttrain.objectives import advantages, auxiliaries, losses, needs_of, policy_reads
+from posttrain.objectives import aggregations, advantages, auxiliaries, losses, needs_of, policy_reads
+from posttrain.objectives.presets import presets
 from posttrain.objectives.aggregation import aggregate
 from posttrain.objectives.diagnostics import composition_metrics
 from posttrain.objectives.kl import k3_kl
-from posttrain.rewards import reward_matrix
+from posttrain.rewards import reward_matrix, rewards
 from posttrain.rollout import PolicyOutputs, RolloutBatch
 from posttrain.tasks import Example, Task
 from posttrain.trainers import distributed
@@ -46,6 +48,29 @@ from posttrain.trainers.checkpoint import latest_checkpoint, load_checkpoint, sa
 from posttrain.trainers.common import optimizer_and_schedule, progress
 from posttrain.trainers.dynamic_sampling import concat, informative_groups, select_groups
 from posttrain.trainers.extras import ExtraContext, extras, provide, roles_needed
+
+
+def rl_registries() -> dict[str, Registry]:
+    """The registries an rl section names entries of (the keys its config markers use)."""
+    return {"advantages": advantages, "losses": losses, "loss_aggregations": aggregations, "auxiliaries": auxiliaries,
+            "rewards": rewards, "presets": presets, "extras": extras}
+
+
+def resolve_rl(rl: RLConfig, **update) -> RLConfig:
+    """An rl section (with `update` applied; `options` merge block by block) checked against the registries, its
+    options parsed, and every declared need given a provider: for the sections a stage derives (distill, rl_rm)."""
+    rl = update_section(rl, "rl", rl_registries(), **update)
+    missing = sorted(n for n in needs_of(rl) if n not in extras)
+    if missing:
+        raise UserError(f"rl: the objective needs {missing[0]!r}, which no registered extra provides")
+    return rl
+
+
+def expand_preset(name: str, rl: dict) -> dict:
+    """The rl keys a named preset sets, given the rl section read so far (objectives/presets.py)."""
+    if name not in presets:
+        raise UserError(f"rl.preset: {presets.unknown_message(name)}")
+    return presets.get(name)(rl)
 
 
 class PromptStream:
