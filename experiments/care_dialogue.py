@@ -1,4 +1,4 @@
-"""Claim (CARE, spec §17): on a dialogue task whose ideal weighting of cognitive / affective / proactive support
+"""Claim (CARE, Context-Adaptive Rubric Evolution): on a dialogue task whose ideal weighting of cognitive / affective / proactive support
 changes with the turn, online RL rewarded by context-adaptive rubric weights (`care`, from a rubric generator
 trained by SFT then preference RL) reaches a higher *true* context-dependent quality on held-out dialogues than
 RL with a fixed uniform rubric; the oracle arm (the true w*) is the ceiling.

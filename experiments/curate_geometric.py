@@ -1,4 +1,4 @@
-"""Claim: the geometric feature-match test in curate's consistency screen (curate.geometric_check, spec §1
+"""Claim: the geometric feature-match test in curate's consistency screen (curate.geometric_check, VIGOR-his
 step 2) raises pairing precision against the synthetic city's truth at little cost in recall.
 
 For each seed a synthetic city of the `city` settings is written to a temporary directory and curated

@@ -1,6 +1,6 @@
 """Claim: on CrossTimeEdit's three judges (IA, BP, QP), GDPO (per-judge group normalisation, then sum;
-spec §0.5) improves the overall score mean(IA, BP, QP) at least as much as sum_then_normalize (GRPO on the
-summed judges) on the same Flow-GRPO budget (spec §1).
+github.com/NVlabs/GDPO) improves the overall score mean(IA, BP, QP) at least as much as sum_then_normalize (GRPO on the
+summed judges) on the same Flow-GRPO budget (CrossTimeEdit's setting).
 
 Both arms start from the same flow_sft model with the same seed and settings (`flow_rl` in params.yaml,
 only `flow_rl.advantage` differs) and are judged on the same held-out edits from the same initial noise.

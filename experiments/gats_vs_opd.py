@@ -1,4 +1,4 @@
-"""Claim (a), GATS (spec §7): with a teacher weaker than the final student, gap-adaptive OPD gets the early
+"""Claim (a), GATS (Gap-Adaptive Teacher Scheduling): with a teacher weaker than the final student, gap-adaptive OPD gets the early
 boost of distillation without the late drag of a constant OPD weight.
 
 Teacher: the SFT model after `--teacher-steps` GRPO updates (0: the SFT model itself). Student start: the

@@ -1,4 +1,4 @@
-"""Claim (GLIME, spec §15): in lifelong editing, GLIME (edit loss + DPO over the model's own generations on
+"""Claim (GLIME): in lifelong editing, GLIME (edit loss + DPO over the model's own generations on
 paraphrase prompts, replay of earlier edits, A-GEM gradient constraint) beats naive sequential fine-tuning on
 paraphrase generalisation and retention of earlier edits after N edits, while keeping edit success and the
 unedited knowledge.

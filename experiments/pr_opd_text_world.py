@@ -1,4 +1,4 @@
-"""Claim (d), PR-OPD (spec §3) vs GRPO on the key-room text world (envs/text_world.py): after a GRPO warm
+"""Claim (d), PR-OPD (privileged representation OPD) vs GRPO on the key-room text world (envs/text_world.py): after a GRPO warm
 start, aligning the skill-free hidden states to the policy's own skill-reading pass helps it learn the rooms.
 
 The start model is SFT'd on (i) reference transcripts for the start states of rooms a-d only, (ii) every

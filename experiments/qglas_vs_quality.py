@@ -1,7 +1,7 @@
-"""Claim (c): QGLAS (spec §21) shortens quality-favoured responses without costing quality, where the same
+"""Claim (c): QGLAS (Quality-Gated Length Advantage Shaping) shortens quality-favoured responses without costing quality, where the same
 quality reward alone leaves length free to drift.
 
-Task: ranked differential diagnosis (tasks/diagnosis.py). Quality: the `kgpo` reward (spec §26, saturating
+Task: ranked differential diagnosis (tasks/diagnosis.py). Quality: the `kgpo` reward (RareDx-KGPO, saturating
 aggregation), under which the gold disease at rank 1 scores 1 whether or not relatives follow it, so length
 is not what quality pays for. The SFT references list the gold plus 0..K-1 relatives, so the start policy
 writes differentials of varied length. Arms: `grpo` on kgpo (quality-only) and `qglas` on kgpo.

@@ -1,4 +1,4 @@
-"""Claim (c), RIDE (spec §5): when the RL teacher is close to its base, extrapolating beyond the teacher
+"""Claim (c), RIDE (RL-Induced Direction Extrapolation): when the RL teacher is close to its base, extrapolating beyond the teacher
 along the RL residual in representation space (lambda > 1) beats plain representation matching
 (lambda = 1, OPRD) and output-space extrapolation of the same size.
 

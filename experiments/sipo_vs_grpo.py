@@ -1,4 +1,4 @@
-"""Claim (b), SIPO (spec §4): the contrastive self-teacher gives a non-zero learning signal in groups where
+"""Claim (b), SIPO (self-instructing policy optimization): the contrastive self-teacher gives a non-zero learning signal in groups where
 every rollout fails (GRPO's advantage is exactly 0 there), and so keeps improving where GRPO stalls.
 
 Setting: 2-digit multiplication, where a small SFT model solves few problems and most groups all fail.

@@ -1,4 +1,4 @@
-"""Claim (spec §9): training a Thinking Reward Model with PD-GRPO keeps its pointwise scores graded, where plain
+"""Claim (TRM + PD-GRPO): training a Thinking Reward Model with PD-GRPO keeps its pointwise scores graded, where plain
 pairwise training (paying the score margin over the other candidate) polarises them: winners to the top of the
 scale, losers to the bottom.
 

@@ -1,4 +1,4 @@
-"""Claim (b): on distribution matching, the `witness` advantage (spec §23) moves the policy's sampling
+"""Claim (b): on distribution matching, the `witness` advantage (the MMD witness of the group's outcome counts) moves the policy's sampling
 distribution towards the stated target q, where group-scored GRPO (reward: the sample lies in q's support)
 has no reason to: any in-support outcome is equally good to it, so it drifts towards whatever it already
 prefers. Metric: total-variation distance TV(p_hat, q) per held-out prompt, p_hat from `--samples` samples

@@ -298,7 +298,7 @@ class FactsConfig(Section):  # edit.facts: the synthetic fact set (data/facts.py
 
 
 class EditConfig(Section):
-    """Stages `knowledge` (a base model that knows the fact set) and `edit` (a stream of knowledge edits, spec §15)."""
+    """Stages `knowledge` (a base model that knows the fact set) and `edit` (a stream of knowledge edits, as in GLIME)."""
 
     facts: FactsConfig
     pretrain: SFTConfig  # the `knowledge` stage's SFT on every fact under every template
@@ -328,7 +328,7 @@ class EditConfig(Section):
 
 
 
-class CareConfig(Section):  # stage care: CARE's rubric generator (spec §17) for the dialogue task
+class CareConfig(Section):  # stage care: CARE's rubric generator (Context-Adaptive Rubric Evolution) for the dialogue task
     label_bias: Literal["none", "turn_blind"]  # turn_blind: the SFT rubric labels ignore the turn (the turn-1 row)
     label_noise: float = Field(ge=0, le=1)  # share of SFT labels with one tenth moved between two dimensions
     n_sft: int = Field(gt=0)  # contexts with a rubric label (SFT)
@@ -360,7 +360,7 @@ class CityConfig(Section):  # the synthetic city (stage `city`), the embedded de
     image_size: int = Field(ge=12, multiple_of=4)
 
 
-class CurateConfig(Section):  # VIGOR-his curation (spec §1)
+class CurateConfig(Section):  # VIGOR-his curation (the CrossTimeEdit dataset pipeline)
     d_max_m: float = Field(gt=0)  # pairing radius (haversine)
     min_gap_years: int = Field(ge=0)  # newer capture year - older capture year
     tile_radius_m: float = Field(gt=0)  # satellite tiles farther than this from the recent panorama are not used
@@ -416,7 +416,7 @@ class ImageRewardSpec(Section):
     weight: float
 
 
-class FlowRLConfig(Section):  # Flow-GRPO (spec §0.4) with the text pipeline's advantage estimators and losses
+class FlowRLConfig(Section):  # Flow-GRPO (arXiv 2505.05470) with the text pipeline's advantage estimators and losses
     advantage: Annotated[str, Registered("advantages")]  # one that works on the reward matrix alone (meta on_rewards)
     loss: Annotated[str, Registered("losses")]  # applied per denoising step
     loss_agg: Annotated[str, Registered("loss_aggregations")]

@@ -1,4 +1,4 @@
-"""The knowledge and edit stages on a micro config (lifelong editing, spec §15), and a bad edit file's one-line error.
+"""The knowledge and edit stages on a micro config (lifelong editing, GLIME), and a bad edit file's one-line error.
 Both run through the `posttrain` CLI entry point (`posttrain.cli.main`, what the installed script calls) in this
 process, so the imports are paid once; MLflow logging included."""
 

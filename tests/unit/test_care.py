@@ -1,4 +1,4 @@
-"""CARE (spec §17) on hand-made inputs: the dialogue task's truth and judges, the `care` reward and its weight
+"""CARE (Context-Adaptive Rubric Evolution) on hand-made inputs: the dialogue task's truth and judges, the `care` reward and its weight
 sources, the rubric generator's task and its fallback on unparseable output."""
 
 from __future__ import annotations

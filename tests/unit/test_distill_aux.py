@@ -1,5 +1,5 @@
-"""Teachers (§0.3) and the auxiliary distillation terms: OPSD (§0.3), ThinkOPD (§8), RIDE (§5), PR-OPD (§3),
-ROFT (§28): every listed invariant, on hand-made tensors or a micro model."""
+"""Teachers and the auxiliary distillation terms: OPSD, ThinkOPD, RIDE, PR-OPD,
+ROFT: every listed invariant, on hand-made tensors or a micro model."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""OPD (§0.3), GATS (§7), SIPO (§4) and UniOPSD (§22): every listed invariant on hand-made tensors."""
+"""OPD, GATS, SIPO and UniOPSD: every listed invariant on hand-made tensors."""
 
 from __future__ import annotations
 

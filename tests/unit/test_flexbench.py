@@ -1,4 +1,4 @@
-"""FlexBench-like GPA / WHR invariants (spec §2) and its caption pairs."""
+"""FlexBench-like GPA / WHR invariants and its caption pairs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Flow-GRPO (spec §0.4) and GDPO on image judges (spec §0.5, §1) invariants, on hand-made tensors."""
+"""Flow-GRPO and GDPO on CrossTimeEdit's image judges: invariants, on hand-made tensors."""
 
 from __future__ import annotations
 

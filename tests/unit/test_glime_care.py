@@ -1,4 +1,4 @@
-"""GLIME's gradient projection (spec §15) and CARE's rubric weights and rewards (spec §17), on hand-made tensors."""
+"""GLIME's gradient projection and CARE's rubric weights and rewards, on hand-made tensors."""
 
 from __future__ import annotations
 

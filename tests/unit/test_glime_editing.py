@@ -1,4 +1,4 @@
-"""GLIME's editing step (spec §15) on a micro model and hand-made records, the naive baseline it reduces to, the
+"""GLIME's editing step on a micro model and hand-made records, the naive baseline it reduces to, the
 fact set's disjoint splits, the edit-file checks and the `edit` options validation."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""IA / BP / QP judges (spec §1): in [0, 1], and they rank the obvious cases the right way."""
+"""IA / BP / QP judges: in [0, 1], and they rank the obvious cases the right way."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""kgpo (spec §26): the graph-graded differential reward's invariants, and the diagnosis task it runs on."""
+"""kgpo (RareDx-KGPO): the graph-graded differential reward's invariants, and the diagnosis task it runs on."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def test_gold_alone_at_rank_one_is_the_maximum(setup):
     with_gold = [name(gold), *relatives[:2]]
     if opts.aggregation == "saturating":  # strict: no gold-free list ties the exact answer
         assert list_reward(graph, relatives, gold, patient, opts) < list_reward(graph, with_gold, gold, patient, opts)
-    else:  # the spec's clipped DCG lets three capped relatives reach the clip (the flaw `saturating` fixes)
+    else:  # the clipped DCG (`dcg`) lets three capped relatives reach the clip (the flaw `saturating` fixes)
         assert list_reward(graph, relatives, gold, patient, opts) <= list_reward(graph, with_gold, gold, patient, opts)
 
 

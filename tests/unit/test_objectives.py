@@ -1,4 +1,4 @@
-"""GRPO parts against the invariants of specs/seed_methods.md §0.1, on hand-computed tensors."""
+"""GRPO parts against their invariants (docs/objectives.md), on hand-computed tensors."""
 
 from __future__ import annotations
 

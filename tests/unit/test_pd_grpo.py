@@ -1,4 +1,4 @@
-"""PD-GRPO (spec §9) invariants and the TRM output format: unparseable outputs get zero reward, never an error."""
+"""PD-GRPO (pairwise dual-group RPO) invariants and the TRM output format: unparseable outputs get zero reward, never an error."""
 
 from __future__ import annotations
 

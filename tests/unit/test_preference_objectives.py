@@ -1,4 +1,4 @@
-"""Invariants of the preference objectives (spec §0.2 DPO, §2 GM-DPO, §18 ABC-Align) on hand-made tensors."""
+"""Invariants of the preference objectives (DPO, GM-DPO, ABC-Align) on hand-made tensors."""
 
 from __future__ import annotations
 

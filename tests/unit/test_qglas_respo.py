@@ -1,4 +1,4 @@
-"""QGLAS (spec §21) and ReSPO (spec §25): every listed invariant on hand-made tensors, plus their options."""
+"""QGLAS and ReSPO: every listed invariant on hand-made tensors, plus their options."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SDRL (spec §19) and selective control under partial auditing (spec §27): every listed invariant on
+"""SDRL and selective control under partial auditing: every listed invariant on
 hand-made tensors and strings, plus their options."""
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def bonuses(correct=CORRECT, texts=CODE, group=None, opts=SDRL):
     return diversity_bonuses(correct > 0, [strategy_of(t, opts) for t in texts], texts, group)
 
 
-# ---------------------------------------------------------------- SDRL (§19)
+# ---------------------------------------------------------------- SDRL
 
 
 def test_sdrl_strategy_labels_and_similarity():
@@ -115,7 +115,7 @@ def test_sdrl_groups_are_separate_and_the_registered_reward_scores_end_to_end():
     assert names == ("sdrl",) and torch.equal(matrix[:, 0], got)
 
 
-# ---------------------------------------------------------------- audit correction (§27)
+# ---------------------------------------------------------------- audit correction
 
 V = torch.tensor([1.0, 1.0, 0.0, 0.0])  # correct-accepted, accepted error, rejected wrong, rejected correct
 C = torch.tensor([1.0, 0.0, 0.0, 1.0])

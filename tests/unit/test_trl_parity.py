@@ -85,7 +85,7 @@ def grads(model, loss):
 
 # mode: (TRL GRPOConfig args, our rl settings)
 # TRL 1.16 multiplies the KL by the IS ratio by default (DeepSeek-V3.2's bias correction); ours is the plain
-# k3 penalty of DeepSeekMath eq. 4 (spec §0.1), which is TRL with use_bias_correction_kl=False.
+# k3 penalty of DeepSeekMath eq. 4, which is TRL with use_bias_correction_kl=False.
 MODES = {
     "grpo": (dict(loss_type="grpo", epsilon=0.2, epsilon_high=0.2, beta=0.04, use_bias_correction_kl=False),
              dict(loss="clip", loss_agg="seq_mean", clip_eps_low=0.2, clip_eps_high=0.2, beta=0.04)),

@@ -1,4 +1,4 @@
-"""The Thinking Reward Model (spec §9): its judgement format, the pairwise training rewards grouped by pair, and
+"""The Thinking Reward Model (TRM): its judgement format, the pairwise training rewards grouped by pair, and
 the `trm` RL reward on a model whose output does not parse (zero reward, never an error)."""
 
 from __future__ import annotations

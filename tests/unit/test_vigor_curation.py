@@ -1,4 +1,4 @@
-"""VIGOR-his curation against the synthetic city's ground truth (spec §1, invariant 3), and each step alone."""
+"""VIGOR-his curation against the synthetic city's ground truth (what every emitted quadruplet must satisfy), and each step alone."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Spatial pairing (spec §1 step 1): the grid join finds exactly the pairs within d_max, checked against all
+"""Spatial pairing (VIGOR-his step 1): the grid join finds exactly the pairs within d_max, checked against all
 pairs by brute force and against scipy's cKDTree; bad coordinates are refused."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Witness advantage (spec §23) on hand-made tensors, the `distribution` task, and a 2-step run of both."""
+"""Witness advantage on hand-made tensors, the `distribution` task, and a 2-step run of both."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A synthetic fact set for lifelong knowledge editing (GLIME, spec §15): subjects x relations -> objects, each
+"""A synthetic fact set for lifelong knowledge editing (GLIME, 2026): subjects x relations -> objects, each
 relation asked through several paraphrase templates, and a stream of edits that give chosen facts new objects.
 
     prompt      "kavom speaks:"              (template "{s} speaks", then ":")

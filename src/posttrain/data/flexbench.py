@@ -1,4 +1,4 @@
-"""A FlexBench-like synthetic captioning benchmark and its GPA score (spec §2, derived from the 2026 abstract).
+"""A FlexBench-like synthetic captioning benchmark and its GPA score (FlexBench and GM-DPO, 2026; derived from the abstract).
 
 A *shot* lists 1-2 persons, each with a substantive action, the limb doing it and a body state. Its prompt is
 a terse structured record (the stand-in for the video); a caption describes the shot in words, one clause

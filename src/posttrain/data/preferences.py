@@ -2,8 +2,8 @@
 
     {"prompt": "37+48=", "chosen": "85", "rejected": "84", "severity": 0.333, "gold": null}
 
-`severity` is the normalised severity gap g in [0, 1] between the two answers (GM-DPO's margin and weight,
-spec §2); `gold` is an optional human label for ABC-Align (spec §18): true when a human agrees that `chosen`
+`severity` is the normalised severity gap g in [0, 1] between the two answers (GM-DPO's margin and weight);
+`gold` is an optional human label for ABC-Align: true when a human agrees that `chosen`
 is better, false when the human prefers `rejected`, null when the pair has only the (pseudo) label that
 ordered it. Builders registered in `preference_data` make pairs from a task or a synthetic benchmark.
 """

@@ -1,6 +1,6 @@
 """The conditional flow-matching image model: a diffusers `UNet2DModel` plus an instruction encoder.
 
-CrossTimeEdit (spec §1) generates the past street view S_old from the recent one S_new, the satellite
+CrossTimeEdit (2026) generates the past street view S_old from the recent one S_new, the satellite
 pair (A_old, A_new) and an instruction. Here the image conditions are concatenated to the noisy sample as
 channels, [x_t, S_new, A_old, A_new] (12 channels), and the instruction enters through the UNet's class
 embedding (`class_embed_type="identity"`): a hashed bag of words, projected to the time-embedding width and

@@ -1,4 +1,5 @@
-"""ABC-Align, Adaptive Bias Correction with pseudo labels (spec §18, derived from the 2026 abstract).
+"""ABC-Align, Adaptive Bias Correction with pseudo labels (2026, github.com/SewoongLab/abc-align;
+derived from its abstract).
 
 Abundant AI pseudo-labels are biased; a small human-labelled subset Lb is unbiased but noisy. Start from the
 pseudo-label DPO objective and add a prediction-powered correction on Lb, with a strength alpha chosen from

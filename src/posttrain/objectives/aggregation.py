@@ -1,4 +1,4 @@
-"""How per-token loss terms become one scalar (spec §0.1, "AGG variants").
+"""How per-token loss terms become one scalar (the variants of GRPO, DAPO and Dr. GRPO).
 
 token_mean:     sum over all valid tokens / number of valid tokens (DAPO; TRL's loss_type="dapo"/"bnpo")
 seq_mean:       mean over sequences of each sequence's token mean (the original GRPO / DeepSeekMath form)

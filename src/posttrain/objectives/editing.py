@@ -10,7 +10,7 @@ each pair's chosen and rejected answer after its prompt, with gradient).
 `naive`: sequential fine-tuning on each edit alone, the baseline of lifelong editing (e.g. the "FT" baseline of
 Meng et al. 2022, ROME, arXiv 2202.05262, and of the lifelong-editing literature the GLIME abstract addresses):
 
-    L_edit = -log pi_theta(o_new | p_e)             (sequence log-prob of the new object + EOS, spec §15)
+    L_edit = -log pi_theta(o_new | p_e)             (sequence log-prob of the new object + EOS, as in GLIME)
 
 `glime` (objectives/glime.py) adds generation preference, replay and the gradient constraint.
 """
@@ -36,7 +36,7 @@ edit_methods: Registry = Registry("edit method")
 @dataclass(frozen=True)
 class EditRecord:
     """One edit with what its losses read: the edit prompt pair and the generation-preference pairs, whose
-    reference log-probs were taken from the model just before the edit was applied (spec §15: ref = pre-edit)."""
+    reference log-probs were taken from the model just before the edit was applied (GLIME's reference is the pre-edit model)."""
 
     edit: Edit
     prompt: str  # p_e

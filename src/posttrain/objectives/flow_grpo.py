@@ -1,6 +1,6 @@
 """Flow-GRPO's policy: the flow-matching sampler as an SDE with Gaussian steps (Liu et al. 2025, "Flow-GRPO:
 Training Flow Matching Models via Online RL", arXiv 2505.05470, eq. 9-12; yifan123/flow_grpo
-`sd3_sde_with_logprob.py`; spec §0.4).
+`sd3_sde_with_logprob.py`).
 
 With sigma in [0, 1] (1 = noise), velocity v, and a step from sigma to sigma_prev (dt = sigma_prev - sigma < 0):
 

@@ -1,4 +1,5 @@
-"""GDPO, group reward-decoupled normalisation (NVlabs/GDPO; spec §0.5), = TRL's
+"""GDPO, group reward-decoupled normalisation (Group reward-Decoupled Normalization Policy
+Optimization; github.com/NVlabs/GDPO), = TRL's
 `multi_objective_aggregation="normalize_then_sum"`:
 
     a_{i,k} = (r_{i,k} - mean_group(r_{.,k})) / (std_group(r_{.,k}) + eps)    per reward column k

@@ -1,4 +1,4 @@
-"""GLIME, Generalizable Lifelong Model Editing (spec §15, derived from the 2026 abstract): knowledge editing plus
+"""GLIME, Generalizable Lifelong Model Editing (2026; derived from its abstract): knowledge editing plus
 preference optimisation over the model's own generations, replay of earlier edits, and a gradient constraint.
 
 For the current edit(s) B and a replayed sample B_r of earlier edits (|B_r| = `replay_size`, the memory buffer M
@@ -17,8 +17,8 @@ is unbounded):
 
 g and g_ref are flattened over the edited parameters. Invariants: after projection <g, g_ref> >= 0; an empty
 replay buffer (g_ref None) leaves g unchanged; at the first step of an edit L_pref = log 2 per pair (policy = ref);
-with lambda_p = 0 and replay_size = 0 the step is the naive fine-tuning step. The optional locality KL of the spec
-is not implemented.
+with lambda_p = 0 and replay_size = 0 the step is the naive fine-tuning step. The optional locality KL to the pre-edit
+model on unrelated prompts is not implemented.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""GM-DPO, Graded-Margin DPO (spec §2, derived from the 2026 FlexBench abstract): DPO whose required margin
+"""GM-DPO, Graded Margin Direct Preference Optimization (with the FlexBench benchmark, 2026;
+derived from its abstract): DPO whose required margin
 and loss weight grow with the severity gap g between the chosen and the rejected caption, so pairs whose
 rejected response holds severe errors (a fabricated or wrong action) are separated by more:
 

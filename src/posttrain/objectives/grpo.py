@@ -1,4 +1,4 @@
-"""GRPO's group-relative advantage (Shao et al. 2024, DeepSeekMath, arXiv 2402.03300, eq. 3; spec §0.1).
+"""GRPO's group-relative advantage (Shao et al. 2024, DeepSeekMath, arXiv 2402.03300, eq. 3).
 
     r_i = sum_k w_k r_{i,k}                              (weighted sum of the reward columns)
     A_i = (r_i - mean_group(r)) / (std(r) + eps)         std over the group, the batch, or none

@@ -1,5 +1,5 @@
 """The k3 estimator of KL(pi_theta || pi_ref) per sampled token (Schulman 2020, "Approximating KL
-divergence"; the GRPO penalty of DeepSeekMath eq. 4; spec §0.1):
+divergence"; the GRPO penalty of DeepSeekMath, arXiv 2402.03300, eq. 4):
 
     d = logp_ref - logp_theta,   KL3 = exp(d) - d - 1   (>= 0, and 0 with zero gradient at equality)
 """

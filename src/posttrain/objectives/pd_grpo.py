@@ -1,5 +1,5 @@
 """PD-GRPO, Pairwise Dual-Group Relative Policy Optimization, and the Thinking Reward Model's output format
-(spec §9, derived from the 2026 TRM abstract).
+("Think Before You Score", the 2026 TRM paper; derived from its abstract).
 
 A generative reward model (TRM) judges one candidate per rollout and writes, in a fixed format,
 

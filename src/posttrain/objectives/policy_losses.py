@@ -1,5 +1,5 @@
 """The PPO clipped surrogate as used by GRPO (Schulman et al. 2017, arXiv 1707.06347, eq. 7; DeepSeekMath
-eq. 3; DAPO's decoupled "clip-higher" bounds, arXiv 2503.14476, eq. 10; spec §0.1):
+eq. 3; DAPO's decoupled "clip-higher" bounds, arXiv 2503.14476, eq. 10):
 
     rho_t  = exp(logp_theta - logp_old)
     surr_t = min(rho_t A_t, clip(rho_t, 1 - eps_low, 1 + eps_high) A_t)

@@ -6,7 +6,7 @@
 rejected response (sums over response tokens), with each pair's severity gap and optional human label.
 `state` is a dict the trainer keeps across steps for objectives with memory (ABC-Align's EMA of alpha).
 
-DPO (Rafailov et al. 2023, "Direct Preference Optimization", arXiv 2305.18290, eq. 7; spec §0.2):
+DPO (Rafailov et al. 2023, "Direct Preference Optimization", arXiv 2305.18290, eq. 7):
 
     h(x, y_w, y_l) = [log pi(y_w|x) - log pi_ref(y_w|x)] - [log pi(y_l|x) - log pi_ref(y_l|x)]
     L_DPO          = -log sigmoid(beta * h)            implicit reward r(x, y) = beta * (log pi - log pi_ref)
@@ -47,7 +47,7 @@ def log_ratio_margin(p: PairLogps) -> Tensor:
 
 
 def sigmoid_loss(h: Tensor, beta: float, margin: Tensor | float = 0.0) -> Tensor:
-    """-log sigmoid(beta * h - m), per pair (the margin form of ODPO / IPO-style offsets, spec §0.2)."""
+    """-log sigmoid(beta * h - m), per pair (the margin form of ODPO / IPO-style offsets)."""
     return -F.logsigmoid(beta * h - margin)
 
 
@@ -66,7 +66,7 @@ def pair_metrics(p: PairLogps, beta: float) -> dict[str, float]:
 
 @preference_objectives.register("dpo")
 def dpo(p: PairLogps, cfg, state: dict) -> tuple[Tensor, dict[str, float]]:
-    """Sigmoid DPO, mean over pairs (spec §0.2)."""
+    """Sigmoid DPO, mean over pairs: -log sigmoid(beta * h) (Rafailov et al. 2023, arXiv 2305.18290, eq. 7)."""
     loss = sigmoid_loss(log_ratio_margin(p), cfg.beta).mean()
     return loss, pair_metrics(p, cfg.beta)
 

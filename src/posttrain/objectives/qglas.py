@@ -1,4 +1,4 @@
-"""QGLAS, Quality-Gated Length Advantage Shaping (spec §21, derived from the 2026 abstract): quality alone
+"""QGLAS, Quality-Gated Length Advantage Shaping (2026; derived from its abstract): quality alone
 decides the direction of reinforcement, length may only add a bounded bonus to quality-favoured responses.
 
     A_i   = GRPO advantage of the weighted (quality) reward                 (as `grpo`: rl.std_scaling, rl.std_eps)

@@ -1,4 +1,4 @@
-"""ReSPO, Reshaped Sequence Policy Optimization (spec §25, derived from the 2026 abstract; kernel family and
+"""ReSPO, Reshaped Sequence Policy Optimization (2026; derived from its abstract; kernel family and
 loss form from its public precursor VESPO, arXiv 2602.10693): REINFORCE with a detached, two-branch,
 sequence-level kernel of the true (not length-normalised) importance weight instead of PPO clipping.
 

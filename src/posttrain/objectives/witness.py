@@ -1,4 +1,5 @@
-"""Witness advantage: the MMD witness in closed form from the group's outcome counts (spec §23, derived).
+"""Witness advantage: the MMD witness in closed form from the group's outcome counts (2026, for
+distribution matching; derived from its abstract).
 
 To teach a policy to *sample* from a target q over a finite outcome set, each rollout i with outcome k_i
 gets the negative leave-one-out witness of MMD^2(p, q) at its outcome:

@@ -1,4 +1,4 @@
-"""Selective control under partial auditing (spec §27, derived from the 2026 abstract): an imperfect
+"""Selective control under partial auditing (2026; our formulation, derived from its abstract): an imperfect
 verifier V that also accepts some wrong answers, and the inverse-propensity audit correction
 
     E(y) = V(y) (1 - C(y))                          accepted error

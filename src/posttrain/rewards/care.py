@@ -1,4 +1,4 @@
-"""CARE's context-adaptive rubric reward (spec §17, derived from the 2026 abstract): a rubric generator writes,
+"""CARE's context-adaptive rubric reward (Context-Adaptive Rubric Evolution, 2026; derived from its abstract): a rubric generator writes,
 per dialogue turn, weights over three empathy dimensions; a judge scores the reply on each dimension in [0, 1];
 the turn reward is the weighted sum, and the generator is rewarded when its rubric ranks the human-preferred
 reply higher:

@@ -1,11 +1,12 @@
-"""`care`: CARE's context-adaptive rubric reward for online RL on the `dialogue` task (spec §17).
+"""`care`: CARE's context-adaptive rubric reward for online RL on the `dialogue` task ("Context-Adaptive Rubric
+Evolution", 2026).
 
     R_t = sum_d w_d(h_t) s_d(a_t)        w on the simplex, s_d in [0, 1] from the task's per-dimension judges
 
 The weights come from `rl.options.care.source` (registry `care_weight_sources` below):
   generator  the rubric generator trained by the `care` stage (at `rl.options.care.path`), greedy, once per
              context; a rubric that does not parse falls back to uniform weights (counted, warned once)
-  uniform    1/3 each: the static-rubric baseline (spec invariant 2: CARE with uniform weights is this)
+  uniform    1/3 each: the static-rubric baseline (CARE with uniform weights is exactly this)
   oracle     the task's true context-dependent w*, an upper bound no deployed system has
 """
 

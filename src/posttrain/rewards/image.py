@@ -1,4 +1,5 @@
-"""Image-editing rewards (CrossTimeEdit's three judges, spec §1), registered by name in `image_rewards`.
+"""Image-editing rewards (CrossTimeEdit's three judges: Instruction Alignment, Background Preservation,
+Quality and Physical Plausibility), registered by name in `image_rewards`.
 
     ImageRewardFn(generated [N, 3, H, W], edit: EditBatch) -> Tensor [N] in [0, 1]
 

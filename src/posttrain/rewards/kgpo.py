@@ -1,5 +1,5 @@
-"""RareDx-KGPO: a knowledge-graph graded reward for ranked differential diagnoses (spec §26, derived from the
-2026 abstract). A prediction list D = (d_1..d_m) is canonicalised to graph nodes n_k (exact or synonym lookup;
+"""RareDx-KGPO: a knowledge-graph graded reward for ranked differential diagnoses (2026; our formulation, derived
+from its abstract). A prediction list D = (d_1..d_m) is canonicalised to graph nodes n_k (exact or synonym lookup;
 duplicates of a node keep their first rank and add nothing). Against the gold node g and patient phenotypes H:
 
     rel(n) = 1                                                             if n = g
@@ -7,7 +7,7 @@ duplicates of a node keep their first rank and add nothing). Against the gold no
     R_list = sum_{k <= min(m, K)} rel(n_k) / log2(k + 1)  /  IDCG          IDCG = 1 (one gold node)    [dcg]
     R      = R_list - c_v #unmapped - c_b max(0, m - K)                    clipped to [-1, 1]; 0 if malformed
 
-`aggregation: dcg` is the spec's list reward. Its clip to 1 has a flaw at small K: with the spec's cap 0.5,
+`aggregation: dcg` is the clipped list reward above. Its clip to 1 has a flaw at small K: with the default cap 0.5,
 a gold-free list of close relatives (0.5 + 0.5/log2 3 + 0.5/2 > 1) ties the exact answer, so RL can be paid
 in full for never naming the gold. `aggregation: saturating` keeps the same rank-discounted gains
 g_k = rel(n_k) / log2(k + 1) but combines them as R_list = 1 - prod_k (1 - g_k): still 1 for the gold at

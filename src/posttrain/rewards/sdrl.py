@@ -1,11 +1,11 @@
-"""SDRL, Strategy-Diverse RL: a correctness-gated hierarchical diversity reward (spec §19, derived from the
-2026 abstract). Among the correct rollouts C of a group, with strategy labels k and n_k = |{j in C: k_j = k}|:
+"""SDRL, Strategy-Diverse RL: a correctness-gated hierarchical diversity reward (2026; derived from its
+abstract). Among the correct rollouts C of a group, with strategy labels k and n_k = |{j in C: k_j = k}|:
 
     D_b(i) = 1 - n_{k_i} / |C|                                        between strategies (0 if all share one)
     D_w(i) = mean_{j in C, k_j = k_i, j != i} [1 - sim(y_i, y_j)]      within a strategy (0 if alone)
     R_i    = c_i (1 + beta_b D_b(i) + beta_w D_w(i))                   c_i: the task's verifier
 
-The spec's format term f_i is the separate `format` reward; GRPO/GDPO on R is the configured estimator.
+The formulation's small format term f_i is the separate `format` reward; GRPO/GDPO on R is the configured estimator.
 Strategy k_i: the first label in `strategies` with a regex found in the completion (code analysis by
 pattern), else `fallback`. sim: difflib ratio over word/punctuation tokens, in [0, 1]. A group is a run of
 consecutive rows sharing one Example object (how the trainer expands prompts).

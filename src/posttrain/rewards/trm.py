@@ -1,4 +1,4 @@
-"""`trm`: a generative Thinking Reward Model (spec §9, derived from the 2026 TRM abstract) as an RL reward.
+"""`trm`: a generative Thinking Reward Model ("Think Before You Score", TRM + PD-GRPO, 2026; derived from its abstract) as an RL reward.
 
 The TRM is a causal LM that reads `response + <judge> + prompt` and writes, in the fixed format of
 `objectives/pd_grpo.py`,
@@ -166,7 +166,7 @@ def _pairwise(rule, task, examples, completions, finished) -> Tensor:
 
 @rewards.register("pd_grpo", tasks=(JUDGE_TASK,))
 def pd_grpo_reward(task, examples, completions, finished) -> Tensor:
-    """PD-GRPO (spec §9): each rollout's side of the other group's median score + alpha_format * format."""
+    """PD-GRPO (pairwise dual-group RPO): each rollout's side of the other group's median score + alpha_format * format."""
     return _pairwise(lambda *g: pd_grpo_rewards(*g, task.alpha_format), task, examples, completions, finished)
 
 

@@ -1,4 +1,4 @@
-"""Stage `care`: train CARE's rubric generator (spec §17) for the `dialogue` task: SFT on turn-level rubric
+"""Stage `care`: train CARE's rubric generator (Context-Adaptive Rubric Evolution, 2026) for the `dialogue` task: SFT on turn-level rubric
 labels, then preference RL (the rl section's objective) on human preference pairs; the data are simulated from
 the task's known truth (trainers/rubric_generator.py). Settings: the `care` section, model sizes from `model`.
 

@@ -1,4 +1,4 @@
-"""Stage `edit`: lifelong knowledge editing (spec §15). A stream of edits (new objects for chosen facts) is applied
+"""Stage `edit`: lifelong knowledge editing (as in GLIME, 2026). A stream of edits (new objects for chosen facts) is applied
 one by one to the `knowledge` stage's base model with `edit.method` (naive sequential fine-tuning, or GLIME).
 
 Inputs: `base` (`model/`, `facts.json`). The stream is `edit.edits` (a JSON-lines file, checked before any model is

@@ -1,4 +1,4 @@
-"""Ranked differential diagnosis over a small synthetic phenotype–gene–disease graph (for `kgpo`, spec §26).
+"""Ranked differential diagnosis over a small synthetic phenotype–gene–disease graph (for `kgpo`, RareDx-KGPO, 2026).
 
 The graph is a three-level disease ontology  root -> group -> parent disease -> subtype  (groups, parents
 and subtypes are all diagnosable diseases except the root and the groups). Every disease carries phenotypes

@@ -1,4 +1,4 @@
-"""A multi-turn, dialogue-like support task whose ideal rubric changes with the turn (for CARE, spec §17).
+"""A multi-turn, dialogue-like support task whose ideal rubric changes with the turn (for CARE, "Context-Adaptive Rubric Evolution", 2026).
 
 A dialogue is a history of user turns, each a user state and a topic, with the assistant's earlier replies;
 the policy writes the reply to the last user turn as a string of support moves:

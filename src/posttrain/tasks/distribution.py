@@ -7,7 +7,7 @@ The outcome set is {1..K} with K = `task.digits` + 1 (TaskConfig has no outcome-
 reused so the default digits=2 gives three outcomes). Every outcome is listed, weight 0 included, and no
 weight is 10 (point masses are not sampling problems), so prompts have one fixed length. A completion is
 correct when its outcome lies in q's support; how well a policy matches q is a property of many samples,
-measured by `total_variation` (spec §23 metric) and trained for by the `witness` advantage estimator.
+measured by `total_variation` (TV(p, q) = 0.5 sum_k |p_k - q_k|) and trained for by the `witness` advantage estimator.
 Train and held-out prompts are drawn without replacement from every such distribution: disjoint splits.
 """
 

@@ -1,5 +1,5 @@
 """Lifelong knowledge editing: apply a stream of edits one by one with the method named by `edit.method`
-(objectives/editing.py), and measure what spec §15 asks for, each in [0, 1]:
+(objectives/editing.py), and measure what GLIME reports, each in [0, 1]:
 
     edit_success       o_new is the greedy answer on p_e right after its edit (mean over edits)
     retention          after the whole stream, o_new is still the greedy answer on p_e, for the earlier edits

@@ -1,5 +1,5 @@
-"""Flow-GRPO (spec §0.4) for the conditional flow model, with advantages from the shared estimators (GDPO by
-default, spec §0.5) over the image judges IA / BP / QP (spec §1).
+"""Flow-GRPO (arXiv 2505.05470) for the conditional flow model, with advantages from the shared estimators (GDPO
+by default) over CrossTimeEdit's image judges IA / BP / QP.
 
 One step: take `prompts_per_step` training edits, sample `group_size` images each with the SDE sampler
 (objectives/flow_grpo.py), recording every denoising step's input, output and log-prob; score the final

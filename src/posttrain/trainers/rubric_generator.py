@@ -1,4 +1,4 @@
-"""CARE's rubric generator (spec §17): a tiny LM that reads a dialogue context (tasks/dialogue.py) and writes
+"""CARE's rubric generator (Context-Adaptive Rubric Evolution, 2026): a tiny LM that reads a dialogue context (tasks/dialogue.py) and writes
 context-adaptive weights `c=2,a=6,p=2` over the cognitive / affective / proactive dimensions.
 
 Two phases, as in the paper's abstract: SFT on turn-level rubric labels, then preference RL on human
@@ -84,7 +84,7 @@ def pair_scores(pairs: Sequence[tuple[str, str]]) -> tuple[torch.Tensor, torch.T
 
 class RubricTask(Task):
     """Write a rubric for a dialogue context; the verifier is the human preferences at that context (`answer`
-    holds them as `w/l;w/l`). An unparseable rubric is scored with uniform weights (spec §17's fallback) and
+    holds them as `w/l;w/l`). An unparseable rubric is scored with uniform weights (CARE's fallback) and
     earns no format reward. `cfg` is the `care` section."""
 
     def splits(self, seed: int) -> dict[str, list[Example]]:

@@ -1,4 +1,4 @@
-"""Training the Thinking Reward Model (spec §9): a short format SFT warm-up, then pairwise RL with PD-GRPO.
+"""Training the Thinking Reward Model ("Think Before You Score", 2026): a short format SFT warm-up, then pairwise RL with PD-GRPO.
 
 The TRM starts from the SFT policy, its vocabulary extended by the format's tokens (rewards/trm.py). Each
 preference pair (prompt, y_w, y_l) gives two TRM prompts, one judging y_w and one judging y_l.

@@ -1,1 +1,1 @@
-"""VIGOR-his curation (spec §1): synthetic city, spatial pairing, screening, change labels, instructions."""
+"""VIGOR-his curation (CrossTimeEdit's dataset pipeline, 2026): synthetic city, spatial pairing, screening, change labels, instructions."""

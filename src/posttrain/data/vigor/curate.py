@@ -1,4 +1,4 @@
-"""The VIGOR-his curation pipeline (spec §1): panoramas + two-epoch satellite tiles -> validated quadruplets.
+"""The VIGOR-his curation pipeline (CrossTimeEdit's dataset, 2026): panoramas + two-epoch satellite tiles -> validated quadruplets.
 
     read_sources      the panorama and tile tables, checked row by row (a bad table is a UserError)
     pair_panoramas    spatial index pairs within d_max, then the capture-gap rule (pairing.py)

@@ -1,6 +1,6 @@
 """Spatial pairing of panoramas: every pair closer than `d_max` metres (great-circle), without all pairs.
 
-VIGOR-his step 1 (spec §1): pair each recent panorama with the historical captures of the same place.
+VIGOR-his step 1 (the CrossTimeEdit dataset pipeline): pair each recent panorama with the historical captures of the same place.
 Panoramas come clustered in cities a few kilometres wide, and d_max is metres, so a flat projection per
 city is exact enough to *find candidates* and the haversine formula then *decides*:
 

@@ -1,4 +1,4 @@
-"""The VIGOR-his curation steps after pairing (spec §1, steps 2-4), each a pluggable part behind a registry.
+"""The VIGOR-his curation steps after pairing (screening, change labels, instructions), each a pluggable part behind a registry.
 
 - `embedders`: image -> feature vector for the consistency screen (default `thumbnail`, no download; a
   DINO/CLIP embedder registers the same way).
@@ -78,7 +78,7 @@ def _gray(image: np.ndarray):
 
 @geometric_checks.register("orb_ransac")
 def orb_ransac_agreement(old: np.ndarray, new: np.ndarray) -> float:
-    """Geometric agreement of the persistent content (spec §1 step 2, "#feature-match inliers + RANSAC"):
+    """Geometric agreement of the persistent content (VIGOR-his consistency screening: feature-match inliers + RANSAC):
     ORB keypoints and binary descriptors (Rublee et al. 2011) on both views, mutual nearest-neighbour
     matches under the Hamming distance, a RANSAC-fitted similarity transform (OpenCV
     `estimateAffinePartial2D`, Fischler & Bolles 1981), and the share of keypoints that are RANSAC inliers:

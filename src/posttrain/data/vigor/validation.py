@@ -1,4 +1,4 @@
-"""Great Expectations suite on curated quadruplets: spec §1 invariant 3 as data checks, before training.
+"""Great Expectations suite on curated quadruplets: what every emitted quadruplet must satisfy, as data checks, before training.
 
 Every emitted quadruplet: distance <= d_max, capture gap >= the minimum, screening thresholds met, exactly
 one known change class, a non-empty instruction, its four images on disk, a known split, a unique id.

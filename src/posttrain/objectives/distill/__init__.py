@@ -1,5 +1,5 @@
-"""The on-policy distillation family (spec §0.3, §3, §4, §5, §7, §8, §22, §28): estimators (opd, gats, sipo,
-uniopsd), auxiliary losses (opsd, think_opd, ride, ride_logits, pr_opd, roft), the `none` policy loss and one
+"""The on-policy distillation family (docs/distillation.md): estimators (opd, gats, sipo, uniopsd),
+auxiliary losses (opsd, think_opd, ride, ride_logits, pr_opd, roft), the `none` policy loss and one
 preset per method. Teacher-side tensors come from the extras registry (trainers/extras.py)."""
 
 from posttrain.objectives.distill import (  # noqa: F401  (registers)

@@ -1,11 +1,11 @@
-"""GATS, gap-adaptive teacher scheduling (spec §7, derived from the 2026 abstract "guide then let go"):
+"""GATS, Gap-Adaptive Teacher Scheduling (2026, github.com/Ricardo-H/guide-then-let-go; derived from its abstract):
 GRPO plus an on-policy-distillation term whose weight follows the teacher-student success gap.
 
     S_T    teacher's reference success rate (measured once on training prompts, or rl.options.gats.teacher_success)
     S_hat  <- mu * S_hat + (1 - mu) * mean(success in batch)             (first batch initialises it)
     g      = (S_T - S_hat) / max(S_T, eps)
     w      = w_max * clip(g / g_0, 0, 1);  with `latch`, w = 0 for good once S_hat >= S_T
-    A_t    = A_GRPO + w * (logp_T(y_t) - logp_S(y_t))                   (the OPD term as a token advantage, §0.3)
+    A_t    = A_GRPO + w * (logp_T(y_t) - logp_S(y_t))                   (the OPD term as a token advantage, objectives/distill/opd.py)
 
 So guidance is strong while the student is far below the teacher, shrinks as it closes the gap and is gone
 once it reaches the teacher: the teacher may be weaker than the final student. The schedule's state lives

@@ -1,5 +1,5 @@
 """OPD, on-policy distillation with a reverse-KL token advantage (Thinking Machines, "On-Policy
-Distillation", 2025; Agarwal et al. 2024, GKD, arXiv 2306.13649, on-policy case; spec §0.3):
+Distillation", 2025; Agarwal et al. 2024, GKD, arXiv 2306.13649, on-policy case):
 
     A_t = logp_T(y_t | x, y_<t) - logp_S(y_t | x, y_<t)     (teacher detached; the negative sampled reverse KL)
 
@@ -8,7 +8,7 @@ with discount 0 (no credit to later tokens), used as a per-token advantage in th
 gradient is E[A_t grad logp_S(y_t)] = -grad KL(pi_S || pi_T) along the sampled path.
 
 Settings (rl.options.opd): `weight` scales the teacher term; `reward_weight` adds the GRPO reward advantage
-(0: pure distillation; > 0 with a constant `weight`: the "constant-weight OPD + GRPO" baseline of GATS §7).
+(0: pure distillation; > 0 with a constant `weight`: the "constant-weight OPD + GRPO" baseline of GATS).
 The teacher is the model of role `teacher` (the `distill` stage's `teacher` input), reading the same prompt.
 """
 

@@ -1,4 +1,4 @@
-"""OPSD, on-policy self-distillation with a privileged self-teacher (arXiv 2601.18734; spec §0.3):
+"""OPSD, on-policy self-distillation with a privileged self-teacher (On-Policy Self-Distillation, arXiv 2601.18734):
 
     pi_T(. | x, y_<t) = sg pi_theta(. | x, y*, y_<t)          the same model, told the reference solution y*
     L = mask-mean_t D(pi_S(. | x, y_<t) || pi_T)              D = reverse KL (default) or JSD_beta

@@ -1,4 +1,5 @@
-"""PR-OPD, privileged representation on-policy self-distillation (spec §3, derived from the 2026 abstract):
+"""PR-OPD, privileged representation on-policy self-distillation (2026, github.com/balibata/PR-OPD;
+derived from its abstract):
 after a GRPO warm start, the policy writes a hindsight skill k_i for each of its own trajectories, re-reads
 the trajectory with k_i prepended (teacher pass, stop-gradient), and every layer's projected student hidden
 state (skill-free pass) is pulled to the teacher's on the response tokens, on top of GRPO:

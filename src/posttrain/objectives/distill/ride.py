@@ -1,4 +1,5 @@
-"""RIDE, RL-induced direction extrapolation (xixixixixxxx/RIDE README, target formula; spec §5): on-policy
+"""RIDE, RL-induced direction extrapolation (2026; target formula from the README of
+github.com/xixixixixxxx/RIDE): on-policy
 distillation in representation space from an RL teacher T and its pre-RL base B, pushed beyond the teacher
 along the RL residual.
 

@@ -1,4 +1,4 @@
-"""ROFT, retrospection-only fine-tuning (spec §28, derived from the 2026 abstract): the agent attempts a task,
+"""ROFT, Retrospection-Only Fine-Tuning (2026; derived from its abstract): the agent attempts a task,
 sees the environment's feedback, writes a retrospective explanation on-policy, and is fine-tuned with the
 next-token loss on the explanation tokens only:
 

@@ -1,4 +1,4 @@
-"""SIPO, self-instructing policy optimization (spec §4, derived from the 2026 abstract; contrastive
+"""SIPO, self-instructing policy optimization (2026; derived from its abstract; contrastive
 construction cross-checked with RLCSD, arXiv 2606.11709): the reward keeps the direction of each update and
 a contrastive self-teacher only redistributes credit among a rollout's tokens.
 
@@ -7,7 +7,7 @@ a contrastive self-teacher only redistributes credit among a rollout's tokens.
     u_t      = clip(d_t - mean_t d, -c, c), re-centred to zero mean over the rollout's tokens
     A_hat_t  = A_i + lambda * s_i * u_t,  s_i = sign(A_i), or 1 when the group's rewards are all equal
 
-Design decision: the spec clips then asks for sum_t (A_hat_t - A_i) = 0; clipping breaks the zero mean, so
+Design decision: the formulation clips and also wants sum_t (A_hat_t - A_i) = 0; clipping breaks the zero mean, so
 u is re-centred after clipping (|u| <= 2c). Because u varies over tokens even when every A_i = 0, all-fail
 groups still get a learning signal. Settings: rl.options.sipo.
 """

@@ -1,4 +1,4 @@
-"""ThinkOPD, trace-response divergence routing (spec §8, derived from the 2026 abstract): a teacher with a
+"""ThinkOPD, trace-response divergence routing (2026; derived from its abstract): a teacher with a
 think trace z in context distils every sibling response, weighted by how compatible z is with each route.
 
     D_{i,t} = KL(pi_S(. | x, y_i,<t) || sg pi_T(. | x, z, y_i,<t))       (full vocabulary)

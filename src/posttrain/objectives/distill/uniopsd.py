@@ -1,4 +1,4 @@
-"""UniOPSD, unified on-policy self-distillation with adaptive local credit arbitration (spec §22, read from
+"""UniOPSD, unified on-policy self-distillation with adaptive local credit arbitration (2026, read from
 Zenghuang-Fu/Uniopsd `verl/trainer/ppo/rlsd_utils.py` (compute_opsd_step_tier, compute_rlsd_token_advantage,
 form "fusion") and `rlsd_ray_trainer.py` (rho EMA, c*); restated, no code copied).
 

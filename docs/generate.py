@@ -1,0 +1,140 @@
+"""Rewrite the registry tables of the docs pages from the registries themselves, so they cannot go stale.
+
+    python docs/generate.py           rewrite every table in docs/*.md in place
+    python docs/generate.py --check   rewrite nothing; exit 1 naming each stale page
+
+A table sits between two markers, `<!-- registry:<key> -->` and `<!-- /registry -->`, where <key> is a key of
+`all_registries()` (`advantages`, `losses`, ...). Everything between the markers is generated: one row per
+registered entry with its name, a summary, what it declares it `needs` and the keys of its `options` model.
+The summary is the first paragraph of the entry's own docstring; an entry without one (most methods live one
+per module, described by the module's docstring) gets the line of its module's docstring that starts with its
+name (`name:` or `name` and two spaces, with the more indented lines below it), else the module docstring's first
+paragraph. Every registry must have a table on some page; a marker naming no registry is an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parent
+BLOCK = re.compile(r"(<!-- registry:(?P<key>[\w-]+) -->\n)(?P<body>.*?)(<!-- /registry -->)", re.DOTALL)
+COMMAND = "python docs/generate.py"
+
+
+def load_registries() -> dict:
+    try:
+        from posttrain.resolve import all_registries
+    except ImportError:
+        from posttrain.registry import all_registries
+    return all_registries()
+
+
+def first_paragraph(doc: str | None) -> str:
+    paragraph = (doc or "").strip().split("\n\n")[0]
+    return " ".join(line.strip() for line in paragraph.splitlines())
+
+
+def named_line(doc: str | None, name: str) -> str:
+    """The line of `doc` that describes `name` (`name: ...` or `name  ...`), joined with its more indented continuation."""
+    lines = (doc or "").splitlines()
+    start = re.compile(rf"^(\s*)`?{re.escape(name)}`?(?::|\s{{2,}})\s*(\S.*)$")
+    for i, line in enumerate(lines):
+        match = start.match(line)
+        if match:
+            indent, parts = len(match[1]), [match[2]]
+            for rest in lines[i + 1:]:
+                if not rest.strip() or len(rest) - len(rest.lstrip()) <= indent:
+                    break
+                parts.append(rest.strip())
+            return " ".join(parts)
+    return ""
+
+
+def summary(name: str, obj: object) -> str:
+    own = obj.__dict__.get("__doc__") if isinstance(obj, type) else getattr(obj, "__doc__", None)
+    module_doc = getattr(sys.modules.get(getattr(obj, "__module__", "")), "__doc__", None)
+    text = first_paragraph(own) or named_line(module_doc, name) or first_paragraph(module_doc)
+    return text.replace("|", "\\|") or "-"
+
+
+def codes(items) -> str:
+    return ", ".join(f"`{item}`" for item in items) or "-"
+
+
+def render(registry) -> str:
+    """The generated body of one registry's table (between the markers)."""
+    lines = [
+        f"_{registry.kind}: generated from the registry by `{COMMAND}`; do not edit between the markers._",
+        "",
+        "| name | summary | needs | options |",
+        "|---|---|---|---|",
+    ]
+    for entry in registry:
+        options = entry.meta.get("options")
+        keys = list(options.model_fields) if options is not None else []
+        lines.append(f"| `{entry.name}` | {summary(entry.name, entry.obj)} | {codes(entry.meta.get('needs', ()))} | {codes(keys)} |")
+    return "\n".join(lines) + "\n"
+
+
+def rewrite(text: str, registries: dict, page: str) -> tuple[str, list[str], set[str]]:
+    """(the page with every table regenerated, errors, the registry keys it has tables for)."""
+    errors: list[str] = []
+    found: set[str] = set()
+
+    def table(match: re.Match) -> str:
+        key = match["key"]
+        if key not in registries:
+            errors.append(f"{page}: marker registry:{key} names no registry (known: {', '.join(sorted(registries))})")
+            return match[0]
+        found.add(key)
+        return match[1] + render(registries[key]) + match[4]
+
+    return BLOCK.sub(table, text), errors, found
+
+
+def pages(docs: Path = DOCS) -> list[Path]:
+    return sorted(docs.glob("*.md"))
+
+
+def update(write: bool, docs: Path = DOCS, registries: dict | None = None) -> list[str]:
+    """Regenerate every table (written back when `write`); returns the problems, one line each."""
+    registries = load_registries() if registries is None else registries
+    problems: list[str] = []
+    covered: set[str] = set()
+    for path in pages(docs):
+        old = path.read_text()
+        new, errors, found = rewrite(old, registries, str(path.relative_to(docs.parent)))
+        problems += errors
+        covered |= found
+        if new != old:
+            if write:
+                path.write_text(new)
+            else:
+                problems.append(f"{path.relative_to(docs.parent)} is stale: its registry tables differ from the registries")
+    for key in sorted(set(registries) - covered):
+        problems.append(f"registry {key!r} has no table: add `<!-- registry:{key} -->` ... `<!-- /registry -->` to a page in docs/")
+    return problems
+
+
+def check(docs: Path = DOCS) -> list[str]:
+    """The problems `--check` reports (empty when every table is current)."""
+    return update(write=False, docs=docs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a table is stale")
+    args = parser.parse_args(argv)
+    problems = update(write=not args.check)
+    for line in problems:
+        print(line, file=sys.stderr)
+    if problems and args.check:
+        print(f"run `{COMMAND}` to regenerate the tables", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
