@@ -5,7 +5,8 @@
 
 A table sits between two markers, `<!-- registry:<key> -->` and `<!-- /registry -->`, where <key> is a key of
 `all_registries()` (`advantages`, `losses`, ...). Everything between the markers is generated: one row per
-registered entry with its name, a summary, what it declares it `needs` and the keys of its `options` model.
+registered entry with its name, a summary, what it declares it `needs`, the keys of its `options` model and
+what else it declares (model role, state, policy outputs, side module, tasks).
 The summary is the first paragraph of the entry's own docstring; an entry without one (most methods live one
 per module, described by the module's docstring) gets the line of its module's docstring that starts with its
 name (`name:` or `name` and two spaces, with the more indented lines below it), else the module docstring's first
@@ -64,18 +65,33 @@ def codes(items) -> str:
     return ", ".join(f"`{item}`" for item in items) or "-"
 
 
+DECLARED = ("role", "state", "policy", "scores", "module", "tasks")  # what else a part declares to the trainer / resolve
+
+
+def declared(meta: dict) -> str:
+    shown = []
+    for key in DECLARED:
+        if key in meta:
+            value = meta[key]
+            value = getattr(value, "__name__", value)
+            value = "+".join(value) if isinstance(value, tuple) else value
+            shown.append(f"{key}: `{value}`" + (" (optional)" if key == "role" and meta.get("optional_role") else ""))
+    return ", ".join(shown) or "-"
+
+
 def render(registry) -> str:
     """The generated body of one registry's table (between the markers)."""
     lines = [
         f"_{registry.kind}: generated from the registry by `{COMMAND}`; do not edit between the markers._",
         "",
-        "| name | summary | needs | options |",
-        "|---|---|---|---|",
+        "| name | summary | needs | options | declares |",
+        "|---|---|---|---|---|",
     ]
     for entry in registry:
         options = entry.meta.get("options")
         keys = list(options.model_fields) if options is not None else []
-        lines.append(f"| `{entry.name}` | {summary(entry.name, entry.obj)} | {codes(entry.meta.get('needs', ()))} | {codes(keys)} |")
+        needs = codes(entry.meta.get("needs", ()))
+        lines.append(f"| `{entry.name}` | {summary(entry.name, entry.obj)} | {needs} | {codes(keys)} | {declared(entry.meta)} |")
     return "\n".join(lines) + "\n"
 
 
