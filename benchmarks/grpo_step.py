@@ -8,7 +8,7 @@ arithmetic prompts, group size, completion budget and loss settings (`rl` sectio
 torch threads, and separate copies of the same starting weights.
 
 * Step: one full update = rollout + rewards + advantages + forward/backward + optimizer step. Ours is
-  `posttrain.trainers.online_rl.policy_step`, the body of the training loop. TRL's is one
+  `posttrain.trainers.online_rl.OnlineRL.step`, the body of the training loop. TRL's is one
   `GRPOTrainer` optimizer step (generation batch = train batch, so every step generates). The two are
   interleaved inside one `trainer.train()` call (ours runs in a callback after each TRL step, and is
   excluded from TRL's interval), so machine load hits both alike; the first `--warmup` steps are dropped.
@@ -113,33 +113,21 @@ class OurLoop:
     """The state `train_online_rl` sets up, and one call of its step body per `step()`."""
 
     def __init__(self, cfg, task, train, tokenizer, model):
-        import torch
-
-        from posttrain.objectives import needs_of
-        from posttrain.models.sampling import encode_prompts
-        from posttrain.trainers.common import optimizer_and_schedule
-        from posttrain.trainers.online_rl import PromptStream, RLRun
+        from posttrain.trainers.online_rl import OnlineRL, PromptStream, RLRun
 
         rl = cfg.rl
         self.run = RLRun(
             policy=model, tokenizer=tokenizer, task=task, examples=train, cfg=rl, seed=cfg.pipeline.seed,
             checkpoint_dir=Path(tempfile.mkdtemp(prefix="grpo_bench_ours_")), config_hash="benchmark",
         )
-        self.reference = copy.deepcopy(model).eval().requires_grad_(False) if "ref_logp" in needs_of(rl) else None
-        self.optimizer, self.schedule = optimizer_and_schedule(
-            [p for p in model.parameters() if p.requires_grad], rl.lr, 0.0, rl.warmup_steps, rl.steps
-        )
+        self.trainer = OnlineRL(self.run)  # optimizer, schedule, generator, reference (when beta > 0)
         self.stream = PromptStream(train, cfg.pipeline.seed)
-        self.generator = torch.Generator().manual_seed(cfg.pipeline.seed)
         self.completion_lengths: list[float] = []
         model.train()
 
     def step(self) -> float:
-        from posttrain.trainers.online_rl import policy_step
-
         start = time.perf_counter()
-        prompts = self.stream.take(self.run.cfg.prompts_per_step)
-        metrics = policy_step(self.run, prompts, self.generator, self.optimizer, self.schedule, self.reference).metrics
+        metrics = self.trainer.step(self.stream.take(self.run.cfg.prompts_per_step)).metrics
         seconds = time.perf_counter() - start
         self.completion_lengths.append(metrics["completion_length"])
         return seconds

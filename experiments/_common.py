@@ -1,10 +1,9 @@
-"""Shared plumbing for the claim experiments: args, config, a cached SFT start point, an RL loop over
-`policy_step`, held-out eval, and MLflow logging (one run per arm, through posttrain.tracking.stage_run)."""
+"""Shared plumbing for the claim experiments: args, config, a cached SFT start point, RL through the library's
+`train_online_rl`, held-out eval, and MLflow logging (one run per arm, through posttrain.tracking.stage_run)."""
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import time
@@ -17,14 +16,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 os.environ.setdefault("TQDM_DISABLE", "1")
 
-from posttrain import config  # noqa: E402, resolve
+from posttrain import resolve  # noqa: E402
 from posttrain.eval.harness import evaluate  # noqa: E402
 from posttrain.models import build_tiny, load_pretrained, save_pretrained, train_char_tokenizer  # noqa: E402
 from posttrain.runtime import seed_everything  # noqa: E402
 from posttrain.tasks import build_task  # noqa: E402
 from posttrain.tracking import stage_run  # noqa: E402
-from posttrain.trainers.common import optimizer_and_schedule  # noqa: E402
-from posttrain.trainers.online_rl import PromptStream, RLRun, policy_step  # noqa: E402
+from posttrain.trainers.online_rl import RLRun, train_online_rl  # noqa: E402
 from posttrain.trainers.sft import train_sft  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,22 +81,15 @@ def sft_start(cfg, seed: int):
 
 
 def run_arm(cfg, rl_cfg, task, train, held, path, seed: int, on_step=None, teachers=None, evaluate_fn=None):
-    """RL from the SFT checkpoint with `policy_step`; returns (history, held-out metrics after, seconds).
-    `teachers` are frozen models for distillation objectives; `evaluate_fn(model, tok)` replaces the held-out eval."""
+    """RL from the SFT checkpoint with the library's `train_online_rl` (no checkpoints); returns (history, held-out
+    metrics after, seconds). `on_step(step, result)` sees each update's result; `teachers` are frozen models by role
+    for distillation objectives; `evaluate_fn(model, tok)` replaces the held-out eval."""
     model, tok = load_pretrained(path)
     seed_everything(seed)
-    run = RLRun(model, tok, task, train, rl_cfg, seed, CACHE / "unused_ckpt", "exp", teachers=teachers or {})
-    optimizer, schedule = optimizer_and_schedule([p for p in model.parameters() if p.requires_grad], rl_cfg.lr, 0.0, rl_cfg.warmup_steps, rl_cfg.steps)
-    stream = PromptStream(train, seed)
-    generator = torch.Generator().manual_seed(seed)
-    history, start = [], time.time()
-    model.train()
-    reference = copy.deepcopy(model).eval().requires_grad_(False) if rl_cfg.beta > 0 else None  # the KL's frozen SFT policy
-    for step in range(1, rl_cfg.steps + 1):
-        result = policy_step(run, stream.take(rl_cfg.prompts_per_step), generator, optimizer, schedule, reference, more_prompts=stream.take)
-        history.append(result.metrics)
-        if on_step is not None:
-            on_step(step, result)
+    run = RLRun(model, tok, task, train, rl_cfg.model_copy(update={"checkpoint_every": 0}), seed, CACHE / "unused_ckpt", "exp",
+                models=teachers or {})
+    start = time.time()
+    history, _ = train_online_rl(run, resume=False, on_log=lambda step, metrics: None, on_step=on_step)
     seconds = time.time() - start
     after = evaluate_fn(model, tok) if evaluate_fn else evaluate(model, tok, task, held, cfg.eval, seed)[0]
     return history, after, seconds

@@ -7,6 +7,7 @@ import hashlib
 import json
 
 import _common as C
+from posttrain import resolve
 from posttrain.models import build_tiny, load_pretrained, save_pretrained, train_char_tokenizer
 from posttrain.models.teacher import freeze
 from posttrain.runtime import seed_everything
@@ -15,7 +16,7 @@ from posttrain.trainers.sft import train_sft
 
 def rl_checkpoint(cfg, task, train, held, start, seed: int, steps: int, tag: str):
     """GRPO for `steps` from `start`, saved once per config (a teacher made by RL); returns (path, held-out)."""
-    rl_cfg = cfg.rl.model_copy(update={"steps": steps, "advantage": "grpo", "loss": "clip", "aux": ()})
+    rl_cfg = resolve.updated(cfg.rl, "rl", **{"steps": steps, "advantage": "grpo", "loss": "clip", "aux": ()})
     key = hashlib.sha256(json.dumps([str(start), steps, tag, cfg.rl.model_dump(mode="json")], sort_keys=True).encode()).hexdigest()[:12]
     path = C.CACHE / f"{tag}_{key}_s{seed}"
     if not (path / "done").exists():

@@ -19,6 +19,7 @@ import random
 import time
 
 import _common as C
+from posttrain import resolve
 from posttrain.config import RewardSpec
 from posttrain.models import build_tiny, load_pretrained, save_pretrained, train_char_tokenizer
 from posttrain.tasks import Example
@@ -86,7 +87,7 @@ def main() -> None:
     for source in args.arms.split(","):
         options = {**cfg.rl.options, "care": {"source": source, "path": str(gen_dir)}}
         specs = (RewardSpec(name="care", weight=1.0), RewardSpec(name="correctness", weight=0.0))
-        rl_cfg = cfg.rl.model_copy(update={"rewards": specs, "options": options})
+        rl_cfg = resolve.updated(cfg.rl, "rl", **{"rewards": specs, "options": options})
         history, after, seconds = C.run_arm(cfg, rl_cfg, task, train, held, path, args.seed)
         arms[source] = {"heldout_before": sft, "heldout_after": after, "rl_seconds": round(seconds, 1),
                         "care_reward_curve": C.curve(history, "reward/care_mean"), "best_reply_rate_curve": C.curve(history, "accuracy"),

@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 
 import _common as C
+from posttrain import resolve
 import _distill as D
 
 ARMS = ("grpo", "opd_const", "gats")
@@ -40,13 +41,13 @@ def main() -> None:
     print(f"student start held-out greedy {sft['greedy_accuracy']:.4f}; teacher ({args.teacher_steps} GRPO steps) {teacher_held['greedy_accuracy']:.4f}", flush=True)
     settings = {
         "grpo": {"advantage": "grpo"},
-        "opd_const": {"advantage": "opd", "options": {**cfg.rl.options, "opd": {"weight": args.weight, "reward_weight": 1.0}}},
-        "gats": {"advantage": "gats", "options": {**cfg.rl.options, "gats": {**cfg.rl.options["gats"], "w_max": args.weight}}},
+        "opd_const": {"advantage": "opd", "options": {"opd": {"weight": args.weight, "reward_weight": 1.0}}},
+        "gats": {"advantage": "gats", "options": {"gats": {"w_max": args.weight}}},
     }
     k = max(1, args.steps // 5)
     arms, gats_weights = {}, []
     for arm in ARMS:
-        rl_cfg = cfg.rl.model_copy(update=settings[arm])
+        rl_cfg = resolve.updated(cfg.rl, "rl", **settings[arm])
         teachers = {"teacher": D.frozen(teacher_path)} if arm != "grpo" else {}
         on_step = (lambda s, r: gats_weights.append(r.batch.extras["gats_weight"][0].item())) if arm == "gats" else None
         history, after, seconds = C.run_arm(cfg, rl_cfg, task, train, held, path, args.seed, on_step=on_step, teachers=teachers)

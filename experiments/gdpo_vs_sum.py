@@ -19,6 +19,7 @@ import time
 import torch
 
 import _common as C
+from posttrain import resolve
 from posttrain.objectives import advantages
 from posttrain.rewards import rewards as reward_registry
 
@@ -52,7 +53,7 @@ def main() -> None:
     combos, merged = [], {a: 0 for a in ARMS}  # distinct reward combinations per group; groups where A merges them
     arms = {}
     for arm in ARMS:
-        rl_cfg = cfg.rl.model_copy(update={"advantage": arm})
+        rl_cfg = resolve.updated(cfg.rl, "rl", **{"advantage": arm})
 
         def on_step(step, result):
             batch = result.batch

@@ -19,6 +19,7 @@ import time
 import torch
 
 import _common as C
+from posttrain import resolve
 import _distill as D
 from posttrain.envs.text_world import CELLS, ROOMS, shortest_actions, transcript
 from posttrain.models.sampling import generate
@@ -71,7 +72,7 @@ def main() -> None:
     k = max(1, args.steps // 5)
     arms = {}
     for arm in ARMS:
-        rl_cfg = cfg.rl.model_copy(update={"aux": ("pr_opd",) if arm == "pr_opd" else ()})
+        rl_cfg = resolve.updated(cfg.rl, "rl", **{"aux": ("pr_opd",) if arm == "pr_opd" else ()})
         history, after, seconds = C.run_arm(cfg, rl_cfg, task, train, held, path, args.seed, evaluate_fn=evaluate)
         arms[arm] = {"heldout_after": after, "rl_seconds": round(seconds, 1), "_history": history, "_cfg": cfg.model_copy(update={"rl": rl_cfg})}
         print(f"{arm}: {seconds:.0f}s, held-out success {after['sampled_accuracy']:.4f}", flush=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 
 import _common as C
+from posttrain import resolve
 
 TASK = ["task.name=diagnosis", "task.n_train=1200", "task.n_heldout=300", "rl.rewards=[{name: kgpo, weight: 1.0}]",
         "rl.max_new_tokens=12", "eval.max_new_tokens=12", "eval.n_prompts=300", "eval.batch_size=300"]
@@ -32,7 +33,7 @@ def main() -> None:
     k = max(1, min(50, args.steps // 5))
     arms = {}
     for arm, update in ARMS.items():
-        rl_cfg = cfg.rl.model_copy(update=update)
+        rl_cfg = resolve.updated(cfg.rl, "rl", **update)
         history, after, seconds = C.run_arm(cfg, rl_cfg, task, train, held, path, args.seed)
         arms[arm] = {
             "heldout_before": sft, "heldout_after": after, "rl_seconds": round(seconds, 1),

@@ -20,6 +20,7 @@ from collections import defaultdict
 import torch
 
 import _common as C
+from posttrain import resolve
 from posttrain.objectives import losses
 from posttrain.objectives.policy_losses import per_token
 from posttrain.objectives.respo import log_kernel, sequence_log_weight
@@ -50,7 +51,8 @@ def diagnosed(name: str, epochs: int):
         calls[0] += 1
         return base(logp, old_logp, adv, mask, cfg)
 
-    losses.register(f"{name}_diag", **losses.entry(name).meta)(loss)
+    meta = {k: v for k, v in losses.entry(name).meta.items() if k != "options"}  # it reads rl.options.<name>, not its own block
+    losses.register(f"{name}_diag", **meta)(loss)
     return f"{name}_diag"
 
 
@@ -68,7 +70,7 @@ def main() -> None:
     k = max(1, min(50, args.steps // 5))
     arms = {}
     for arm in ARMS:
-        rl_cfg = cfg.rl.model_copy(update={"loss": names[arm]})
+        rl_cfg = resolve.updated(cfg.rl, "rl", **{"loss": names[arm]})
         history, after, seconds = C.run_arm(cfg, rl_cfg, task, train, held, path, args.seed)
         diag = DIAG.get(arm, {})
         arms[arm] = {

@@ -18,6 +18,7 @@ import time
 import torch
 
 import _common as C
+from posttrain import resolve
 from posttrain.config import RewardSpec
 from posttrain.models import load_pretrained
 from posttrain.models.sampling import generate
@@ -61,7 +62,7 @@ def best_of_n(cfg, kinds, task, held, sft_path, rl_options: dict, seed: int, n: 
     examples = [e for e in held for _ in range(n)]
     correct = rewards.get("correctness")(task, examples, texts, finished).view(-1, n)
     result = {"n": n, "random_pick_accuracy": float(correct.mean()), "oracle_accuracy": float(correct.max(1).values.mean())}
-    rl = cfg.rl.model_copy(update={"options": rl_options})
+    rl = resolve.updated(cfg.rl, "rl", **{"options": rl_options})
     for kind in kinds:
         scores = rewards.get(kind)(task, examples, texts, finished, rl=rl).view(-1, n)
         result[f"{kind}_pick_accuracy"] = float(correct.gather(1, scores.argmax(1, keepdim=True)).mean())
@@ -79,7 +80,7 @@ def main() -> None:
     rms = {k: reward_model(cfg, k, task, train, held, path, args.seed) for k in kinds}
     for k, (_, m) in rms.items():
         print(f"{k} reward model held-out pair accuracy {m['heldout_pair_accuracy']:.4f}", flush=True)
-    options = {**cfg.rl.options, **{k: {"path": str(d)} for k, (d, _) in rms.items()}}
+    options = {k: {"path": str(d)} for k, (d, _) in rms.items()}  # merged over rl.options by resolve.updated
     rm_metrics = {k: m for k, (_, m) in rms.items()}
     picks = best_of_n(cfg, kinds, task, held, path, {**options, "bt": {**options.get("bt", {}), "clip": False}}, args.seed)
     print(f"best of {picks['n']} SFT samples on held-out prompts: " + ", ".join(f"{k} {v:.4f}" for k, v in picks.items() if k != "n"), flush=True)
@@ -89,7 +90,7 @@ def main() -> None:
         specs, extra = ARMS[arm]
         arm_options = {**options, "bt": {**options.get("bt", {}), "clip": extra.get("options.bt.clip", False)}}
         extra = {k: v for k, v in extra.items() if not k.startswith("options.")}
-        rl_cfg = cfg.rl.model_copy(update={"rewards": specs, "options": arm_options, **extra})
+        rl_cfg = resolve.updated(cfg.rl, "rl", **{"rewards": specs, "options": arm_options, **extra})
         last: dict = {}
         history, after, seconds = C.run_arm(cfg, rl_cfg, task, train, held, path, args.seed, lambda step, r: last.update(r=r))
         batch = last["r"].batch

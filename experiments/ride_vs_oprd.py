@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 
 import _common as C
+from posttrain import resolve
 import _distill as D
 
 ARMS = ("oprd", "ride", "output_space")
@@ -37,8 +38,8 @@ def main() -> None:
     arms = {}
     for arm in ARMS:
         aux, lam = settings[arm]
-        options = {**cfg.rl.options, aux: {**cfg.rl.options[aux], "lam": lam}}
-        rl_cfg = cfg.rl.model_copy(update={"loss": "none", "aux": (aux,), "options": options})
+        options = {aux: {"lam": lam}}
+        rl_cfg = resolve.updated(cfg.rl, "rl", **{"loss": "none", "aux": (aux,), "options": options})
         teachers = {"teacher": D.frozen(teacher_path), "base": D.frozen(path)}
         history, after, seconds = C.run_arm(cfg, rl_cfg, task, train, held, path, args.seed, teachers=teachers)
         arms[arm] = {"lam": lam, "heldout_after": after, "rl_seconds": round(seconds, 1), "_history": history, "_cfg": cfg.model_copy(update={"rl": rl_cfg})}

@@ -19,6 +19,7 @@ import time
 import torch
 
 import _common as C
+from posttrain import resolve
 import _distill as D
 from posttrain.objectives import advantages
 from posttrain.trainers import contexts
@@ -50,7 +51,7 @@ def main() -> None:
     k = max(1, args.steps // 5)
     arms = {}
     for arm in ARMS:
-        rl_cfg = cfg.rl.model_copy(update={"advantage": arm})
+        rl_cfg = resolve.updated(cfg.rl, "rl", **{"advantage": arm})
         counts = {"groups": 0, "all_fail": 0, "all_fail_sipo_nonzero": 0, "all_fail_grpo_nonzero": 0}
 
         def on_step(step, result, rl_cfg=rl_cfg, counts=counts):

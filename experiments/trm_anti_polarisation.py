@@ -16,6 +16,7 @@ import json
 import time
 
 import _common as C
+from posttrain import resolve
 from posttrain.data.preferences import read_pairs, write_pairs
 from posttrain.models import load_pretrained
 from posttrain.rewards.trm import judge
@@ -26,9 +27,8 @@ ARMS = ("pd_grpo", "pairwise_margin")
 
 
 def with_trm(cfg, **options):
-    rm = cfg.reward_model
-    trm = {**rm.options["trm"], **options}
-    return cfg.model_copy(update={"reward_model": rm.model_copy(update={"kind": "trm", "options": {**rm.options, "trm": trm}})})
+    rm = resolve.updated(cfg.reward_model, "reward_model", kind="trm", options={"trm": options})
+    return cfg.model_copy(update={"reward_model": rm})
 
 
 def pairs_and_warm_start(cfg, task, train, held, sft_path, seed: int):

@@ -17,6 +17,7 @@ import time
 import torch
 
 import _common as C
+from posttrain import resolve
 from posttrain.models import load_pretrained
 from posttrain.models.sampling import generate
 from posttrain.tasks.distribution import total_variation
@@ -53,7 +54,7 @@ def main() -> None:
     print(f"SFT start: TV mean {before['tv_mean']:.4f}, in-support greedy {sft['greedy_accuracy']:.4f}", flush=True)
     arms = {}
     for arm, update in ARMS.items():
-        rl_cfg = cfg.rl.model_copy(update=update)
+        rl_cfg = resolve.updated(cfg.rl, "rl", **update)
         measured = lambda m, t: {**C.evaluate(m, t, task, held, cfg.eval, args.seed)[0], "tv": heldout_tv(m, t, task, held, args.samples, args.seed)}  # noqa: E731
         history, after, seconds = C.run_arm(cfg, rl_cfg, task, train, held, path, args.seed, evaluate_fn=measured)
         tv = after.pop("tv")

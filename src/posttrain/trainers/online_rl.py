@@ -319,10 +319,12 @@ class OnlineRL:
 
 
 def train_online_rl(
-    run: RLRun, resume: bool, on_log: Callable[[int, dict[str, float]], None]
+    run: RLRun, resume: bool, on_log: Callable[[int, dict[str, float]], None],
+    on_step: Callable[[int, StepResult], None] | None = None,
 ) -> tuple[list[dict[str, float]], list[dict[str, object]]]:
     """Run `cfg.steps` policy updates; return the per-step metric history (restored on resume) and a
-    table of the last step's completions."""
+    table of the last step's completions. `on_log` sees every `log_every`-th step's metrics; `on_step`, when
+    given, every step's whole result (batch, texts, prompts, metrics), for experiments that inspect batches."""
     cfg, policy = run.cfg, run.policy
     ctx = distributed.current()
     if ctx.active and (cfg.prompts_per_step % ctx.world_size or cfg.dynamic_sampling):
@@ -346,6 +348,8 @@ def train_online_rl(
         result = trainer.step(prompts, more_prompts=stream.take)
         metrics = result.metrics
         history.append(metrics)
+        if on_step is not None:
+            on_step(step, result)
         bar.update()
         bar.set_postfix(acc=f"{metrics.get('accuracy', float('nan')):.2f}")
         if step % cfg.log_every == 0 or step == cfg.steps:
