@@ -1,5 +1,5 @@
 """Named method presets: a preset is a set of `rl` keys, applied on top of params.yaml and below explicit
-`--set` overrides (see `config.load`). A preset maps the `rl` section read so far to the keys it sets.
+`--set` overrides (see `posttrain.resolve.load`). A preset maps the `rl` section read so far to the keys it sets.
 
 dapo:    DAPO (Yu et al. 2025, arXiv 2503.14476): clip-higher (eps_high 0.28, eq. 10), token-mean loss
          (eq. 12), dynamic sampling (eq. 11: drop groups whose rewards are all equal, sample more), and the soft
