@@ -110,7 +110,7 @@ def train_bt(cfg, policy_dir: Path, train, heldout, out_dir: Path, seed: int, on
     from transformers.utils import logging as hf_logging
 
     from posttrain.models import load_tokenizer, select_device
-    from posttrain.trainers.common import optimizer_and_schedule, progress
+    from posttrain.trainers.common import optimizer_and_schedule, optimizer_step, progress
     from posttrain.trainers.preference import check_vocabulary
 
     rm_cfg, device = cfg.reward_model, select_device(cfg.pipeline.device)
@@ -152,7 +152,8 @@ def train_bt(cfg, policy_dir: Path, train, heldout, out_dir: Path, seed: int, on
         return out
 
     before = {f"{k}_before": v for k, v in heldout_metrics().items() if k == "heldout_pair_accuracy"}
-    optimizer, schedule = optimizer_and_schedule([*model.parameters(), *extra], rm_cfg.lr, 0.0, rm_cfg.warmup_steps, rm_cfg.steps)
+    params = [*model.parameters(), *extra]
+    optimizer, schedule = optimizer_and_schedule(params, rm_cfg.lr, 0.0, rm_cfg.warmup_steps, rm_cfg.steps)
     generator = torch.Generator().manual_seed(seed)
     model.train()
     bar = progress(rm_cfg.steps, "reward_model (bt)")
@@ -165,10 +166,8 @@ def train_bt(cfg, policy_dir: Path, train, heldout, out_dir: Path, seed: int, on
         bt_loss = -torch.nn.functional.logsigmoid(r[0::2] - r[1::2]).mean()
         loss = bt_loss if head is None else bt_loss + options.sft_weight * chosen_nll(head, hidden[0::2], batch_ids[0::2], batch_response[0::2])
         loss.backward()
-        torch.nn.utils.clip_grad_norm_([*model.parameters(), *extra], 1.0)
-        optimizer.step()
+        optimizer_step(params, optimizer, rm_cfg.max_grad_norm)
         schedule.step()
-        optimizer.zero_grad(set_to_none=True)
         bar.update()
         if step % rm_cfg.log_every == 0 or step == rm_cfg.steps:
             metrics = {"rm_loss": float(bt_loss.detach()), "rm_total_loss": float(loss.detach()), "rm_train_accuracy": float((r[0::2] > r[1::2]).float().mean()), **heldout_metrics()}

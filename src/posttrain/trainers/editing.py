@@ -27,7 +27,7 @@ from posttrain.objectives.editing import EditRecord, EditStep, edit_methods
 from posttrain.models.sampling import sample
 from posttrain.models.sampling import decode_completions
 from posttrain.models.sampling import encode_prompts
-from posttrain.trainers.common import progress
+from posttrain.trainers.common import optimizer_step, progress
 from posttrain.trainers.preference import all_sequence_logps, encode_pairs
 
 PROBE_CHUNK = 512  # prompts per greedy-decoding batch
@@ -100,11 +100,9 @@ def apply_edits(
         optimizer = torch.optim.SGD(params, lr=cfg.lr)
         for _ in range(cfg.steps_per_edit):
             metrics = entry.obj(EditStep(model, tokenizer, params, [record], memory, generator), opts)
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            grad_norm = optimizer_step(params, optimizer, cfg.max_grad_norm)
         memory.append(record)
-        metrics.update(grad_norm=float(grad_norm), edit_success=accuracy(model, tokenizer, [record.prompt], [edit.new], max_new))
+        metrics.update(grad_norm=grad_norm, edit_success=accuracy(model, tokenizer, [record.prompt], [edit.new], max_new))
         if index % cfg.log_every == 0 or index == len(edits):
             metrics["running_retention"] = accuracy(model, tokenizer, [r.prompt for r in memory], [r.edit.new for r in memory], max_new)
         history.append({"edit": float(index), **metrics})

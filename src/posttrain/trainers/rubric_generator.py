@@ -169,7 +169,7 @@ def train_rubric_generator(
     tokenizer = train_char_tokenizer([task.alphabet()])
     model = build_tiny(cfg.model, tokenizer).to(select_device(cfg.pipeline.device))
     sft_cfg = SFTConfig(steps=c.sft_steps, batch_size=c.batch_size, lr=c.sft_lr, warmup_steps=c.warmup_steps, weight_decay=0.0,
-                        n_examples=0, log_every=c.log_every)
+                        max_grad_norm=c.max_grad_norm, n_examples=0, log_every=c.log_every)
     train_sft(model, tokenizer, data["sft"], sft_cfg, seed, on_log=lambda step, m: on_log(step, {f"sft/{k}": v for k, v in m.items()}))
     held = data["heldout"]
     metrics = {"weight_error_labels": sum(weight_error(e.completion, e.prompt) for e in data["sft"]) / len(data["sft"])}

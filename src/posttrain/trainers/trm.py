@@ -3,8 +3,8 @@
 The TRM starts from the SFT policy, its vocabulary extended by the format's tokens (rewards/trm.py). Each
 preference pair (prompt, y_w, y_l) gives two TRM prompts, one judging y_w and one judging y_l.
 
-1. Warm-up (`reward_model.steps`, `batch_size`, `lr`, `warmup_steps`): next-token SFT (trainers/sft.py) on the
-   judgement `rewards.trm.judgement(y, rubric)` of both candidates, each (response, prompt) once, where the rubric
+1. Warm-up (`reward_model.steps`, `batch_size`, `lr`, `warmup_steps`, `max_grad_norm`): next-token SFT (trainers/sft.py)
+   on the judgement `rewards.trm.judgement(y, rubric)` of both candidates, each (response, prompt) once, where the rubric
    is (`options.trm.warmup_rubric`) the pair's preferred answer (`preferred`: reference-guided judging; the TRM
    learns to write the answer the preferences favour, then to check the response against it) or the starting
    model's own greedy answer (`own`: the warm-up then teaches only the format and the checking procedure, not
@@ -149,7 +149,7 @@ def warm_up(cfg, policy_dir: Path, train, heldout, seed: int, on_log):
     check_fits(model, tokenizer, examples + judge_examples(heldout, score_max), max_new_tokens)
     seed_everything(seed)
     warmup = SFTConfig(steps=rm.steps, batch_size=rm.batch_size, lr=rm.lr, warmup_steps=rm.warmup_steps, weight_decay=0.0,
-                       n_examples=0, log_every=rm.log_every)
+                       max_grad_norm=rm.max_grad_norm, n_examples=0, log_every=rm.log_every)
     train_sft(model, tokenizer, examples, warmup, seed, on_log=lambda step, m: on_log(step, {f"warmup/{k}": v for k, v in m.items()}))
     return model, tokenizer
 
