@@ -17,6 +17,8 @@ from posttrain.data.preferences import preference_data, write_pairs
 from posttrain.stages import stages
 from posttrain.stages.preference import load_pairs
 from posttrain.tasks import build_task
+import posttrain.trainers.reward_model  # noqa: E402,F401  (registers the `bt` trainer in rewards.reward_models)
+import posttrain.trainers.trm  # noqa: E402,F401  (registers the `trm` trainer)
 
 
 @stages.register(
