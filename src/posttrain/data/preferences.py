@@ -90,21 +90,16 @@ def policy_pairs(task: Task, examples: Sequence[Example], n: int, seed: int, *, 
     text); at most 2 pairs per prompt; severity = error_tier / 3. `policy` = (model, tokenizer, max_new_tokens)."""
     import torch
 
-    from posttrain.models.sampling import sample
-    from posttrain.models.sampling import decode_completions
-    from posttrain.models.sampling import encode_prompts
+    from posttrain.models.sampling import generate
 
     model, tokenizer, max_new_tokens = policy
-    rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
+    rng, generator = random.Random(seed), torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     order = list(range(len(examples)))
     rng.shuffle(order)
     pairs: list[PreferencePair] = []
     for start in range(0, len(order), 256):
         chunk = [examples[i] for i in order[start : start + 256]]
-        ids, mask = encode_prompts(tokenizer, [e.prompt for e in chunk], next(model.parameters()).device)
-        samples = sample(model, ids, mask, group_size=8, max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_token_id,
-                         pad_id=tokenizer.pad_token_id, generator=generator)
-        texts = decode_completions(tokenizer, samples)
+        _, texts = generate(model, tokenizer, [e.prompt for e in chunk], max_new_tokens, group_size=8, generator=generator)
         for k, example in enumerate(chunk):
             group = list(dict.fromkeys(texts[8 * k : 8 * k + 8]))
             right = [t for t in group if task.correctness_reward(t, True, example) == 1.0] or [example.completion]

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from posttrain.config import Section
+from posttrain.models.sampling import generate
 from posttrain.objectives.pd_grpo import margin_rewards, parsed_scores, pd_grpo_rewards
 from posttrain.rewards import rewards
 from posttrain.rewards.trained import load_trained
@@ -48,21 +49,11 @@ def judge_prompt(prompt: str, response: str) -> str:
 @torch.no_grad()
 def judge(model, tokenizer, prompts: Sequence[str], responses: Sequence[str], score_max: float, max_new_tokens: int) -> tuple[Tensor, Tensor, list[str]]:
     """Greedy judgements of each (prompt, response): (scores [N], 0 where unparseable; parseable [N]; texts)."""
-    from posttrain.models.sampling import sample
-    from posttrain.models.sampling import decode_completions
-    from posttrain.models.sampling import encode_prompts
-
-    device = next(model.parameters()).device
-    scores, valid, texts = [], [], []
-    for s in range(0, len(prompts), SCORE_CHUNK):
-        ids, mask = encode_prompts(tokenizer, [judge_prompt(p, r) for p, r in zip(prompts[s : s + SCORE_CHUNK], responses[s : s + SCORE_CHUNK])], device)
-        out = sample(model, ids, mask, group_size=1, max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_token_id,
-                     pad_id=tokenizer.pad_token_id, greedy=True)
-        chunk = decode_completions(tokenizer, out)
-        score, ok = parsed_scores(chunk, score_max)
-        scores.append(score), valid.append(ok & out.finished.cpu()), texts.extend(chunk)
-    valid_all = torch.cat(valid)
-    return torch.where(valid_all, torch.cat(scores), 0.0), valid_all, texts
+    out, texts = generate(model, tokenizer, [judge_prompt(p, r) for p, r in zip(prompts, responses)], max_new_tokens, greedy=True,
+                          chunk=SCORE_CHUNK)
+    scores, valid = parsed_scores(texts, score_max)
+    valid &= out.finished.cpu()
+    return torch.where(valid, scores, 0.0), valid, texts
 
 
 def _build(path: str):

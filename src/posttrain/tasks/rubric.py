@@ -32,6 +32,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from posttrain.models.sampling import generate
 from posttrain.tasks import dialogue as D
 from posttrain.tasks.base import Example, Task
 
@@ -159,18 +160,9 @@ class RubricTask(Task):
 
 @torch.no_grad()
 def generate_rubrics(model, tokenizer, prompts: Sequence[str], batch_size: int = 512) -> list[str]:
-    """The generator's greedy rubric text for each prompt."""
-    from posttrain.models.sampling import sample
-    from posttrain.models.sampling import decode_completions
-    from posttrain.models.sampling import encode_prompts
-
-    device, texts = next(model.parameters()).device, []
-    for s in range(0, len(prompts), batch_size):
-        ids, mask = encode_prompts(tokenizer, list(prompts[s : s + batch_size]), device)
-        out = sample(model, ids, mask, group_size=1, max_new_tokens=RUBRIC_TOKENS, eos_id=tokenizer.eos_token_id,
-                     pad_id=tokenizer.pad_token_id, greedy=True)
-        texts += [t if f else "" for t, f in zip(decode_completions(tokenizer, out), out.finished.tolist())]
-    return texts
+    """The generator's greedy rubric text for each prompt ("" where it did not end within the rubric's budget)."""
+    out, texts = generate(model, tokenizer, list(prompts), RUBRIC_TOKENS, greedy=True, chunk=batch_size)
+    return [t if f else "" for t, f in zip(texts, out.finished.tolist())]
 
 
 def weight_error(rubric: str, context: str) -> float:

@@ -36,6 +36,7 @@ from torch import Tensor
 from posttrain.config import RewardSpec, RLConfig, Section, SFTConfig
 from posttrain.data.preferences import PreferencePair
 from posttrain.errors import UserError
+from posttrain.models.sampling import generate
 from posttrain.rewards import reward_models
 from posttrain.rewards.trm import JUDGE, JUDGE_TASK, MARKS, SETTINGS_FILE, TAGS, judge, judge_prompt
 from posttrain.tasks import Example
@@ -121,15 +122,8 @@ def warmup_examples(pairs: Sequence[PreferencePair], score_max: float, rubrics: 
 @torch.no_grad()
 def own_answers(model, tokenizer, prompts: Sequence[str], max_new_tokens: int) -> dict[str, str]:
     """prompt -> the model's greedy answer (the warm-up rubrics)."""
-    from posttrain.models.sampling import sample
-    from posttrain.models.sampling import decode_completions
-    from posttrain.models.sampling import encode_prompts
-
-    unique, answers = list(dict.fromkeys(prompts)), []
-    for s in range(0, len(unique), 512):
-        ids, mask = encode_prompts(tokenizer, unique[s : s + 512], next(model.parameters()).device)
-        answers += decode_completions(tokenizer, sample(model, ids, mask, group_size=1, max_new_tokens=max_new_tokens,
-                                                        eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, greedy=True))
+    unique = list(dict.fromkeys(prompts))
+    _, answers = generate(model, tokenizer, unique, max_new_tokens, greedy=True, chunk=512)
     return dict(zip(unique, answers))
 
 
