@@ -80,8 +80,8 @@ def _build(path: str):
 
 def load_bt(directory: str):
     """(model, tokenizer, {"pooling", "range"}) under `directory/model` (cached while unchanged); UserError if absent."""
-    return load_trained(directory, _build, needs=(POOLING_FILE,),
-                        missing="rl.options.bt.path: no trained reward model at {path} (run the reward_model stage with reward_model.kind=bt)")
+    return load_trained(directory, _build, needs=(POOLING_FILE,), missing="rl.options.bt.path: no trained reward model at {path} "
+                        "(run the reward_model stage with reward_model.kind=bt)")
 
 
 @rewards.register("bt", needs=("rl",), options=BTOptions)

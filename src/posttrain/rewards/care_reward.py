@@ -74,8 +74,8 @@ def _build(path: str) -> RubricGenerator:
 
 def load_generator(directory: str) -> RubricGenerator:
     """The rubric generator under `directory/model` (cached while unchanged); UserError if absent."""
-    return load_trained(directory, _build,
-                        missing="rl.options.care.path: no trained rubric generator at {path} (run the care stage, or set rl.options.care.source)")
+    return load_trained(directory, _build, missing="rl.options.care.path: no trained rubric generator at {path} "
+                        "(run the care stage, or set rl.options.care.source)")
 
 
 @care_weight_sources.register("generator")

@@ -7,9 +7,10 @@ The TRM is a causal LM that reads `response + <judge> + prompt` and writes, in t
 
 For a verifiable task the case-adaptive rubric is the TRM's own solution of the prompt (the prompt comes last, so
 the rubric is written where the policy it starts from writes its answer) and the assessment marks each character
-of the response (right-aligned) `y` where it agrees with the rubric and `n` where it does not; x in [0, score_max]. Its vocabulary is the policy's plus the format's tags and marks (added tokens), so any
-policy completion can be judged. The `reward_model` stage trains it (trainers/trm.py). As an RL reward (`rl.rewards: [{name: trm}]`) each completion is judged once,
-greedily, and scores x / score_max; an output that does not parse scores 0 (never an error).
+of the response (right-aligned) `y` where it agrees with the rubric and `n` where it does not; x in [0, score_max].
+Its vocabulary is the policy's plus the format's tags and marks (added tokens), so any policy completion can be
+judged. The `reward_model` stage trains it (trainers/trm.py). As an RL reward (`rl.rewards: [{name: trm}]`) each
+completion is judged once, greedily, and scores x / score_max; an output that does not parse scores 0 (never an error).
 Settings: rl.options.trm.path, the `reward_model` stage's output directory (reward_model.kind: trm).
 """
 
@@ -66,8 +67,8 @@ def _build(path: str):
 
 def load_trm(directory: str):
     """(model, tokenizer, settings) under `directory/model` (cached while unchanged); UserError if absent."""
-    return load_trained(directory, _build, needs=(SETTINGS_FILE,),
-                        missing="rl.options.trm.path: no trained TRM at {path} (run the reward_model stage with reward_model.kind=trm)")
+    return load_trained(directory, _build, needs=(SETTINGS_FILE,), missing="rl.options.trm.path: no trained TRM at {path} "
+                        "(run the reward_model stage with reward_model.kind=trm)")
 
 
 @rewards.register("trm", needs=("rl",), options=TRMOptions)
