@@ -24,8 +24,9 @@ from posttrain.config import RewardSpec
 from posttrain.models import build_tiny, load_pretrained, save_pretrained, train_char_tokenizer
 from posttrain.tasks import Example
 from posttrain.tasks import dialogue as D
+from posttrain.tasks.rubric import generate_rubrics, weight_error
 from posttrain.runtime import seed_everything
-from posttrain.trainers.rubric_generator import generate_rubrics, train_rubric_generator, weight_error
+from posttrain.trainers.rubric_generator import train_rubric_generator
 from posttrain.trainers.sft import train_sft
 
 DIALOGUE = ["task.name=dialogue", "task.n_train=3000", "task.n_heldout=300", "rl.max_new_tokens=5", "eval.max_new_tokens=5",

@@ -135,6 +135,7 @@ class SFTConfig(Section):
     lr: float = Field(gt=0)
     warmup_steps: int = Field(ge=0)
     weight_decay: float = Field(ge=0)
+    max_grad_norm: float = Field(gt=0)
     n_examples: int = Field(ge=0)  # 0: every training example
     log_every: int = Field(gt=0)
 
@@ -255,6 +256,7 @@ class PairTrainingConfig(Section):
     batch_size: int = Field(gt=0)
     lr: float = Field(gt=0)
     warmup_steps: int = Field(ge=0)
+    max_grad_norm: float = Field(gt=0)
     log_every: int = Field(gt=0)
     options: Options  # <section>.options.<registered name>.<key>
 
@@ -340,6 +342,7 @@ class CareConfig(Section):  # stage care: CARE's rubric generator (Context-Adapt
     batch_size: int = Field(gt=0)
     sft_lr: float = Field(gt=0)
     warmup_steps: int = Field(ge=0)
+    max_grad_norm: float = Field(gt=0)  # the SFT phase's gradient-norm clip (preference RL: rl.max_grad_norm)
     rl_steps: int = Field(gt=0)  # preference RL with the rl section's objective (advantage, loss, clipping)
     rl_prompts_per_step: int = Field(gt=0)
     rl_group_size: int = Field(ge=2)  # rubrics sampled per context
@@ -408,6 +411,7 @@ class FlowSFTConfig(Section):
     batch_size: int = Field(gt=0)
     lr: float = Field(gt=0)
     warmup_steps: int = Field(ge=0)
+    max_grad_norm: float = Field(gt=0)
     log_every: int = Field(gt=0)
 
 

@@ -64,7 +64,7 @@ def _weights_of_a_fresh_model(tmp_path: Path) -> dict[str, torch.Tensor]:
     from posttrain import resolve
     from posttrain.models import build_tiny, train_char_tokenizer
     from posttrain.tasks import build_task
-    from posttrain.trainers.common import seed_everything
+    from posttrain.runtime import seed_everything
 
     cfg = resolve.load(tmp_path / "params.yaml")
     seed_everything(cfg.pipeline.seed)

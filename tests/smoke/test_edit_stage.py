@@ -13,7 +13,8 @@ from helpers import micro_params
 
 MICRO_EDIT = {
     "facts": {"n_subjects": 4, "relations": 2, "objects_per_relation": 3, "seed": 0},
-    "pretrain": {"steps": 3, "batch_size": 8, "lr": 0.003, "warmup_steps": 0, "weight_decay": 0.0, "n_examples": 0, "log_every": 1},
+    "pretrain": {"steps": 3, "batch_size": 8, "lr": 0.003, "warmup_steps": 0, "weight_decay": 0.0, "max_grad_norm": 1.0, "n_examples": 0,
+                 "log_every": 1},
     "n_edits": 2, "steps_per_edit": 1, "log_every": 1,
 }
 

@@ -13,7 +13,8 @@ from helpers import REPO
 from posttrain import resolve
 from posttrain.data.preferences import PreferencePair
 from posttrain.models import train_char_tokenizer
-from posttrain.rewards.bradley_terry import POOLING_FILE, chosen_nll, encode_texts, hidden_states, language_head, train_bt
+from posttrain.rewards.bradley_terry import POOLING_FILE, encode_texts, hidden_states
+from posttrain.trainers.reward_model import chosen_nll, language_head, train_bt
 
 
 def _checkpoint(path, tied: bool):

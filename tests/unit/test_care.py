@@ -12,11 +12,11 @@ from posttrain import resolve
 from posttrain.resolve import load
 from posttrain.errors import UserError
 from posttrain.rewards import reward_matrix
-from posttrain.rewards.care import format_rubric, parse_rubric, turn_reward
 from posttrain.rewards.care_reward import RubricGenerator, care_weight_sources
 from posttrain.tasks import Example, build_task
 from posttrain.tasks import dialogue as D
-from posttrain.trainers import rubric_generator as G
+from posttrain.tasks import rubric as G
+from posttrain.tasks.rubric import format_rubric, parse_rubric, turn_reward
 
 
 def contexts() -> list[str]:

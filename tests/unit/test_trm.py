@@ -10,10 +10,10 @@ import torch
 
 from posttrain.models import build_tiny, train_char_tokenizer
 from posttrain.objectives.pd_grpo import margin_rewards, parse_trm_output
-from posttrain.rewards.trm import (SETTINGS_FILE, add_format_tokens, assessment, judge_prompt, judgement, pairwise_margin_reward,
-                                   pd_grpo_reward, trm_reward)
+from posttrain.rewards.trm import SETTINGS_FILE, judge_prompt, pairwise_margin_reward, pd_grpo_reward, trm_reward
 from posttrain.tasks import Example
-from posttrain.trainers.trm import JudgeTask, judge_examples, preferred_answers, warmup_examples
+from posttrain.trainers.trm import (JudgeTask, add_format_tokens, assessment, judge_examples, judgement, preferred_answers,
+                                    warmup_examples)
 from posttrain.data.preferences import PreferencePair
 
 

@@ -93,7 +93,7 @@ def policy_pairs(task: Task, examples: Sequence[Example], n: int, seed: int, *, 
     from posttrain.models.sampling import generate
 
     model, tokenizer, max_new_tokens = policy
-    rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
+    rng, generator = random.Random(seed), torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     order = list(range(len(examples)))
     rng.shuffle(order)
     pairs: list[PreferencePair] = []

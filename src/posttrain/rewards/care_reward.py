@@ -3,6 +3,9 @@ Evolution", 2026).
 
     R_t = sum_d w_d(h_t) s_d(a_t)        w on the simplex, s_d in [0, 1] from the task's per-dimension judges
 
+The rubric format, R_t and the rubric task live in tasks/rubric.py. The fixed criteria are the task's judges: the
+generator adapts the weights, not the criteria.
+
 The weights come from `rl.options.care.source` (registry `care_weight_sources` below):
   generator  the rubric generator trained by the `care` stage (at `rl.options.care.path`), greedy, once per
              context; a rubric that does not parse falls back to uniform weights (counted, warned once)
@@ -12,7 +15,6 @@ The weights come from `rl.options.care.source` (registry `care_weight_sources` b
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,11 +24,11 @@ from pydantic import field_validator
 from torch import Tensor
 
 from posttrain.config import Section
-from posttrain.errors import UserError
 from posttrain.registry import Registry
 from posttrain.rewards import rewards
-from posttrain.rewards.care import parse_rubric, turn_reward
-from posttrain.tasks import dialogue
+from posttrain.rewards.trained import load_trained
+from posttrain.tasks import dialogue, rubric
+from posttrain.tasks.rubric import parse_rubric, turn_reward
 
 log = logging.getLogger(__name__)
 care_weight_sources: Registry = Registry("care weight source")
@@ -56,11 +58,9 @@ class RubricGenerator:
         self.generated = self.fallbacks = 0
 
     def weights(self, prompts: Sequence[str]) -> Tensor:
-        from posttrain.trainers.rubric_generator import generate_rubrics
-
         new = list(dict.fromkeys(p for p in prompts if p not in self.cache))
         if new:
-            for prompt, text in zip(new, generate_rubrics(self.model, self.tokenizer, new)):
+            for prompt, text in zip(new, rubric.generate_rubrics(self.model, self.tokenizer, new)):
                 self.cache[prompt] = parse_rubric(text)
             failed = sum(not self.cache[p][1] for p in new)
             if failed and not self.fallbacks:
@@ -69,16 +69,14 @@ class RubricGenerator:
         return torch.stack([self.cache[p][0] for p in prompts])
 
 
-@functools.lru_cache(maxsize=2)
-def _generator(path: str, stamp: float) -> RubricGenerator:
+def _build(path: str) -> RubricGenerator:
     return RubricGenerator(Path(path))
 
 
 def load_generator(directory: str) -> RubricGenerator:
-    path = Path(directory) / "model"
-    if not (path / "config.json").is_file():
-        raise UserError(f"rl.options.care.path: no trained rubric generator at {path} (run the care stage, or set rl.options.care.source)")
-    return _generator(str(path.resolve()), (path / "config.json").stat().st_mtime)
+    """The rubric generator under `directory/model` (cached while unchanged); UserError if absent."""
+    return load_trained(directory, _build, missing="rl.options.care.path: no trained rubric generator at {path} "
+                        "(run the care stage, or set rl.options.care.source)")
 
 
 @care_weight_sources.register("generator")

@@ -1,6 +1,6 @@
 """Stage `care`: train CARE's rubric generator (Context-Adaptive Rubric Evolution, 2026) for the `dialogue` task: SFT on turn-level rubric
 labels, then preference RL (the rl section's objective) on human preference pairs; the data are simulated from
-the task's known truth (trainers/rubric_generator.py). Settings: the `care` section, model sizes from `model`.
+the task's known truth (tasks/rubric.py). Settings: the `care` section, model sizes from `model`.
 
 Output: `model/` (what `rl.options.care.path` points the `care` reward at), `history.json` (preference-RL steps);
 metrics: held-out weight error, pair accuracy, top-two agreement and parse rate after SFT (`*_sft`) and after

@@ -21,7 +21,7 @@ from posttrain.stages import stages
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     from posttrain.data.facts import FactSet, edit_stream, read_edits, write_edits
     from posttrain.models import load_pretrained, save_pretrained, select_device
-    from posttrain.trainers.common import seed_everything
+    from posttrain.runtime import seed_everything
     from posttrain.trainers.editing import apply_edits
 
     facts = FactSet.from_json((inputs["base"] / "facts.json").read_text())

@@ -24,7 +24,7 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     from posttrain.data.vigor.edits import load_edits
     from posttrain.models.flow import load_flow_model, maybe_flow_lora, save_flow_model
     from posttrain.stages.rl import reward_curve
-    from posttrain.trainers.common import seed_everything
+    from posttrain.runtime import seed_everything
     from posttrain.trainers.flow_rl import Checkpointing, train_flow_rl
 
     seed_everything(cfg.pipeline.seed)

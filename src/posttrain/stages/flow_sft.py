@@ -28,7 +28,7 @@ def starting_model(cfg: Config, image_size: int):
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     from posttrain.data.vigor.edits import load_edits
     from posttrain.models.flow import save_flow_model
-    from posttrain.trainers.common import seed_everything
+    from posttrain.runtime import seed_everything
     from posttrain.trainers.flow_sft import train_flow_sft
 
     seed_everything(cfg.pipeline.seed)

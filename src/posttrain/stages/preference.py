@@ -41,7 +41,7 @@ def load_pairs(cfg: Config, section, task, train_examples, heldout_examples, pol
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     from posttrain.eval.harness import evaluate
     from posttrain.models import load_pretrained, maybe_lora, save_pretrained, select_device
-    from posttrain.trainers.common import seed_everything
+    from posttrain.runtime import seed_everything
     from posttrain.trainers.preference import train_preference
 
     task = build_task(cfg.task)

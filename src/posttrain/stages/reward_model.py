@@ -17,6 +17,8 @@ from posttrain.data.preferences import preference_data, write_pairs
 from posttrain.stages import stages
 from posttrain.stages.preference import load_pairs
 from posttrain.tasks import build_task
+import posttrain.trainers.reward_model  # noqa: E402,F401  (registers the `bt` trainer in rewards.reward_models)
+import posttrain.trainers.trm  # noqa: E402,F401  (registers the `trm` trainer)
 
 
 @stages.register(
@@ -27,7 +29,7 @@ from posttrain.tasks import build_task
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     from posttrain.models import load_pretrained, select_device
     from posttrain.rewards import reward_models
-    from posttrain.trainers.common import seed_everything
+    from posttrain.runtime import seed_everything
 
     task = build_task(cfg.task)
     train_examples, heldout_examples = read_examples(inputs["data"] / "train.jsonl"), read_examples(inputs["data"] / "heldout.jsonl")

@@ -46,7 +46,7 @@ def train_and_save(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker,
     """Online RL under `cfg.rl` from `inputs["policy"]`; `load_models(tokenizer, device) -> {role: model}`
     supplies the frozen models of the roles the objective's extras read (the `distill` stage's teacher / base)."""
     from posttrain.models import load_pretrained, maybe_lora, save_pretrained, select_device
-    from posttrain.trainers.common import seed_everything
+    from posttrain.runtime import seed_everything
     from posttrain.trainers.online_rl import RLRun, train_online_rl
 
     examples = read_examples(inputs["data"] / "train.jsonl")

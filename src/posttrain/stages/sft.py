@@ -18,7 +18,7 @@ from posttrain.tasks import build_task
 @stages.register("sft", inputs={"data": "outputs/data"}, requires={"data": ["train.jsonl"]})
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     from posttrain.models import build_tiny, load_pretrained, maybe_lora, save_pretrained, select_device, train_char_tokenizer
-    from posttrain.trainers.common import seed_everything
+    from posttrain.runtime import seed_everything
     from posttrain.trainers.sft import train_sft
 
     examples = read_examples(inputs["data"] / "train.jsonl")

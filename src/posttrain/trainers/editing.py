@@ -10,7 +10,7 @@
 
 Only the parameters whose names contain one of `edit.params` are edited; each edit gets a fresh SGD optimiser
 (plain SGD keeps GLIME's constraint meaningful: the step is the constrained direction, not a per-coordinate
-rescaling of it). Greedy answers come from the rollout engine's greedy decoding.
+rescaling of it). Greedy answers come from the shared generation helper (models/sampling.py `generate`).
 """
 
 from __future__ import annotations
@@ -24,27 +24,18 @@ from posttrain.data.facts import Edit, FactSet, split_facts
 from posttrain.data.preferences import PreferencePair
 from posttrain.errors import UserError
 from posttrain.objectives.editing import EditRecord, EditStep, edit_methods
-from posttrain.models.sampling import sample
-from posttrain.models.sampling import decode_completions
-from posttrain.models.sampling import encode_prompts
-from posttrain.trainers.common import progress
+from posttrain.models.sampling import generate
+from posttrain.runtime import progress
+from posttrain.trainers.common import optimizer_step
 from posttrain.trainers.preference import all_sequence_logps, encode_pairs, sequence_logps
 
 PROBE_CHUNK = 512  # prompts per greedy-decoding batch
 
 
-@torch.no_grad()
 def greedy_answers(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], max_new_tokens: int) -> list[str]:
-    was_training = model.training
-    model.eval()
-    device, answers = next(model.parameters()).device, []
-    for start in range(0, len(prompts), PROBE_CHUNK):
-        ids, mask = encode_prompts(tokenizer, list(prompts[start : start + PROBE_CHUNK]), device)
-        samples = sample(model, ids, mask, group_size=1, max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_token_id,
-                         pad_id=tokenizer.pad_token_id, greedy=True)
-        answers += decode_completions(tokenizer, samples)
-    model.train(was_training)
-    return answers
+    if not prompts:
+        return []
+    return generate(model, tokenizer, list(prompts), max_new_tokens, greedy=True, chunk=PROBE_CHUNK)[1]
 
 
 def accuracy(model, tokenizer, prompts: Sequence[str], targets: Sequence[str], max_new_tokens: int) -> float:
@@ -108,11 +99,9 @@ def apply_edits(
         optimizer = torch.optim.SGD(params, lr=cfg.lr)
         for _ in range(cfg.steps_per_edit):
             metrics = entry.obj(EditStep(scorer, params, [record], memory, generator), opts)
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            grad_norm = optimizer_step(params, optimizer, cfg.max_grad_norm)
         memory.append(record)
-        metrics.update(grad_norm=float(grad_norm), edit_success=accuracy(model, tokenizer, [record.prompt], [edit.new], max_new))
+        metrics.update(grad_norm=grad_norm, edit_success=accuracy(model, tokenizer, [record.prompt], [edit.new], max_new))
         if index % cfg.log_every == 0 or index == len(edits):
             metrics["running_retention"] = accuracy(model, tokenizer, [r.prompt for r in memory], [r.edit.new for r in memory], max_new)
         history.append({"edit": float(index), **metrics})

@@ -34,7 +34,8 @@ from posttrain.objectives import losses
 from posttrain.objectives.flow_grpo import clip_advantages, gaussian_kl, sde_step
 from posttrain.rewards.image import image_reward_matrix
 from posttrain.trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from posttrain.trainers.common import progress
+from posttrain.runtime import progress
+from posttrain.trainers.common import optimizer_step
 
 
 def sigma_schedule(steps: int) -> list[float]:
@@ -74,19 +75,6 @@ def sample_sde(model: ConditionalFlowModel, conditions: Tensor, text: Tensor, si
         states.append(x)
         logps.append(step.logp)
     return Trajectory(torch.stack(states), torch.stack(logps), x)
-
-
-@torch.no_grad()
-def sample_ode(model: ConditionalFlowModel, conditions: Tensor, text: Tensor, steps: int, generator: torch.Generator) -> Tensor:
-    """Deterministic Euler sampling with diffusers' FlowMatchEulerDiscreteScheduler (evaluation)."""
-    from diffusers import FlowMatchEulerDiscreteScheduler
-
-    scheduler = FlowMatchEulerDiscreteScheduler()
-    scheduler.set_timesteps(steps)
-    x = torch.randn(model.latent_shape(conditions.shape[0]), generator=generator)
-    for t in scheduler.timesteps:
-        x = scheduler.step(model(x, t / 1000.0, conditions, text), t, x).prev_sample
-    return x
 
 
 def image_advantages(rewards: Tensor, group: Tensor, weights: Tensor, cfg: FlowRLConfig) -> Tensor:
@@ -158,14 +146,12 @@ def train_flow_rl(model: ConditionalFlowModel, edits: Edits, cfg: FlowRLConfig, 
         images = model.from_latent(trajectory.final)
         rewards, names, weights = image_reward_matrix(cfg.rewards, (images + 1) / 2, batch.judged())
         adv = image_advantages(rewards, group, weights, cfg)
-        optimizer.zero_grad(set_to_none=True)
         metrics = policy_update(model, reference, trajectory, conditions, text, adv, sigmas, cfg)
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-        optimizer.step()
+        grad_norm = optimizer_step(params, optimizer, cfg.max_grad_norm)
         for k, name in enumerate(names):
             metrics[f"reward/{name}_mean"] = float(rewards[:, k].mean())
         metrics["reward/overall_mean"] = float(rewards.mean())
-        metrics["grad_norm"] = float(grad_norm)
+        metrics["grad_norm"] = grad_norm
         metrics["step_seconds"] = time.perf_counter() - start
         history.append({"step": step_index, **metrics})
         if step_index % cfg.log_every == 0:

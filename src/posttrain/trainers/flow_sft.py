@@ -18,7 +18,8 @@ from torch import Tensor
 from posttrain.config import FlowSFTConfig
 from posttrain.data.vigor.edits import Edits
 from posttrain.models.flow import ConditionalFlowModel
-from posttrain.trainers.common import optimizer_and_schedule, progress
+from posttrain.runtime import progress
+from posttrain.trainers.common import optimizer_and_schedule, optimizer_step
 
 
 def flow_matching_loss(model: ConditionalFlowModel, batch: Edits, generator: torch.Generator) -> Tensor:
@@ -42,10 +43,8 @@ def train_flow_sft(model: ConditionalFlowModel, edits: Edits, cfg: FlowSFTConfig
     for step in range(1, cfg.steps + 1):
         index = torch.randint(len(edits), (min(cfg.batch_size, len(edits)),), generator=generator)
         loss = flow_matching_loss(model, edits.take(index), generator)
-        optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
+        optimizer_step(params, optimizer, cfg.max_grad_norm)
         schedule.step()
         window.append(float(loss.detach()))
         bar.update(1)

@@ -45,7 +45,8 @@ from posttrain.rollout import PolicyOutputs, RolloutBatch
 from posttrain.tasks import Example, Task
 from posttrain.trainers import distributed
 from posttrain.trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from posttrain.trainers.common import optimizer_and_schedule, progress
+from posttrain.runtime import progress
+from posttrain.trainers.common import optimizer_and_schedule, optimizer_step
 from posttrain.trainers.dynamic_sampling import concat, informative_groups, select_groups
 from posttrain.trainers.extras import ExtraContext, extras, provide, roles_needed
 
@@ -305,9 +306,7 @@ class OnlineRL:
                 loss.backward()
             for model in (policy, *self.modules.values()):  # torchrun: equal prompt shares, so the mean of rank means
                 distributed.reduce_gradients(model, average=True)
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.optimizer.param_groups[0]["params"], cfg.max_grad_norm)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            grad_norm = optimizer_step(self.optimizer.param_groups[0]["params"], self.optimizer, cfg.max_grad_norm)  # clips the policy
         self.schedule.step()
         metrics.update(reward_metrics(batch))
         metrics.update(composition_metrics(batch, adv, cfg.std_eps))

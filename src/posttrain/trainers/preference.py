@@ -22,7 +22,8 @@ from posttrain.errors import UserError
 from posttrain.models.logprobs import completion_logprobs
 from posttrain.objectives.preference import PairLogps, preference_objectives
 from posttrain.models.sampling import encode_prompts
-from posttrain.trainers.common import optimizer_and_schedule, progress
+from posttrain.runtime import progress
+from posttrain.trainers.common import optimizer_and_schedule, optimizer_step
 
 EVAL_CHUNK = 256  # pairs per no-grad forward pass
 
@@ -114,7 +115,8 @@ def train_preference(
     ref, held_ref = all_sequence_logps(policy, enc), all_sequence_logps(policy, held)
     before = {f"{k}_before": v for k, v in heldout_metrics(policy, held, held_ref, cfg.beta).items()}
     gold_rows = torch.nonzero(~torch.isnan(enc.gold)).squeeze(-1) if entry.meta.get("gold_rows") else None
-    optimizer, schedule = optimizer_and_schedule([p for p in policy.parameters() if p.requires_grad], cfg.lr, 0.0, cfg.warmup_steps, cfg.steps)
+    params = [p for p in policy.parameters() if p.requires_grad]
+    optimizer, schedule = optimizer_and_schedule(params, cfg.lr, 0.0, cfg.warmup_steps, cfg.steps)
     generator = torch.Generator().manual_seed(seed)
     state: dict = {}
     history: list[dict[str, float]] = []
@@ -130,13 +132,11 @@ def train_preference(
         pairs = PairLogps(chosen, rejected, ref[0][picked], ref[1][picked], enc.severity[picked], gold)
         loss, metrics = entry.obj(pairs, cfg, state)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
-        optimizer.step()
+        grad_norm = optimizer_step(params, optimizer, cfg.max_grad_norm)
         schedule.step()
-        optimizer.zero_grad(set_to_none=True)
         bar.update()
         if step % cfg.log_every == 0 or step == cfg.steps:
-            metrics.update(loss=float(loss.detach()), grad_norm=float(grad_norm), lr=schedule.get_last_lr()[0])
+            metrics.update(loss=float(loss.detach()), grad_norm=grad_norm, lr=schedule.get_last_lr()[0])
             metrics.update(heldout_metrics(policy, held, held_ref, cfg.beta))
             history.append({"step": float(step), **metrics})
             on_log(step, metrics)

@@ -13,7 +13,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from posttrain.config import SFTConfig
 from posttrain.tasks import Example
 from posttrain.trainers import distributed
-from posttrain.trainers.common import optimizer_and_schedule, progress
+from posttrain.runtime import progress
+from posttrain.trainers.common import optimizer_and_schedule, optimizer_step
 
 
 def encode_pairs(tokenizer: PreTrainedTokenizerBase, examples: list[Example]) -> tuple[Tensor, Tensor, Tensor]:
@@ -45,9 +46,8 @@ def train_sft(
 ) -> dict[str, float]:
     device = next(model.parameters()).device
     ids, mask, labels = (t.to(device) for t in encode_pairs(tokenizer, examples))
-    optimizer, schedule = optimizer_and_schedule(
-        [p for p in model.parameters() if p.requires_grad], cfg.lr, cfg.weight_decay, cfg.warmup_steps, cfg.steps
-    )
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer, schedule = optimizer_and_schedule(params, cfg.lr, cfg.weight_decay, cfg.warmup_steps, cfg.steps)
     generator = torch.Generator().manual_seed(seed)
     model.train()
     metrics: dict[str, float] = {}
@@ -62,10 +62,8 @@ def train_sft(
         out = model(input_ids=ids[rows], attention_mask=mask[rows], labels=labels[rows], **loss_kwargs)
         out.loss.backward()
         distributed.reduce_gradients(model, average=False, ctx=ctx)  # sum of per-rank sums / global token count
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+        optimizer_step(params, optimizer, cfg.max_grad_norm)
         schedule.step()
-        optimizer.zero_grad(set_to_none=True)
         bar.update()
         if step % cfg.log_every == 0 or step == cfg.steps:
             with torch.no_grad():

@@ -3,8 +3,8 @@
 The TRM starts from the SFT policy, its vocabulary extended by the format's tokens (rewards/trm.py). Each
 preference pair (prompt, y_w, y_l) gives two TRM prompts, one judging y_w and one judging y_l.
 
-1. Warm-up (`reward_model.steps`, `batch_size`, `lr`, `warmup_steps`): next-token SFT (trainers/sft.py) on the
-   judgement `rewards.trm.judgement(y, rubric)` of both candidates, each (response, prompt) once, where the rubric
+1. Warm-up (`reward_model.steps`, `batch_size`, `lr`, `warmup_steps`, `max_grad_norm`): next-token SFT (trainers/sft.py)
+   on the judgement `judgement(y, rubric)` of both candidates, each (response, prompt) once, where the rubric
    is (`options.trm.warmup_rubric`) the pair's preferred answer (`preferred`: reference-guided judging; the TRM
    learns to write the answer the preferences favour, then to check the response against it) or the starting
    model's own greedy answer (`own`: the warm-up then teaches only the format and the checking procedure, not
@@ -16,7 +16,8 @@ preference pair (prompt, y_w, y_l) gives two TRM prompts, one judging y_w and on
    within L. `pairwise_margin` (the baseline) pays the margin over the other group's mean instead.
 
 Held-out pairs are judged greedily: pair accuracy (score(y_w) > score(y_l); ties counted apart), the std of the
-scores and the share of scores at either end of the scale.
+scores and the share of scores at either end of the scale. `train_trm` is the `reward_model` stage's trainer for
+`reward_model.kind: trm` (registered in `rewards.reward_models`); the `trm` RL reward reads what it saves.
 """
 
 from __future__ import annotations
@@ -26,14 +27,64 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
+from pydantic import Field
+from torch import Tensor
 
-from posttrain.config import RewardSpec, RLConfig, SFTConfig
+from posttrain.config import RewardSpec, RLConfig, Section, SFTConfig
 from posttrain.data.preferences import PreferencePair
 from posttrain.errors import UserError
-from posttrain.rewards.trm import JUDGE_TASK, SETTINGS_FILE, add_format_tokens, judge, judge_prompt, judgement, score_summary
+from posttrain.models.sampling import generate
+from posttrain.rewards import reward_models
+from posttrain.rewards.trm import JUDGE, JUDGE_TASK, MARKS, SETTINGS_FILE, TAGS, judge, judge_prompt
 from posttrain.tasks import Example
+
+
+class TRMModelOptions(Section):  # reward_model.options.trm; the section's steps / batch_size / lr: the format SFT warm-up
+    pairwise_reward: Literal["pd_grpo", "pairwise_margin"]  # PD-GRPO, or the plain margin-paying pairwise baseline
+    warmup_rubric: Literal["preferred", "own"]  # the warm-up's rubric: the pair's preferred answer, or the SFT model's own
+    rl_steps: int = Field(ge=0)  # pairwise RL steps after the warm-up (0: warm-up only)
+    pairs_per_step: int = Field(gt=0)
+    group_size: int = Field(ge=2)  # G rollouts per candidate: 2G per pair
+    max_new_tokens: int = Field(gt=0)  # the judgement's token budget
+    temperature: float = Field(gt=0)
+    lr: float = Field(gt=0)  # the RL phase's learning rate
+    alpha_format: float = Field(ge=0)
+    score_max: int = Field(gt=0)
+
+
+def add_format_tokens(tokenizer) -> int:
+    """Give `tokenizer` the separator, tags and marks as whole tokens; returns how many were new."""
+    return tokenizer.add_tokens([JUDGE, *TAGS, *MARKS])
+
+
+def assessment(response: str, rubric: str) -> str:
+    """One mark per position of the longer of the two, right-aligned (units against units)."""
+    width = max(len(response), len(rubric), 1)
+    a, b = response.rjust(width, "\0"), rubric.rjust(width, "\0")
+    return "".join(MARKS[0] if x == y and x != "\0" else MARKS[1] for x, y in zip(a, b))
+
+
+def graded_score(marks: str, score_max: float) -> int:
+    """The warm-up's pointwise score: the share of agreeing positions, on the integer scale [0, score_max]."""
+    return round(score_max * marks.count(MARKS[0]) / len(marks))
+
+
+def judgement(response: str, rubric: str, score_max: float) -> str:
+    """The TRM target text for `response` when the preferred answer is `rubric` (format SFT warm-up)."""
+    marks = assessment(response, rubric)
+    return f"<rubric>{rubric or '?'}</rubric><assessment>{marks}</assessment><score>{graded_score(marks, score_max)}</score>"
+
+
+def score_summary(scores: Tensor, valid: Tensor, score_max: float) -> dict[str, float]:
+    """How graded the judgements are: std of the parseable scores, the share at either end of the scale."""
+    s = scores[valid]
+    if s.numel() == 0:
+        return {"score_std": 0.0, "score_extreme_fraction": 0.0, "score_mean": 0.0, "parse_rate": 0.0}
+    return {"score_std": float(s.std()) if s.numel() > 1 else 0.0, "score_mean": float(s.mean()),
+            "score_extreme_fraction": float(((s == 0) | (s == score_max)).float().mean()), "parse_rate": float(valid.float().mean())}
 
 
 @dataclass(frozen=True)
@@ -71,15 +122,8 @@ def warmup_examples(pairs: Sequence[PreferencePair], score_max: float, rubrics: 
 @torch.no_grad()
 def own_answers(model, tokenizer, prompts: Sequence[str], max_new_tokens: int) -> dict[str, str]:
     """prompt -> the model's greedy answer (the warm-up rubrics)."""
-    from posttrain.models.sampling import sample
-    from posttrain.models.sampling import decode_completions
-    from posttrain.models.sampling import encode_prompts
-
-    unique, answers = list(dict.fromkeys(prompts)), []
-    for s in range(0, len(unique), 512):
-        ids, mask = encode_prompts(tokenizer, unique[s : s + 512], next(model.parameters()).device)
-        answers += decode_completions(tokenizer, sample(model, ids, mask, group_size=1, max_new_tokens=max_new_tokens,
-                                                        eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, greedy=True))
+    unique = list(dict.fromkeys(prompts))
+    _, answers = generate(model, tokenizer, unique, max_new_tokens, greedy=True, chunk=512)
     return dict(zip(unique, answers))
 
 
@@ -132,8 +176,7 @@ def _scale(cfg) -> tuple[int, int]:
 def warm_up(cfg, policy_dir: Path, train, heldout, seed: int, on_log):
     """The SFT model with the format's tokens added, after the format SFT warm-up: (model, tokenizer)."""
     from posttrain.models import load_pretrained, select_device
-    from posttrain.models.sampling import encode_prompts
-    from posttrain.trainers.common import seed_everything
+    from posttrain.runtime import seed_everything
     from posttrain.trainers.sft import train_sft
 
     rm, (score_max, max_new_tokens) = cfg.reward_model, _scale(cfg)
@@ -149,7 +192,7 @@ def warm_up(cfg, policy_dir: Path, train, heldout, seed: int, on_log):
     check_fits(model, tokenizer, examples + judge_examples(heldout, score_max), max_new_tokens)
     seed_everything(seed)
     warmup = SFTConfig(steps=rm.steps, batch_size=rm.batch_size, lr=rm.lr, warmup_steps=rm.warmup_steps, weight_decay=0.0,
-                       n_examples=0, log_every=rm.log_every)
+                       max_grad_norm=rm.max_grad_norm, n_examples=0, log_every=rm.log_every)
     train_sft(model, tokenizer, examples, warmup, seed, on_log=lambda step, m: on_log(step, {f"warmup/{k}": v for k, v in m.items()}))
     return model, tokenizer
 
@@ -157,7 +200,6 @@ def warm_up(cfg, policy_dir: Path, train, heldout, seed: int, on_log):
 def pairwise_rl(cfg, model, tokenizer, train, heldout, seed: int, on_log, first_step: int = 0) -> dict[str, float]:
     """`options.trm.rl_steps` of pairwise RL (`options.trm.pairwise_reward`) on `model`, in place, through the online
     RL step; returns the last held-out metrics ({} when rl_steps is 0)."""
-    from posttrain.models.sampling import encode_prompts
     from posttrain.trainers.online_rl import OnlineRL, RLRun
 
     rm, opts = cfg.reward_model, cfg.reward_model.options_for("trm")
@@ -184,3 +226,6 @@ def save_trm(model, tokenizer, path: Path, cfg) -> None:
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     (path / SETTINGS_FILE).write_text(json.dumps({"score_max": score_max, "max_new_tokens": max_new_tokens}))
+
+
+reward_models.register("trm", options=TRMModelOptions)(train_trm)
