@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 from orch_helpers import BIN, dvc, tiny_params

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 
-import torch
-
 from helpers import micro_params
 
 MICRO_CARE = {"n_sft": 30, "n_preference": 20, "n_heldout": 10, "sft_steps": 3, "batch_size": 8, "rl_steps": 2,

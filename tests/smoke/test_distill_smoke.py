@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from helpers import REPO, copy_outputs, micro_params, posttrain
-from posttrain import config, resolve
+from posttrain import resolve
 from posttrain.models.teacher import freeze
 from posttrain.objectives.distill.presets import DISTILL_METHODS
 from posttrain.trainers.online_rl import OnlineRL, PromptStream, RLRun
