@@ -34,9 +34,15 @@ HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # "org/name"; any other mode
 
 @dataclass(frozen=True)
 class Registered:
-    """Field metadata: the value (or each item of a tuple) names an entry of registry `registry`."""
+    """Field metadata: the value (or each item of a tuple) names an entry of registry `registry`; with `meta`,
+    only entries whose registry meta holds that key qualify (`why` says what the others lack)."""
 
     registry: str
+    meta: str | None = None
+    why: str = ""
+
+    def admits(self, entry_meta: dict[str, Any]) -> bool:
+        return self.meta is None or bool(entry_meta.get(self.meta))
 
 
 @dataclass(frozen=True, init=False)
@@ -352,7 +358,7 @@ class CareConfig(Section):  # stage care: CARE's rubric generator (Context-Adapt
 
 
 class DistillConfig(Section):
-    method: Annotated[str, Registered("presets")]  # a distillation preset (objectives/distill/presets.py) applied on the rl section
+    method: Annotated[str, Registered("presets", meta="distill", why="is not a distillation method")]  # applied on the rl section
     steps: int = Field(gt=0)
     prompts_per_step: int = Field(gt=0)
 
@@ -421,7 +427,7 @@ class ImageRewardSpec(Section):
 
 
 class FlowRLConfig(Section):  # Flow-GRPO (arXiv 2505.05470) with the text pipeline's advantage estimators and losses
-    advantage: Annotated[str, Registered("advantages")]  # one that works on the reward matrix alone (meta on_rewards)
+    advantage: Annotated[str, Registered("advantages", meta="on_rewards", why="needs token-level rollouts (images have a reward matrix only)")]
     loss: Annotated[str, Registered("losses")]  # applied per denoising step
     loss_agg: Annotated[str, Registered("loss_aggregations")]
     rewards: tuple[ImageRewardSpec, ...]
@@ -567,15 +573,15 @@ def marked_values(model: BaseModel, prefix: str = "") -> Iterator[tuple[str, Mar
                 yield from marked_values(v, f"{key}.{i}.")
 
 
-def registered_keys(model: type[BaseModel], prefix: str = "") -> dict[str, str]:
-    """`key -> registry` for the class: `rl.advantage`, `rl.aux[]` (each item), `rl.rewards[].name` (a field of each item)."""
-    keys: dict[str, str] = {}
+def registered_keys(model: type[BaseModel], prefix: str = "") -> dict[str, Registered]:
+    """`key -> marker` for the class: `rl.advantage`, `rl.aux[]` (each item), `rl.rewards[].name` (a field of each item)."""
+    keys: dict[str, Registered] = {}
     for name, field in model.model_fields.items():
         key, marker, item = f"{prefix}{name}", _marker(field.metadata), _item_type(field.annotation)
         if isinstance(marker, Registered):
-            keys[key] = marker.registry
+            keys[key] = marker
         elif item is not None and typing.get_origin(item) is Annotated and isinstance(_marker(item.__metadata__), Registered):
-            keys[f"{key}[]"] = _marker(item.__metadata__).registry
+            keys[f"{key}[]"] = _marker(item.__metadata__)
         elif _is_section(field.annotation):
             keys.update(registered_keys(field.annotation, f"{key}."))
         elif item is not None and _is_section(item):

@@ -101,10 +101,20 @@ def _raw(block: Any) -> dict[str, Any]:
 
 # --- names ------------------------------------------------------------------------------------------------
 
+def admitted(registry: Registry, marker: Registered) -> list[str]:
+    """The names a `Registered` field may take: every entry, or those whose meta holds `marker.meta`."""
+    return [e.name for e in registry if marker.admits(e.meta)]
+
+
 def check_names(model: BaseModel, registries: Mapping[str, Registry], prefix: str = "") -> None:
     for key, marker, value, _ in config.marked_values(model, prefix):
-        if isinstance(marker, Registered) and value not in registries[marker.registry]:
-            raise UserError(f"{key}: {registries[marker.registry].unknown_message(str(value))}")
+        if not isinstance(marker, Registered):
+            continue
+        registry = registries[marker.registry]
+        if value not in registry:
+            raise UserError(f"{key}: {registry.unknown_message(str(value))}")
+        if not marker.admits(registry.entry(value).meta):
+            raise UserError(f"{key}: {value!r} {marker.why}; choose from {', '.join(admitted(registry, marker))}")
 
 
 # --- options ----------------------------------------------------------------------------------------------

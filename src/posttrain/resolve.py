@@ -10,9 +10,9 @@ before any work:
   parsed here, once per run (`section.options_for(name)` then returns the parsed model); every component in
   use that declares options has its block;
 - meta rules: a component registered for some tasks only (meta `tasks`) refuses the others; every tensor the
-  objective `needs` has a registered provider (trainers/extras.py); distill.method is a distillation preset;
-  image RL takes a reward-matrix estimator (meta `on_rewards`); a flow backend's meta requirements hold; the
-  `rl_rm` stage's reward list names the trained reward-model kind.
+  objective `needs` has a registered provider (trainers/extras.py); a flow backend's meta requirements hold;
+  the `rl_rm` stage's reward list names the trained reward-model kind. (A field that takes only some entries of
+  a registry says so in its marker: `Registered("presets", meta="distill")`, checked with the names.)
 """
 
 from __future__ import annotations
@@ -124,16 +124,6 @@ def _check_meta(cfg: Config, registries: dict[str, Registry]) -> None:
     if trained:  # rl_rm hands its reward_model input to the reward named `kind` only
         kind = cfg.reward_model.kind
         raise UserError(f"reward_model.rl_rewards: {trained[0]} is not the trained reward_model.kind ({kind}); list {kind} instead")
-
-    presets = registries["presets"]
-    if not presets.entry(cfg.distill.method).meta.get("distill"):
-        methods = [e.name for e in presets if e.meta.get("distill")]
-        raise UserError(f"distill.method: {cfg.distill.method!r} is not a distillation method; choose from {', '.join(methods)}")
-
-    advantages = registries["advantages"]
-    if "on_rewards" not in advantages.entry(cfg.flow_rl.advantage).meta:
-        usable = [e.name for e in advantages if "on_rewards" in e.meta]
-        raise UserError(f"flow_rl.advantage: {cfg.flow_rl.advantage!r} needs token-level rollouts; images take one of {', '.join(usable)}")
 
     flow = registries["flow_backends"].entry(cfg.flow.kind).meta
     if (flow.get("needs_checkpoint") and cfg.flow.path is None) or (flow.get("needs_lora") and cfg.flow.lora.r == 0):

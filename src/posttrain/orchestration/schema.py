@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from posttrain.config import Config, registered_keys
+from posttrain.registry import admitted
 from posttrain.errors import UserError
 from posttrain.orchestration.graph import Task, check_overrides, load_pipelines
 
@@ -60,12 +61,12 @@ def param_specs(params_yaml: Path) -> dict[str, dict[str, Any]]:
             name = f"{section}.{key}"
             schema = {k: v for k, v in schema.items() if k != "title"}
             if name in marked:
-                schema = _with_enum(schema, registries[marked[name]].names())
+                schema = _with_enum(schema, admitted(registries[marked[name].registry], marked[name]))
             if f"{name}[]" in marked and "items" in schema:
-                schema["items"] = _with_enum(schema["items"], registries[marked[f"{name}[]"]].names())
-            for field, registry in ((k.removeprefix(f"{name}[]."), r) for k, r in marked.items() if k.startswith(f"{name}[].")):
+                schema["items"] = _with_enum(schema["items"], admitted(registries[marked[f"{name}[]"].registry], marked[f"{name}[]"]))
+            for field, marker in ((k.removeprefix(f"{name}[]."), m) for k, m in marked.items() if k.startswith(f"{name}[].")):
                 item = schema["items"]
-                item["properties"][field] = _with_enum(item["properties"][field], registries[registry].names())
+                item["properties"][field] = _with_enum(item["properties"][field], admitted(registries[marker.registry], marker))
             specs[name] = {"default": defaults[section][key], "schema": schema, "section": section}
     return specs
 

@@ -1,0 +1,72 @@
+"""The config boundary: config.py marks registry-backed fields, posttrain.resolve checks them against the
+registries (names, options, meta rules) before any work, and the launchers' schemas read the same markers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from posttrain import config, resolve
+from posttrain.config import Config, Registered
+from posttrain.errors import UserError
+
+PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
+
+
+def test_the_structural_loader_checks_no_names_and_refuses_presets_without_a_registry():
+    cfg = config.load(PARAMS, ["rl.advantage=no_such_estimator"])  # structure only: the name is resolve's business
+    assert cfg.rl.advantage == "no_such_estimator"
+    with pytest.raises(UserError, match="rl.advantage: unknown advantage estimator 'no_such_estimator'"):
+        resolve.check(cfg)
+    with pytest.raises(UserError, match="rl.preset: presets are expanded by posttrain.resolve.load"):
+        config.load(PARAMS, ["rl.preset=dapo"])
+
+
+def test_options_are_parsed_once_and_unresolved_blocks_are_refused():
+    cfg = resolve.load(PARAMS)
+    first = cfg.rl.options_for("qglas")
+    assert first is cfg.rl.options_for("qglas")  # the parsed model, not a fresh validation per call
+    raw = config.load(PARAMS)
+    with pytest.raises(RuntimeError, match="not resolved"):
+        raw.rl.options_for("qglas")
+    changed = resolve.updated(cfg.rl, "rl", options={"qglas": {"gamma_max": 0.25}})
+    assert changed.options_for("qglas").gamma_max == 0.25
+    assert changed.options_for("witness") == cfg.rl.options_for("witness")  # other blocks kept
+
+
+@pytest.mark.parametrize("override, message", [
+    ("distill.method=dapo", "distill.method: 'dapo' is not a distillation method; choose from gats, opd"),
+    ("flow_rl.advantage=rloo", "flow_rl.advantage: 'rloo' needs token-level rollouts"),
+    ("rl.aux=[opsd, nobody]", "rl.aux.1: unknown auxiliary loss 'nobody'"),
+    ("orchestration.trainer.stages=[sft, rll]", "orchestration.trainer.stages.1: unknown stage 'rll'; did you mean 'rl'"),
+])
+def test_marked_fields_are_checked_with_one_line(override, message):
+    with pytest.raises(UserError) as err:
+        resolve.load(PARAMS, [override])
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_every_marked_key_is_an_enum_of_what_it_admits_in_the_launchers_schema():
+    from posttrain.orchestration.schema import param_specs
+
+    specs = param_specs(PARAMS)
+    registries = resolve.all_registries()
+    for key, marker in config.registered_keys(Config).items():
+        section = key.split(".")[0]
+        if section == "orchestration":
+            continue  # launcher settings are compile-time, not run parameters
+        top = key.split("[]")[0]
+        schema = specs[top]["schema"]
+        if key.endswith("[]"):
+            schema = schema["items"]
+        elif "[]." in key:
+            schema = schema["items"]["properties"][key.split("[].")[1]]
+        enum = schema.get("enum") or next(s["enum"] for s in schema["anyOf"] if "enum" in s)
+        assert enum == [e.name for e in registries[marker.registry] if marker.admits(e.meta)], key
+    assert "dapo" not in specs["distill.method"]["schema"]["enum"] and "opd" in specs["distill.method"]["schema"]["enum"]
+
+
+def test_a_marker_can_admit_only_entries_with_a_meta_flag():
+    marker = Registered("presets", meta="distill", why="is not a distillation method")
+    assert marker.admits({"distill": True}) and not marker.admits({}) and Registered("presets").admits({})
