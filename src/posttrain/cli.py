@@ -54,10 +54,11 @@ def _stage_command(name: str, doc: str):
         launcher: Annotated[str, typer.Option("--launcher", help="Recorded in the MLflow run's tags.")] = "cli",
     ) -> None:
         from posttrain import resolve, stages
+        from posttrain.runtime import strict_json
 
         cfg = resolve.load(params, overrides)
         metrics = stages.execute(name, cfg, _parse_inputs(inputs), out or Path("outputs") / name, launcher=launcher, resume=resume)
-        typer.echo(json.dumps(metrics, sort_keys=True))
+        typer.echo(strict_json(metrics, sort_keys=True))
 
     app.command(name, help=doc)(command)
 

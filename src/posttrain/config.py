@@ -60,7 +60,8 @@ Options = dict[str, Any]  # name -> raw settings as read; name -> the parsed opt
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # no NaN or infinite number is a setting (`lr: .inf`, a NaN reward weight): refused with the key's name
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     def options_for(self, name: str) -> BaseModel | None:
         """The parsed settings of the component registered as `name` (None when it takes none). Options are

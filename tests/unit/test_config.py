@@ -173,3 +173,12 @@ def test_top_level_not_a_mapping(tmp_path):
     path = tmp_path / "params.yaml"
     path.write_text("- a\n- b\n")
     assert str(path) in load_error(path)
+
+
+@pytest.mark.parametrize("override, key", [
+    ("rl.lr=.inf", "rl.lr"), ("sft.lr=.nan", "sft.lr"), ("rl.rewards=[{name: correctness, weight: .nan}]", "rl.rewards.0.weight"),
+    ("rl.options.qglas.gamma_max=.inf", "rl.options.qglas.gamma_max"), ("flow_rl.noise_level=.inf", "flow_rl.noise_level"),
+])
+def test_non_finite_numbers_are_refused_naming_the_key(params_path, override, key):
+    message = load_error(params_path, override)
+    assert message.startswith(f"{key}: Input should be a finite number"), message

@@ -13,6 +13,7 @@ import json
 import shutil
 from pathlib import Path
 
+from posttrain.runtime import strict_json
 from posttrain.config import Config
 from posttrain.errors import UserError
 from posttrain.registry import Registry
@@ -35,7 +36,7 @@ def staging_dir(out_dir: Path) -> Path:
 
 def write_json_atomic(path: Path, payload) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    tmp.write_text(strict_json(payload, indent=2, sort_keys=True) + "\n")
     tmp.replace(path)
 
 

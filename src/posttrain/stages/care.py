@@ -9,9 +9,9 @@ preference RL, with the SFT labels' own weight error and the uniform rubric's as
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from posttrain.runtime import strict_json
 from posttrain.config import Config
 from posttrain.stages import stages
 
@@ -21,7 +21,7 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     from posttrain.trainers.rubric_generator import train_rubric_generator
 
     metrics, history, table = train_rubric_generator(cfg, out_dir, on_log=lambda step, m: tracker.log_metrics(m, step))
-    (out_dir / "history.json").write_text(json.dumps(history) + "\n")
+    (out_dir / "history.json").write_text(strict_json(history) + "\n")
     tracker.log_table(table, "heldout_rubrics.json")
     tracker.log_artifacts(out_dir / "model", "model")
     tracker.log_metrics(metrics)

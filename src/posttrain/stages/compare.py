@@ -8,9 +8,9 @@ table) and reward_curves.png, all also logged to this stage's MLflow run.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from posttrain.runtime import strict_json
 from posttrain.config import Config
 from posttrain.errors import UserError
 from posttrain.stages import stages
@@ -91,7 +91,7 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     rows, curves = comparison_rows(client, experiment.experiment_id) if experiment else ([], {})
     if not rows:
         raise UserError(f"no finished rl runs in MLflow experiment {cfg.pipeline.name!r} at {cfg.tracking.uri}: run the pipeline or a sweep first")
-    (out_dir / "comparison.json").write_text(json.dumps(rows, indent=2) + "\n")
+    (out_dir / "comparison.json").write_text(strict_json(rows, indent=2) + "\n")
     (out_dir / "comparison.md").write_text(markdown_table(rows))
     figure = curves_figure(curves)
     figure.savefig(out_dir / "reward_curves.png", dpi=100)

@@ -8,13 +8,13 @@ holds a synthetic city's truth/, pairing precision / recall and change-classific
 
 from __future__ import annotations
 
-import json
 import time
 import zlib
 from pathlib import Path
 
 import numpy as np
 
+from posttrain.runtime import strict_json
 from posttrain.config import Config
 from posttrain.stages import stages
 
@@ -78,12 +78,12 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     bucket = np.array([zlib.crc32(n.encode()) % 1000 for n in table["new_id"]])
     table["split"] = np.where(bucket < cfg.curate.heldout_fraction * 1000, "heldout", "train")
     validation = validate_quadruplets(table, source, cfg.curate)
-    (out_dir / "validation.json").write_text(json.dumps(validation, indent=2) + "\n")
+    (out_dir / "validation.json").write_text(strict_json(validation, indent=2) + "\n")
     raise_if_failed(validation, "quadruplet")
     table.to_parquet(out_dir / "quadruplets.parquet", index=False)
     np.savez_compressed(out_dir / "images.npz", images=result.images)
     counts = report(table)
-    (out_dir / "report.json").write_text(json.dumps({"funnel": result.funnel, "counts": counts.to_dict(orient="index")}, indent=2) + "\n")
+    (out_dir / "report.json").write_text(strict_json({"funnel": result.funnel, "counts": counts.to_dict(orient="index")}, indent=2) + "\n")
     seconds = time.perf_counter() - start
     metrics = {
         "n_quadruplets": float(len(table)), "n_train": float((table["split"] == "train").sum()),

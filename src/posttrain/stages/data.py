@@ -5,9 +5,9 @@ Outputs: train.jsonl, heldout.jsonl, validation.json. A failing suite stops the 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from posttrain.runtime import strict_json
 from posttrain.config import Config
 from posttrain.data import write_examples
 from posttrain.stages import stages
@@ -34,7 +34,7 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
         ]
     )
     report = validate_examples(frame, task, {"train": cfg.task.n_train, "heldout": cfg.task.n_heldout})
-    (out_dir / "validation.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out_dir / "validation.json").write_text(strict_json(report, indent=2) + "\n")
     raise_if_failed(report, "data")
     for name, rows in splits.items():
         write_examples(out_dir / f"{name}.jsonl", rows)

@@ -9,10 +9,10 @@ metrics: edit success, retention of earlier edits, paraphrase generalisation, lo
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from pathlib import Path
 
+from posttrain.runtime import strict_json
 from posttrain.config import Config
 from posttrain.stages import stages
 
@@ -33,7 +33,7 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     history, metrics = apply_edits(model, tokenizer, facts, edits, cfg.edit, cfg.pipeline.seed, on_log=log)
     save_pretrained(model, tokenizer, out_dir / "model")
     write_edits(out_dir / "edits.jsonl", edits)
-    (out_dir / "history.json").write_text(json.dumps(history) + "\n")
+    (out_dir / "history.json").write_text(strict_json(history) + "\n")
     rows = [{"edit": i + 1, **asdict(e), "success": h["edit_success"]} for i, (e, h) in enumerate(zip(edits, history))]
     tracker.log_table(rows, "edits.json")
     tracker.log_artifacts(out_dir / "model", "model")

@@ -6,9 +6,9 @@ samples.jsonl.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from posttrain.runtime import strict_json
 from posttrain.config import Config
 from posttrain.data import read_examples
 from posttrain.stages import stages
@@ -28,7 +28,7 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     metrics, rows = evaluate(model, tokenizer, build_task(cfg.task), examples, cfg.eval, cfg.pipeline.seed)
     with (out_dir / "samples.jsonl").open("w") as f:
         for row in rows:
-            f.write(json.dumps(row) + "\n")
+            f.write(strict_json(row) + "\n")
     tracker.log_metrics(metrics)
     tracker.log_table(rows, "heldout_samples.json")
     return metrics

@@ -7,9 +7,9 @@ reward_curve.png (one line per judge). With `--resume` a stopped run continues f
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from posttrain.runtime import strict_json
 from posttrain.config import Config
 from posttrain.stages import stages
 
@@ -34,7 +34,7 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     history = train_flow_rl(model, edits, cfg.flow_rl, cfg.pipeline.seed, on_log=lambda step, m: tracker.log_metrics(m, step),
                             checkpointing=checkpointing)
     save_flow_model(model, out_dir / "model")
-    (out_dir / "history.json").write_text(json.dumps(history) + "\n")
+    (out_dir / "history.json").write_text(strict_json(history) + "\n")
     figure = reward_curve(history)
     figure.savefig(out_dir / "reward_curve.png", dpi=100)
     tracker.log_figure(figure, "reward_curve.png")

@@ -7,9 +7,9 @@ family (`unet`: a tiny new model, or a saved one from `flow.path`; `flux`: the d
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from posttrain.runtime import strict_json
 from posttrain.config import Config
 from posttrain.errors import UserError
 from posttrain.stages import stages
@@ -36,6 +36,6 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     model = starting_model(cfg, cfg.flow.image_size)
     history = train_flow_sft(model, edits, cfg.flow_sft, cfg.pipeline.seed, on_log=lambda step, m: tracker.log_metrics(m, step))
     save_flow_model(model, out_dir / "model")
-    (out_dir / "history.json").write_text(json.dumps(history) + "\n")
+    (out_dir / "history.json").write_text(strict_json(history) + "\n")
     tracker.log_artifacts(out_dir / "model", "model")
     return {"final_loss": history[-1]["loss"], "n_train": float(len(edits)), "steps": float(cfg.flow_sft.steps)}

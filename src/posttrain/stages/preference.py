@@ -8,9 +8,9 @@ Inputs: `data` (train.jsonl, heldout.jsonl) and `policy` (a directory with `mode
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from posttrain.runtime import strict_json
 from posttrain.config import Config
 from posttrain.data import read_examples
 from posttrain.data.preferences import PreferencePair, preference_data, read_pairs, write_pairs
@@ -63,7 +63,7 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     save_pretrained(policy, tokenizer, out_dir / "model")
     write_pairs(out_dir / "pairs_train.jsonl", train)
     write_pairs(out_dir / "pairs_heldout.jsonl", heldout)
-    (out_dir / "history.json").write_text(json.dumps(history) + "\n")
+    (out_dir / "history.json").write_text(strict_json(history) + "\n")
     tracker.log_table(table, "heldout_samples.json")
     tracker.log_artifacts(out_dir / "model", "model")
     metrics = {**pair_metrics, "greedy_accuracy_before": before["greedy_accuracy"], "greedy_accuracy": after["greedy_accuracy"],

@@ -6,9 +6,9 @@ Inputs: `data` (train.jsonl) and `policy` (a directory with `model/`). Output: `
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from posttrain.runtime import strict_json
 from posttrain.config import Config
 from posttrain.data import read_examples
 from posttrain.stages import stages
@@ -61,7 +61,7 @@ def train_and_save(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker,
     )
     history, table = train_online_rl(rl_run, resume, on_log=lambda step, m: tracker.log_metrics(m, step))
     save_pretrained(policy, tokenizer, out_dir / "model")
-    (out_dir / "history.json").write_text(json.dumps(history) + "\n")
+    (out_dir / "history.json").write_text(strict_json(history) + "\n")
     figure = reward_curve(history)
     figure.savefig(out_dir / "reward_curve.png", dpi=100)
     tracker.log_figure(figure, "reward_curve.png")
