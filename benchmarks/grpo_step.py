@@ -260,8 +260,7 @@ def run_rollouts(cfg, train, tokenizer, model, repeats: int, device: str = "cpu"
     """Median seconds of our `sample()` and of `model.generate` on the same prompts, alternated, on `device`."""
     import torch
 
-    from posttrain.models.sampling import sample
-    from posttrain.models.sampling import encode_prompts
+    from posttrain.models.sampling import encode_prompts, sample
 
     rl = cfg.rl
     device = torch.device(device)

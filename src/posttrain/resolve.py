@@ -70,13 +70,9 @@ def all_registries() -> dict[str, Registry]:
 
 def load(params: Path | str, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """`config.load` with presets expanded from the registry, then `check`: the settings a run uses."""
-    return check(config.load(params, overrides, expand_preset=expand_preset))
+    from posttrain.objectives.presets import expand
 
-
-def expand_preset(name: str, rl: dict[str, Any]) -> dict[str, Any]:
-    from posttrain.trainers.online_rl import expand_preset as expand
-
-    return expand(name, rl)
+    return check(config.load(params, overrides, expand_preset=expand))
 
 
 def check(cfg: Config) -> Config:
@@ -87,20 +83,21 @@ def check(cfg: Config) -> Config:
     return cfg
 
 
+def updated(model: BaseModel, key: str, **update: Any) -> BaseModel:
+    """`model` (a section, e.g. `cfg.rl`) with `update` applied and resolved again; `options` merge block by block.
+    An rl section also has its needs checked against the providers."""
+    from posttrain.config import RLConfig
+    from posttrain.trainers.extras import check_providers
+
+    model = update_section(model, key, all_registries(), **update)
+    if isinstance(model, RLConfig):
+        check_providers(model, key)
+    return model
+
+
 def section(model: BaseModel, key: str) -> BaseModel:
     """One section (e.g. a derived `rl` section) checked and parsed like `check` does for a whole config."""
-    model = resolve_section(model, key, all_registries())
-    if key == "rl":
-        _check_needs(model, all_registries(), key)
-    return model
-
-
-def updated(model: BaseModel, key: str, **update: Any) -> BaseModel:
-    """`model` (a section, e.g. `cfg.rl`) with `update` applied and resolved again; `options` merge block by block."""
-    model = update_section(model, key, all_registries(), **update)
-    if key == "rl":
-        _check_needs(model, all_registries(), key)
-    return model
+    return updated(model, key)
 
 
 def option_schema(name: str, kinds: tuple[str, ...]) -> type[BaseModel] | None:
@@ -118,7 +115,9 @@ def _check_meta(cfg: Config, registries: dict[str, Registry]) -> None:
         fits = registries[kind].entry(name).meta.get("tasks")
         if fits and cfg.task.name not in fits:
             raise UserError(f"{key}: {name} needs task.name in {{{', '.join(fits)}}} (got {cfg.task.name!r})")
-    _check_needs(rl, registries, "rl")
+    from posttrain.trainers.extras import check_providers
+
+    check_providers(rl)
 
     trained = [r.name for r in cfg.reward_model.rl_rewards if r.name in registries["reward_models"] and r.name != cfg.reward_model.kind]
     if trained:  # rl_rm hands its reward_model input to the reward named `kind` only
@@ -129,12 +128,3 @@ def _check_meta(cfg: Config, registries: dict[str, Registry]) -> None:
     if (flow.get("needs_checkpoint") and cfg.flow.path is None) or (flow.get("needs_lora") and cfg.flow.lora.r == 0):
         raise UserError(f"flow: kind {cfg.flow.kind} needs flow.path (a checkpoint directory) and flow.lora.r > 0 (only adapters train)")
 
-
-def _check_needs(rl, registries: dict[str, Registry], key: str) -> None:
-    """Every tensor the configured objective needs has a registered provider."""
-    from posttrain.objectives import needs_of
-
-    providers = registries["extras"]
-    for need in sorted(needs_of(rl)):
-        if need not in providers:
-            raise UserError(f"{key}: the objective needs {need!r}, which no registered extra provides ({providers.unknown_message(need)})")

@@ -53,8 +53,7 @@ def student(run, batch, hidden=False):
 
 
 def rollouts(run, examples, group_size=3, correct=(1.0, 0.0, 0.0)):
-    from posttrain.models.sampling import sample
-    from posttrain.models.sampling import encode_prompts
+    from posttrain.models.sampling import encode_prompts, sample
 
     tok = run.tokenizer
     ids, mask = encode_prompts(tok, [e.prompt for e in examples], torch.device("cpu"))
@@ -99,7 +98,7 @@ def test_identical_teacher_and_student_contexts_give_zero_opd_advantage(micro):
     run, examples = micro
     batch = rollouts(run, examples)
     teacher = teacher_forward(freeze(copy.deepcopy(run.policy)), batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
-    adv = opd_token_advantage(teacher.sampled(batch.completion_ids), batch.old_logp, batch.completion_mask)
+    adv = opd_token_advantage(teacher.logp, batch.old_logp, batch.completion_mask)
     assert adv.abs().max() < 1e-4
 
 

@@ -24,10 +24,6 @@ class CompletionOutputs:
     hidden: Tensor | None = None  # [L, B, T, d] each decoder layer's output at the position predicting y_t (when asked)
     entropy: Tensor | None = None  # [B, T] detached (when asked)
 
-    def sampled(self, completion_ids: Tensor | None = None) -> Tensor:
-        """[B, T] log-prob of the tokens in the completion."""
-        return self.logp
-
 
 def completion_forward(
     model: PreTrainedModel, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, attention_mask: Tensor,

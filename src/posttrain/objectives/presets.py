@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from posttrain.errors import UserError
 from posttrain.registry import Registry
 
 presets: Registry = Registry("preset")
@@ -22,6 +23,13 @@ def _with_reward(rl: dict[str, Any], name: str) -> list[Any]:
     listed = list(rl.get("rewards") or [])
     names = {r.get("name") if isinstance(r, dict) else r for r in listed}
     return listed if name in names else [*listed, {"name": name, "weight": 1.0}]
+
+
+def expand(name: str, rl: dict[str, Any]) -> dict[str, Any]:
+    """The rl keys preset `name` sets, given the rl section read so far (a UserError for an unknown name)."""
+    if name not in presets:
+        raise UserError(f"rl.preset: {presets.unknown_message(name)}")
+    return presets.get(name)(rl)
 
 
 @presets.register("dapo")

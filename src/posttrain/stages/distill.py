@@ -21,10 +21,11 @@ from posttrain.stages.rl import train_and_save
 
 def distill_rl_config(cfg: Config) -> RLConfig:
     """The rl section with the method's preset keys and the distill budget, validated and resolved again."""
-    from posttrain.trainers.online_rl import expand_preset, resolve_rl  # torch: after the cheap checks
+    from posttrain.objectives.presets import expand
+    from posttrain.trainers.online_rl import resolve_rl  # torch: after the cheap checks
 
     raw = cfg.rl.model_dump(mode="json")
-    raw.update(expand_preset(cfg.distill.method, raw), steps=cfg.distill.steps, prompts_per_step=cfg.distill.prompts_per_step, preset=None)
+    raw.update(expand(cfg.distill.method, raw), steps=cfg.distill.steps, prompts_per_step=cfg.distill.prompts_per_step, preset=None)
     try:
         rl = RLConfig.model_validate(raw)
     except ValidationError as e:

@@ -29,7 +29,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.config import RLConfig
 from posttrain.errors import UserError, assert_no_grad
-from posttrain.models.sampling import encode_prompts, generate
+from posttrain.models.sampling import decode_completions, encode_prompts, generate
 from posttrain.models.teacher import teacher_forward
 from posttrain.objectives import advantages, auxiliaries, losses, needs_of
 from posttrain.objectives.distill.gats import GATSState, gap_weight
@@ -41,9 +41,6 @@ from posttrain.tasks import Example, Task
 from posttrain.trainers import contexts
 
 extras: Registry = Registry("extra")
-
-ROLES = ("reference", "teacher", "base")
-
 
 @dataclass(frozen=True)
 class ExtraContext:
@@ -58,12 +55,23 @@ class ExtraContext:
 
     def model(self, role: str, need: str) -> PreTrainedModel:
         if role not in self.models:
-            raise UserError(f"{need} needs a frozen {role} model: run `posttrain distill` (its `{role}` input) instead of `rl`")
+            raise role_missing(need, role)
         return self.models[role]
 
     @property
     def device(self) -> torch.device:
         return next(self.policy.parameters()).device
+
+
+def role_missing(need: str, role: str) -> UserError:
+    return UserError(f"{need} needs a frozen {role} model: run `posttrain distill` (its `{role}` input) instead of `rl`")
+
+
+def check_providers(cfg: RLConfig, key: str = "rl") -> None:
+    """Every tensor the configured objective needs has a registered provider (a UserError naming the first that has none)."""
+    for need in sorted(needs_of(cfg)):
+        if need not in extras:
+            raise UserError(f"{key}: the objective needs {need!r}, which no registered extra provides ({extras.unknown_message(need)})")
 
 
 def roles_needed(cfg: RLConfig, optional: bool = True) -> frozenset[str]:
@@ -105,9 +113,9 @@ def success(batch: RolloutBatch) -> Tensor:
     return rewards @ batch.reward_weights > 0
 
 
-def completions(ctx: ExtraContext, batch: RolloutBatch) -> list[str]:
-    ids = batch.completion_ids.masked_fill(batch.completion_mask == 0, ctx.tokenizer.pad_token_id)
-    return ctx.tokenizer.batch_decode(ids.cpu(), skip_special_tokens=True)
+def reward_context(cfg: RLConfig, samples) -> dict[str, object]:
+    """What rewards may declare they need besides the text (see rewards.reward_matrix)."""
+    return {"lengths": samples.completion_mask.sum(-1).cpu(), "max_len": cfg.max_new_tokens, "overlong_buffer": cfg.overlong_buffer, "rl": cfg}
 
 
 def score_as_student(model, ctx: ExtraContext, batch: RolloutBatch, hidden: bool = False):
@@ -138,8 +146,7 @@ def reference_logp(ctx: ExtraContext, prompts, batch) -> Tensor:
 def greedy_rewards(ctx: ExtraContext, prompts, batch) -> Tensor:
     """[B] ReMax baseline: the weighted reward of one greedy completion of each row's prompt (NaN -> 0)."""
     samples, texts = generate(ctx.policy, ctx.tokenizer, [e.prompt for e in prompts], ctx.cfg.max_new_tokens, temperature=ctx.cfg.temperature, greedy=True)
-    context = {"lengths": samples.completion_mask.sum(-1).cpu(), "max_len": ctx.cfg.max_new_tokens, "overlong_buffer": ctx.cfg.overlong_buffer, "rl": ctx.cfg}
-    rewards, _, weights = reward_matrix(ctx.cfg.rewards, ctx.task, prompts, texts, samples.finished.tolist(), **context)
+    rewards, _, weights = reward_matrix(ctx.cfg.rewards, ctx.task, prompts, texts, samples.finished.tolist(), **reward_context(ctx.cfg, samples))
     per_prompt = torch.nan_to_num(rewards, nan=0.0) @ weights
     return per_prompt.to(batch.group.device)[batch.group]
 
@@ -157,7 +164,7 @@ def distribution_task(ctx: ExtraContext, need: str) -> Task:
 def outcomes(ctx: ExtraContext, prompts, batch) -> Tensor:
     """[B] 0-based index of each completion's outcome in its task's outcome set; -1 when unparseable."""
     task = distribution_task(ctx, "outcomes")
-    found = [task.outcome(text) for text in completions(ctx, batch)]
+    found = [task.outcome(text) for text in decode_completions(ctx.tokenizer, batch)]
     return torch.tensor([-1 if k is None else k for k in found], device=batch.group.device)
 
 
@@ -219,7 +226,7 @@ def privileged_logprobs(ctx: ExtraContext, prompts, batch) -> Tensor:
 def contrast_logp_gap(ctx: ExtraContext, prompts, batch) -> Tensor:
     """[B, T] SIPO's d = logp(y | x, C+) - logp(y | x, C-), the policy as a contrastive self-teacher."""
     limit = ctx.cfg.options_for("sipo").max_mistakes
-    examples, texts, ok = row_examples(prompts, batch), completions(ctx, batch), success(batch).tolist()
+    examples, texts, ok = row_examples(prompts, batch), decode_completions(ctx.tokenizer, batch), success(batch).tolist()
     positive, negative = [""] * batch.size, [""] * batch.size
     for rows in group_rows(batch):
         for own in rows:
@@ -232,7 +239,7 @@ def contrast_logp_gap(ctx: ExtraContext, prompts, batch) -> Tensor:
 def peer_logp_gap(ctx: ExtraContext, prompts, batch) -> Tensor:
     """[B, T] UniOPSD's Delta = logp_T - logp_S, the teacher being the policy with a successful peer of the
     same group in context; 0 on rows of groups without a success (untaught rows)."""
-    examples, texts, ok = row_examples(prompts, batch), completions(ctx, batch), success(batch).tolist()
+    examples, texts, ok = row_examples(prompts, batch), decode_completions(ctx.tokenizer, batch), success(batch).tolist()
     peer_texts, taught = [], []
     group_of = {i: rows for rows in group_rows(batch) for i in rows}
     for i in range(batch.size):
@@ -266,7 +273,7 @@ def skill_hidden(ctx: ExtraContext, prompts, batch) -> Tensor:
     opts = ctx.cfg.options_for("pr_opd")
     if ctx.step <= opts.warm_start:  # no skills written, no teacher pass
         return torch.empty(0)
-    examples, texts, ok = row_examples(prompts, batch), completions(ctx, batch), success(batch).tolist()
+    examples, texts, ok = row_examples(prompts, batch), decode_completions(ctx.tokenizer, batch), success(batch).tolist()
     hindsight = [contexts.hindsight_prompt(e, t, s) for e, t, s in zip(examples, texts, ok)]
     _, skills = generate(ctx.policy, ctx.tokenizer, hindsight, opts.skill_tokens, temperature=ctx.cfg.temperature, generator=ctx.generator)
     return score_under(ctx.policy, ctx, [contexts.skill_context(e, k) for e, k in zip(examples, skills)], batch, hidden=True).hidden
@@ -279,7 +286,7 @@ def retrospections(ctx: ExtraContext, prompts, batch) -> Tensor:
     prompt holding the attempt and the task's feedback; rows are (token ids, attention mask, loss mask),
     the loss mask being 1 on retrospection tokens only. The trainer's policy forward scores the token ids."""
     opts = ctx.cfg.options_for("roft")
-    examples, texts, ok = row_examples(prompts, batch), completions(ctx, batch), success(batch).tolist()
+    examples, texts, ok = row_examples(prompts, batch), decode_completions(ctx.tokenizer, batch), success(batch).tolist()
     feedback = [e.completion if not s else t for e, t, s in zip(examples, texts, ok)]  # the checker's feedback: the expected output
     retro_prompts = [contexts.retrospection_prompt(e, t, f) for e, t, f in zip(examples, texts, feedback)]
     ids, mask = encode_prompts(ctx.tokenizer, retro_prompts, batch.group.device)

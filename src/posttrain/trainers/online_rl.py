@@ -32,9 +32,7 @@ from posttrain.config import RLConfig
 from posttrain.errors import UserError
 from posttrain.registry import Registry, update_section
 from posttrain.models.logprobs import completion_forward, sequence_logprobs
-from posttrain.models.sampling import encode_prompts
-from posttrain.models.sampling import decode_completions
-from posttrain.models.sampling import sample
+from posttrain.models.sampling import decode_completions, encode_prompts, sample
 from posttrain.objectives import aggregations, advantages, auxiliaries, losses, needs_of, policy_reads
 from posttrain.objectives.presets import presets
 from posttrain.objectives.aggregation import aggregate
@@ -48,7 +46,7 @@ from posttrain.trainers.checkpoint import latest_checkpoint, load_checkpoint, sa
 from posttrain.runtime import progress
 from posttrain.trainers.common import optimizer_and_schedule, optimizer_step
 from posttrain.trainers.dynamic_sampling import concat, informative_groups, select_groups
-from posttrain.trainers.extras import ExtraContext, extras, provide, roles_needed
+from posttrain.trainers.extras import ExtraContext, check_providers, extras, provide, reward_context, role_missing, roles_needed
 
 
 def rl_registries() -> dict[str, Registry]:
@@ -61,17 +59,8 @@ def resolve_rl(rl: RLConfig, **update) -> RLConfig:
     """An rl section (with `update` applied; `options` merge block by block) checked against the registries, its
     options parsed, and every declared need given a provider: for the sections a stage derives (distill, rl_rm)."""
     rl = update_section(rl, "rl", rl_registries(), **update)
-    missing = sorted(n for n in needs_of(rl) if n not in extras)
-    if missing:
-        raise UserError(f"rl: the objective needs {missing[0]!r}, which no registered extra provides")
+    check_providers(rl)
     return rl
-
-
-def expand_preset(name: str, rl: dict) -> dict:
-    """The rl keys a named preset sets, given the rl section read so far (objectives/presets.py)."""
-    if name not in presets:
-        raise UserError(f"rl.preset: {presets.unknown_message(name)}")
-    return presets.get(name)(rl)
 
 
 class PromptStream:
@@ -121,11 +110,6 @@ class StepResult:
     metrics: dict[str, float]
 
 
-def reward_context(cfg: RLConfig, samples) -> dict[str, object]:
-    """What rewards may declare they need besides the text (see rewards.reward_matrix)."""
-    return {"lengths": samples.completion_mask.sum(-1).cpu(), "max_len": cfg.max_new_tokens, "overlong_buffer": cfg.overlong_buffer, "rl": cfg}
-
-
 def reward_metrics(batch: RolloutBatch) -> dict[str, float]:
     metrics = {}
     for k, name in enumerate(batch.reward_names):
@@ -155,7 +139,7 @@ class OnlineRL:
         missing = sorted(roles_needed(cfg, optional=False) - set(self.models) - {"reference"})
         if missing:
             need = next(n for n in sorted(self.needs) if extras.entry(n).meta.get("role") == missing[0])
-            raise UserError(f"{need} needs a frozen {missing[0]} model: run `posttrain distill` (its `{missing[0]}` input) instead of `rl`")
+            raise role_missing(need, missing[0])
         if "reference" in roles_needed(cfg) and "reference" not in self.models:  # the starting policy, frozen
             self.models["reference"] = copy.deepcopy(policy).eval().requires_grad_(False)
         self.states = {n: extras.entry(n).meta["state"]() for n in sorted(self.needs) if "state" in extras.entry(n).meta}
