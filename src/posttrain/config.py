@@ -85,6 +85,11 @@ class TrackingConfig(Section):
     enabled: bool
 
 
+class TrainingConfig(Section):  # what every training loop shares (trainers/loop.py)
+    max_nonfinite_steps: int = Field(ge=0)  # consecutive steps with a non-finite loss or gradient skipped before the stage fails
+    keep_checkpoints: int = Field(ge=2)  # the newest, and older ones to fall back to when the newest cannot be read
+
+
 class TaskConfig(Section):
     name: Annotated[str, Registered("tasks")]
     digits: int = Field(ge=1, le=6)
@@ -145,6 +150,7 @@ class SFTConfig(Section):
     max_grad_norm: float = Field(gt=0)
     n_examples: int = Field(ge=0)  # 0: every training example
     log_every: int = Field(gt=0)
+    checkpoint_every: int = Field(ge=0)  # 0: no checkpoints (--resume then starts over)
 
 
 class RewardSpec(Section):
@@ -265,6 +271,7 @@ class PairTrainingConfig(Section):
     warmup_steps: int = Field(ge=0)
     max_grad_norm: float = Field(gt=0)
     log_every: int = Field(gt=0)
+    checkpoint_every: int = Field(ge=0)  # 0: no checkpoints (bt: BT steps; trm: warm-up and pairwise-RL steps)
     options: Options  # <section>.options.<registered name>.<key>
 
     @field_validator("pairs")
@@ -319,6 +326,7 @@ class EditConfig(Section):
     max_grad_norm: float = Field(gt=0)
     params: tuple[str, ...]  # edited parameters: names containing one of these (e.g. "mlp": every FFN)
     log_every: int = Field(gt=0)  # edits between running-retention probes
+    checkpoint_every: int = Field(ge=0)  # edits between checkpoints of the `edit` stage; 0: none
     options: Annotated[Options, OptionsOf("edit_methods")]  # edit.options.<method>.<key>
 
     @field_validator("edits")
@@ -356,6 +364,7 @@ class CareConfig(Section):  # stage care: CARE's rubric generator (Context-Adapt
     rl_lr: float = Field(gt=0)
     format_weight: float = Field(ge=0)  # reward for a rubric that parses, next to the preference reward q
     log_every: int = Field(gt=0)
+    checkpoint_every: int = Field(ge=0)  # steps between checkpoints, in the SFT and in the RL phase; 0: none
 
 
 class DistillConfig(Section):
@@ -420,6 +429,7 @@ class FlowSFTConfig(Section):
     warmup_steps: int = Field(ge=0)
     max_grad_norm: float = Field(gt=0)
     log_every: int = Field(gt=0)
+    checkpoint_every: int = Field(ge=0)  # 0: no checkpoints (--resume then starts over)
 
 
 class ImageRewardSpec(Section):
@@ -468,6 +478,7 @@ class FlowEvalConfig(Section):
 class Config(Section):
     pipeline: PipelineConfig
     tracking: TrackingConfig
+    training: TrainingConfig
     task: TaskConfig
     model: ModelConfig
     sft: SFTConfig

@@ -12,7 +12,8 @@ from posttrain.config import FlowModelConfig, FlowRLConfig
 from posttrain.data.vigor.edits import Edits
 from posttrain.errors import UserError
 from posttrain.models.flow import build_flow_model
-from posttrain.trainers.flow_rl import Checkpointing, train_flow_rl
+from posttrain.trainers.flow_rl import train_flow_rl
+from posttrain.trainers.loop import TrainLoop
 
 PARAMS = yaml.safe_load((REPO / "params.yaml").read_text())
 MODEL = FlowModelConfig.model_validate({**PARAMS["flow"], "block_channels": [8, 16], "text_dim": 16})
@@ -39,6 +40,10 @@ def fresh_model():
     return build_flow_model(MODEL, SIZE)
 
 
+def checkpoints(directory, config_hash: str, resume: bool) -> TrainLoop:
+    return TrainLoop(directory, config_hash, RL.checkpoint_every, resume)
+
+
 def stop_at(step: int):
     def on_log(index: int, metrics: dict) -> None:
         if index == step:
@@ -53,14 +58,14 @@ def without_timing(history: list[dict]) -> list[dict]:
 
 def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path):
     straight = fresh_model()
-    history = train_flow_rl(straight, edits(), RL, 0, on_log=lambda *_: None, checkpointing=Checkpointing(tmp_path / "a", "h", False))
+    history = train_flow_rl(straight, edits(), RL, 0, on_log=lambda *_: None, loop=checkpoints(tmp_path / "a", "h", False))
 
     with pytest.raises(Stop):  # dies in step 3, after the step-2 checkpoint
-        train_flow_rl(fresh_model(), edits(), RL, 0, on_log=stop_at(3), checkpointing=Checkpointing(tmp_path / "b", "h", False))
+        train_flow_rl(fresh_model(), edits(), RL, 0, on_log=stop_at(3), loop=checkpoints(tmp_path / "b", "h", False))
     assert sorted(p.name for p in (tmp_path / "b").glob("step-*")) == ["step-000002"]
     torch.manual_seed(123)  # a new process: other global RNG state, restored from the checkpoint
     resumed = fresh_model()
-    resumed_history = train_flow_rl(resumed, edits(), RL, 0, on_log=lambda *_: None, checkpointing=Checkpointing(tmp_path / "b", "h", True))
+    resumed_history = train_flow_rl(resumed, edits(), RL, 0, on_log=lambda *_: None, loop=checkpoints(tmp_path / "b", "h", True))
 
     assert [row["step"] for row in resumed_history] == [1, 2, 3, 4]
     assert without_timing(resumed_history) == without_timing(history)
@@ -71,6 +76,6 @@ def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path):
 
 def test_resume_refuses_a_checkpoint_made_with_other_settings(tmp_path):
     with pytest.raises(Stop):
-        train_flow_rl(fresh_model(), edits(), RL, 0, on_log=stop_at(3), checkpointing=Checkpointing(tmp_path, "h", False))
+        train_flow_rl(fresh_model(), edits(), RL, 0, on_log=stop_at(3), loop=checkpoints(tmp_path, "h", False))
     with pytest.raises(UserError, match="other settings"):
-        train_flow_rl(fresh_model(), edits(), RL, 0, on_log=lambda *_: None, checkpointing=Checkpointing(tmp_path, "other", True))
+        train_flow_rl(fresh_model(), edits(), RL, 0, on_log=lambda *_: None, loop=checkpoints(tmp_path, "other", True))

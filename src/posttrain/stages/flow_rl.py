@@ -25,14 +25,14 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     from posttrain.models.flow import load_flow_model, maybe_flow_lora, save_flow_model
     from posttrain.stages.rl import reward_curve
     from posttrain.runtime import seed_everything
-    from posttrain.trainers.flow_rl import Checkpointing, train_flow_rl
+    from posttrain.trainers.flow_rl import train_flow_rl
+    from posttrain.trainers.loop import TrainLoop
 
     seed_everything(cfg.pipeline.seed)
     edits = load_edits(inputs["data"], "train", cfg.flow.image_size)
     model = maybe_flow_lora(load_flow_model(inputs["policy"] / "model"), cfg.flow.lora)
-    checkpointing = Checkpointing(out_dir / "checkpoints", cfg.section_hash("pipeline", "flow", "flow_rl"), resume)
-    history = train_flow_rl(model, edits, cfg.flow_rl, cfg.pipeline.seed, on_log=lambda step, m: tracker.log_metrics(m, step),
-                            checkpointing=checkpointing)
+    loop = TrainLoop.for_stage(cfg.training, out_dir, cfg.section_hash("pipeline", "flow", "flow_rl"), cfg.flow_rl.checkpoint_every, resume, "flow_rl")
+    history = train_flow_rl(model, edits, cfg.flow_rl, cfg.pipeline.seed, on_log=lambda step, m: tracker.log_metrics(m, step), loop=loop)
     save_flow_model(model, out_dir / "model")
     (out_dir / "history.json").write_text(strict_json(history) + "\n")
     figure = reward_curve(history)
@@ -46,4 +46,5 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
         "final_overall_reward": mean(last, "reward/overall_mean"),
         "steps": float(len(history)),
         "seconds_per_step": mean(history, "step_seconds"),
+        "nonfinite_steps": history[-1]["nonfinite_steps"],
     }

@@ -13,13 +13,14 @@ from posttrain.config import Config
 from posttrain.stages import stages
 
 
-@stages.register("knowledge", inputs={})
+@stages.register("knowledge", inputs={}, resumable=True)
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     from posttrain.data.facts import ROLES, build_fact_set
     from posttrain.models import build_tiny, load_pretrained, maybe_lora, save_pretrained, select_device, train_char_tokenizer
     from posttrain.runtime import seed_everything
     from posttrain.trainers.editing import accuracy
     from posttrain.trainers.preference import check_vocabulary
+    from posttrain.trainers.loop import TrainLoop
     from posttrain.trainers.sft import train_sft
 
     facts = build_fact_set(cfg.edit.facts)
@@ -32,8 +33,10 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
         model, tokenizer = load_pretrained(cfg.model.path, cfg.model.dtype)
         check_vocabulary(tokenizer, [facts.alphabet()], "the fact set")
     model = maybe_lora(model.to(select_device(cfg.pipeline.device)), cfg.model.lora)
+    loop = TrainLoop.for_stage(cfg.training, out_dir, cfg.section_hash("pipeline", "model", "edit"), cfg.edit.pretrain.checkpoint_every, resume,
+                               "edit.pretrain")
     metrics = train_sft(model, tokenizer, examples[: cfg.edit.pretrain.n_examples or None], cfg.edit.pretrain, cfg.pipeline.seed,
-                        on_log=lambda step, m: tracker.log_metrics(m, step))
+                        on_log=lambda step, m: tracker.log_metrics(m, step), loop=loop)
     max_new = max(len(o) for objs in facts.objects.values() for o in objs) + 1
     for role in ROLES:
         prompts = [p for s, r in facts.facts for p in facts.prompts(s, r, role)]

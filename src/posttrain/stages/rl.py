@@ -58,6 +58,7 @@ def train_and_save(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker,
         policy=policy, tokenizer=tokenizer, task=build_task(cfg.task), examples=examples, cfg=cfg.rl, seed=cfg.pipeline.seed,
         checkpoint_dir=out_dir / "checkpoints", config_hash=cfg.section_hash("pipeline", "task", "model", "rl"),
         models=load_models(tokenizer, device) if load_models else {},
+        max_nonfinite_steps=cfg.training.max_nonfinite_steps, keep_checkpoints=cfg.training.keep_checkpoints,
     )
     history, table = train_online_rl(rl_run, resume, on_log=lambda step, m: tracker.log_metrics(m, step))
     save_pretrained(policy, tokenizer, out_dir / "model")
@@ -72,4 +73,5 @@ def train_and_save(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker,
         "final_train_accuracy": sum(h.get("accuracy", 0.0) for h in last) / len(last),
         "final_reward": sum(h["reward/total_mean"] for h in last) / len(last),
         "steps": float(len(history)),
+        "nonfinite_steps": history[-1]["nonfinite_steps"],
     }

@@ -2,7 +2,7 @@
 
 With `model.path` unset the policy is a tiny model built from `model.*` sizes, with a character
 tokenizer trained on the task's alphabet; otherwise the model at `model.path` is fine-tuned (optionally
-with LoRA). Output: `model/` (a `from_pretrained` directory).
+with LoRA). Output: `model/` (a `from_pretrained` directory). With `--resume` a stopped run continues from its last checkpoint.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from posttrain.stages import stages
 from posttrain.tasks import build_task
 
 
-@stages.register("sft", inputs={"data": "outputs/data"}, requires={"data": ["train.jsonl"]})
+@stages.register("sft", inputs={"data": "outputs/data"}, requires={"data": ["train.jsonl"]}, resumable=True)
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     from posttrain.models import build_tiny, load_pretrained, maybe_lora, save_pretrained, select_device, train_char_tokenizer
     from posttrain.runtime import seed_everything
+    from posttrain.trainers.loop import TrainLoop
     from posttrain.trainers.sft import train_sft
 
     examples = read_examples(inputs["data"] / "train.jsonl")
@@ -32,7 +33,8 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     else:
         model, tokenizer = load_pretrained(cfg.model.path, cfg.model.dtype)
     model = maybe_lora(model.to(device), cfg.model.lora)
-    metrics = train_sft(model, tokenizer, examples, cfg.sft, cfg.pipeline.seed, on_log=lambda step, m: tracker.log_metrics(m, step))
+    loop = TrainLoop.for_stage(cfg.training, out_dir, cfg.section_hash("pipeline", "task", "model", "sft"), cfg.sft.checkpoint_every, resume, "sft")
+    metrics = train_sft(model, tokenizer, examples, cfg.sft, cfg.pipeline.seed, on_log=lambda step, m: tracker.log_metrics(m, step), loop=loop)
     save_pretrained(model, tokenizer, out_dir / "model")
     tracker.log_artifacts(out_dir / "model", "model")
     metrics["n_examples"] = float(len(examples))

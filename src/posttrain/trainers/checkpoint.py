@@ -1,15 +1,25 @@
-"""Training checkpoints: model weights, optimizer, scheduler, data position and every RNG state, so a
-resumed run continues bit-for-bit where it stopped."""
+"""Training checkpoints: model weights, the trainer's state (optimizer, schedule, data position, ...) and every RNG
+state, so a resumed run continues bit-for-bit where it stopped.
+
+A checkpoint is written to a hidden temporary directory, every file and the directory are fsynced, and only then
+is it renamed to `step-NNNNNN` (and the parent fsynced): a crash or power loss leaves either the whole checkpoint
+or none. The newest `keep` are kept; when the newest cannot be read (a torn disk, a truncated file) `load_latest`
+falls back to the one before it.
+"""
 
 from __future__ import annotations
 
+import os
+import pickle
 import random
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 
 from posttrain.errors import UserError
@@ -34,31 +44,78 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def save_checkpoint(directory: Path, step: int, model: torch.nn.Module, trainer_state: dict[str, Any], keep: int = 2) -> Path:
-    """Write `directory/step-NNNNNN` atomically and keep only the newest `keep` checkpoints."""
+    """Write `directory/step-NNNNNN` durably and atomically and keep only the newest `keep` checkpoints."""
     final = directory / f"step-{step:06d}"
     tmp = directory / f".step-{step:06d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_model(model, str(tmp / "model.safetensors"))
     torch.save({**trainer_state, "step": step, "rng": _rng_state()}, tmp / "trainer.pt")
+    for written in (tmp / "model.safetensors", tmp / "trainer.pt", tmp):
+        _fsync(written)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
-    for old in sorted(directory.glob("step-*"))[:-keep]:
+    _fsync(directory)
+    for old in checkpoints(directory)[:-keep]:
         shutil.rmtree(old)
     return final
 
 
+def checkpoints(directory: Path) -> list[Path]:
+    """The complete checkpoints in `directory`, oldest first."""
+    return sorted(p for p in directory.glob("step-*") if p.is_dir())
+
+
 def latest_checkpoint(directory: Path) -> Path | None:
-    found = sorted(directory.glob("step-*"))
+    found = checkpoints(directory)
     return found[-1] if found else None
 
 
 def load_checkpoint(path: Path, model: torch.nn.Module, config_hash: str) -> dict[str, Any]:
-    """Restore weights and RNG state from `path`; return the trainer state (optimizer, schedule, ...)."""
-    state = torch.load(path / "trainer.pt", weights_only=True)
-    if state.get("config_hash") != config_hash:
-        raise UserError(f"checkpoint {path} was made with other settings; delete {path.parent.parent} or run without --resume")
-    load_model(model, str(path / "model.safetensors"))
+    """Restore weights and RNG state from `path`; return the trainer state (optimizer, schedule, ...).
+    A checkpoint made under other settings is refused (UserError); one that cannot be read raises `Unreadable`."""
+    try:
+        state = torch.load(path / "trainer.pt", weights_only=True)
+        if state.get("config_hash") != config_hash:
+            raise UserError(f"checkpoint {path} was made with other settings; delete {path.parent.parent} or run without --resume")
+        load_model(model, str(path / "model.safetensors"))  # reads the whole file before it copies a tensor
+    except (OSError, EOFError, SafetensorError, pickle.UnpicklingError, RuntimeError) as e:  # truncated, torn or missing
+        raise Unreadable(f"{path.name}: {_first_line(e)}") from None
     _set_rng_state(state["rng"])
     return state
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+class Unreadable(Exception):
+    """A checkpoint whose files cannot be read back."""
+
+
+def load_latest(directory: Path, model: torch.nn.Module, config_hash: str) -> tuple[Path, dict[str, Any]] | None:
+    """Restore the newest readable checkpoint in `directory` (see `load_checkpoint`); falls back to older ones,
+    saying so on stderr, and raises a UserError when there are checkpoints but none can be read."""
+    found = checkpoints(directory)
+    problems = []
+    for path in reversed(found):
+        try:
+            state = load_checkpoint(path, model, config_hash)
+        except Unreadable as e:
+            problems.append(str(e))
+            print(f"posttrain: checkpoint {path} cannot be read ({e}); trying an older one", file=sys.stderr)
+            continue
+        return path, state
+    if found:
+        raise UserError(f"no checkpoint in {directory} can be read ({'; '.join(problems)}); delete it or run without --resume")
+    return None

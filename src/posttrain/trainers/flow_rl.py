@@ -21,7 +21,6 @@ import copy
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -33,9 +32,8 @@ from posttrain.objectives import advantages as estimators
 from posttrain.objectives import losses
 from posttrain.objectives.flow_grpo import clip_advantages, gaussian_kl, sde_step
 from posttrain.rewards.image import image_reward_matrix
-from posttrain.trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from posttrain.runtime import progress
-from posttrain.trainers.common import optimizer_step
+from posttrain.trainers.loop import TrainLoop
 
 
 def sigma_schedule(steps: int) -> list[float]:
@@ -108,15 +106,11 @@ def policy_update(model: ConditionalFlowModel, reference: ConditionalFlowModel |
     return totals
 
 
-@dataclass(frozen=True)
-class Checkpointing:
-    directory: Path  # where step-NNNNNN checkpoints go
-    config_hash: str  # a resume under other settings is refused
-    resume: bool
-
-
 def train_flow_rl(model: ConditionalFlowModel, edits: Edits, cfg: FlowRLConfig, seed: int,
-                  on_log: Callable[[int, dict[str, float]], None], checkpointing: Checkpointing | None = None) -> list[dict[str, float]]:
+                  on_log: Callable[[int, dict[str, float]], None], loop: TrainLoop | None = None) -> list[dict[str, float]]:
+    """`cfg.steps` Flow-GRPO updates; `loop` (trainers/loop.py) guards each step and, in a stage, checkpoints every
+    `flow_rl.checkpoint_every` steps and resumes. Returns the per-step history (restored on resume)."""
+    loop = loop or TrainLoop()
     generator = torch.Generator().manual_seed(seed)
     sigmas = sigma_schedule(cfg.sampling_steps)
     reference = None
@@ -124,14 +118,9 @@ def train_flow_rl(model: ConditionalFlowModel, edits: Edits, cfg: FlowRLConfig, 
         reference = copy.deepcopy(model).eval().requires_grad_(False)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
-    history: list[dict[str, float]] = []
-    start_step = 0
-    found = latest_checkpoint(checkpointing.directory) if checkpointing and checkpointing.resume else None
-    if found is not None:
-        state = load_checkpoint(found, model, checkpointing.config_hash)
-        optimizer.load_state_dict(state["optimizer"])
-        generator.set_state(state["generator"])
-        history, start_step = state["history"], state["step"]
+    parts = {"optimizer": optimizer, "generator": generator}
+    start_step, saved = loop.restore(model, parts)
+    history: list[dict[str, float]] = saved.get("history", [])
     bar = progress(cfg.steps, "flow_rl", initial=start_step)
     for step_index in range(start_step + 1, cfg.steps + 1):
         start = time.perf_counter()
@@ -147,21 +136,18 @@ def train_flow_rl(model: ConditionalFlowModel, edits: Edits, cfg: FlowRLConfig, 
         rewards, names, weights = image_reward_matrix(cfg.rewards, (images + 1) / 2, batch.judged())
         adv = image_advantages(rewards, group, weights, cfg)
         metrics = policy_update(model, reference, trajectory, conditions, text, adv, sigmas, cfg)
-        grad_norm = optimizer_step(params, optimizer, cfg.max_grad_norm)
+        grad_norm = loop.optimizer_step(step_index, metrics["loss"], params, optimizer, cfg.max_grad_norm)
         for k, name in enumerate(names):
             metrics[f"reward/{name}_mean"] = float(rewards[:, k].mean())
         metrics["reward/overall_mean"] = float(rewards.mean())
         metrics["grad_norm"] = grad_norm
+        metrics["nonfinite_steps"] = float(loop.nonfinite_steps)
         metrics["step_seconds"] = time.perf_counter() - start
         history.append({"step": step_index, **metrics})
         if step_index % cfg.log_every == 0:
             on_log(step_index, metrics)
         bar.update(1)
-        if checkpointing and cfg.checkpoint_every and step_index % cfg.checkpoint_every == 0 and step_index < cfg.steps:
-            save_checkpoint(checkpointing.directory, step_index, model, {
-                "optimizer": optimizer.state_dict(), "generator": generator.get_state(), "history": history,
-                "config_hash": checkpointing.config_hash,
-            })
+        loop.checkpoint(step_index, cfg.steps, model, parts, {"history": history})
     bar.close()
     model.eval()
     return history

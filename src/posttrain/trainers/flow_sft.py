@@ -19,7 +19,8 @@ from posttrain.config import FlowSFTConfig
 from posttrain.data.vigor.edits import Edits
 from posttrain.models.flow import ConditionalFlowModel
 from posttrain.runtime import progress
-from posttrain.trainers.common import optimizer_and_schedule, optimizer_step
+from posttrain.trainers.common import optimizer_and_schedule
+from posttrain.trainers.loop import TrainLoop
 
 
 def flow_matching_loss(model: ConditionalFlowModel, batch: Edits, generator: torch.Generator) -> Tensor:
@@ -33,26 +34,32 @@ def flow_matching_loss(model: ConditionalFlowModel, batch: Edits, generator: tor
 
 
 def train_flow_sft(model: ConditionalFlowModel, edits: Edits, cfg: FlowSFTConfig, seed: int,
-                   on_log: Callable[[int, dict[str, float]], None]) -> list[dict[str, float]]:
+                   on_log: Callable[[int, dict[str, float]], None], loop: TrainLoop | None = None) -> list[dict[str, float]]:
+    """`cfg.steps` flow-matching updates; `loop` (trainers/loop.py) guards each step and, in a stage, checkpoints
+    and resumes. Returns the logged history (restored on resume); its last row carries `nonfinite_steps`."""
+    loop = loop or TrainLoop()
     generator = torch.Generator().manual_seed(seed)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer, schedule = optimizer_and_schedule(params, cfg.lr, 0.0, cfg.warmup_steps, cfg.steps)
-    history, window = [], []
+    parts = {"optimizer": optimizer, "schedule": schedule, "generator": generator}
+    start, saved = loop.restore(model, parts)
+    history, window = saved.get("history", []), saved.get("window", [])
     model.train()
-    bar = progress(cfg.steps, "flow_sft")
-    for step in range(1, cfg.steps + 1):
+    bar = progress(cfg.steps, "flow_sft", initial=start)
+    for step in range(start + 1, cfg.steps + 1):
         index = torch.randint(len(edits), (min(cfg.batch_size, len(edits)),), generator=generator)
         loss = flow_matching_loss(model, edits.take(index), generator)
         loss.backward()
-        optimizer_step(params, optimizer, cfg.max_grad_norm)
+        loop.optimizer_step(step, loss, params, optimizer, cfg.max_grad_norm)
         schedule.step()
         window.append(float(loss.detach()))
         bar.update(1)
         if step % cfg.log_every == 0 or step == cfg.steps:
-            metrics = {"loss": sum(window) / len(window), "lr": schedule.get_last_lr()[0]}
+            metrics = {"loss": sum(window) / len(window), "lr": schedule.get_last_lr()[0], **loop.metrics()}
             window = []
             history.append({"step": step, **metrics})
             on_log(step, metrics)
+        loop.checkpoint(step, cfg.steps, model, parts, {"history": history, "window": window})
     bar.close()
     model.eval()
     return history

@@ -42,9 +42,9 @@ from posttrain.rewards import reward_matrix, rewards
 from posttrain.rollout import PolicyOutputs, RolloutBatch
 from posttrain.tasks import Example, Task
 from posttrain.trainers import distributed
-from posttrain.trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from posttrain.runtime import progress
-from posttrain.trainers.common import optimizer_and_schedule, optimizer_step
+from posttrain.trainers.common import optimizer_and_schedule
+from posttrain.trainers.loop import TrainLoop
 from posttrain.trainers.dynamic_sampling import concat, informative_groups, select_groups
 from posttrain.trainers.extras import ExtraContext, check_providers, extras, provide, reward_context, role_missing, roles_needed
 
@@ -85,8 +85,12 @@ class PromptStream:
             self.position += 1
         return out
 
-    def state(self) -> dict[str, int]:
+    def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.position = state["epoch"], state["position"]
+        self._order = self._shuffle()
 
 
 @dataclass
@@ -100,6 +104,8 @@ class RLRun:
     checkpoint_dir: Path
     config_hash: str
     models: dict[str, PreTrainedModel] = field(default_factory=dict)  # frozen models by role: teacher, base (distill), reference
+    max_nonfinite_steps: int = 3  # training.max_nonfinite_steps (trainers/loop.py)
+    keep_checkpoints: int = 2  # training.keep_checkpoints
 
 
 @dataclass(frozen=True)
@@ -127,11 +133,12 @@ def reward_metrics(batch: RolloutBatch) -> dict[str, float]:
 
 class OnlineRL:
     """The optimiser, schedule, generator, frozen models by role, side modules and declared states of one
-    online RL run over `run.policy`; `step(prompts)` is one update."""
+    online RL run over `run.policy`; `step(prompts)` is one update, its optimiser steps guarded by `loop`."""
 
-    def __init__(self, run: RLRun, total_steps: int | None = None):
+    def __init__(self, run: RLRun, total_steps: int | None = None, loop: TrainLoop | None = None):
         cfg, policy = run.cfg, run.policy
         self.run, self.cfg = run, cfg
+        self.loop = loop or TrainLoop(max_nonfinite_steps=run.max_nonfinite_steps)
         self.device = next(policy.parameters()).device
         self.needs = needs_of(cfg)
         self.reads = policy_reads(cfg)
@@ -290,12 +297,14 @@ class OnlineRL:
                 loss.backward()
             for model in (policy, *self.modules.values()):  # torchrun: equal prompt shares, so the mean of rank means
                 distributed.reduce_gradients(model, average=True)
-            grad_norm = optimizer_step(self.optimizer.param_groups[0]["params"], self.optimizer, cfg.max_grad_norm)  # clips the policy
+            grad_norm = self.loop.optimizer_step(  # clips the policy
+                self.step_index, loss, self.optimizer.param_groups[0]["params"], self.optimizer, cfg.max_grad_norm)
         self.schedule.step()
         metrics.update(reward_metrics(batch))
         metrics.update(composition_metrics(batch, adv, cfg.std_eps))
         metrics.update(loss_metrics)
-        metrics.update(loss=float(loss.detach()), grad_norm=float(grad_norm), lr=self.schedule.get_last_lr()[0], advantage_abs_mean=float(adv.abs().mean()))
+        metrics.update(loss=float(loss.detach()), grad_norm=float(grad_norm), lr=self.schedule.get_last_lr()[0], advantage_abs_mean=float(adv.abs().mean()),
+                       nonfinite_steps=float(self.loop.nonfinite_steps))
         if outputs.entropy is not None:
             metrics["entropy"] = float(aggregate(cfg, outputs.entropy, batch.completion_mask))
         return StepResult(batch, texts, prompts, metrics)
@@ -312,17 +321,12 @@ def train_online_rl(
     ctx = distributed.current()
     if ctx.active and (cfg.prompts_per_step % ctx.world_size or cfg.dynamic_sampling):
         raise UserError(f"under torchrun rl.prompts_per_step ({cfg.prompts_per_step}) must be a multiple of the {ctx.world_size} processes and rl.dynamic_sampling off")
-    trainer = OnlineRL(run)
+    loop = TrainLoop(run.checkpoint_dir, run.config_hash, cfg.checkpoint_every, resume, run.max_nonfinite_steps, run.keep_checkpoints, "rl")
+    trainer = OnlineRL(run, loop=loop)  # the reference (a copy of the starting policy) is made before a checkpoint loads
     stream = PromptStream(run.examples, run.seed)
-    history: list[dict[str, float]] = []
-    start_step = 0
-    found = latest_checkpoint(run.checkpoint_dir) if resume else None
-    if found is not None:
-        state = load_checkpoint(found, policy, run.config_hash)  # the reference stays the starting policy
-        trainer.load_state_dict(state["trainer"])
-        stream = PromptStream(run.examples, run.seed, **state["stream"])
-        history = state["history"]
-        start_step = state["step"]
+    parts = {"trainer": trainer, "stream": stream}
+    start_step, saved = loop.restore(policy, parts)
+    history: list[dict[str, float]] = saved.get("history", [])
 
     policy.train()
     bar = progress(cfg.steps, f"rl ({cfg.advantage}+{cfg.loss})", initial=start_step)
@@ -337,11 +341,7 @@ def train_online_rl(
         bar.set_postfix(acc=f"{metrics.get('accuracy', float('nan')):.2f}")
         if step % cfg.log_every == 0 or step == cfg.steps:
             on_log(step, metrics)
-        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < cfg.steps and ctx.is_main:
-            save_checkpoint(
-                run.checkpoint_dir, step, policy,
-                {"trainer": trainer.state_dict(), "stream": stream.state(), "history": history, "config_hash": run.config_hash},
-            )
+        loop.checkpoint(step, cfg.steps, policy, parts, {"history": history})
     bar.close()
     distributed.check_in_sync(policy, ctx)
     if start_step == cfg.steps:  # resumed a finished run: nothing was sampled in this process

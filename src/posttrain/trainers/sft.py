@@ -14,7 +14,8 @@ from posttrain.config import SFTConfig
 from posttrain.tasks import Example
 from posttrain.trainers import distributed
 from posttrain.runtime import progress
-from posttrain.trainers.common import optimizer_and_schedule, optimizer_step
+from posttrain.trainers.common import optimizer_and_schedule
+from posttrain.trainers.loop import TrainLoop
 
 
 def encode_pairs(tokenizer: PreTrainedTokenizerBase, examples: list[Example]) -> tuple[Tensor, Tensor, Tensor]:
@@ -43,17 +44,23 @@ def train_sft(
     cfg: SFTConfig,
     seed: int,
     on_log: Callable[[int, dict[str, float]], None],
+    loop: TrainLoop | None = None,
 ) -> dict[str, float]:
+    """`cfg.steps` updates on batches drawn with replacement; `loop` (trainers/loop.py) guards each step and, in a
+    stage, checkpoints and resumes. Returns the last logged metrics and `nonfinite_steps`."""
+    loop = loop or TrainLoop()
     device = next(model.parameters()).device
     ids, mask, labels = (t.to(device) for t in encode_pairs(tokenizer, examples))
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer, schedule = optimizer_and_schedule(params, cfg.lr, cfg.weight_decay, cfg.warmup_steps, cfg.steps)
     generator = torch.Generator().manual_seed(seed)
+    parts = {"optimizer": optimizer, "schedule": schedule, "generator": generator}
+    start, saved = loop.restore(model, parts)
     model.train()
-    metrics: dict[str, float] = {}
-    bar = progress(cfg.steps, "sft")
+    metrics: dict[str, float] = saved.get("metrics", {})
+    bar = progress(cfg.steps, "sft", initial=start)
     ctx = distributed.current()
-    for step in range(1, cfg.steps + 1):
+    for step in range(start + 1, cfg.steps + 1):
         rows = torch.randint(len(examples), (min(cfg.batch_size, len(examples)),), generator=generator).to(device)
         loss_kwargs = {}
         if ctx.active:  # every rank drew the same batch; each takes its share, the token mean stays over the whole batch
@@ -62,7 +69,7 @@ def train_sft(
         out = model(input_ids=ids[rows], attention_mask=mask[rows], labels=labels[rows], **loss_kwargs)
         out.loss.backward()
         distributed.reduce_gradients(model, average=False, ctx=ctx)  # sum of per-rank sums / global token count
-        optimizer_step(params, optimizer, cfg.max_grad_norm)
+        loop.optimizer_step(step, out.loss, params, optimizer, cfg.max_grad_norm)
         schedule.step()
         bar.update()
         if step % cfg.log_every == 0 or step == cfg.steps:
@@ -75,6 +82,7 @@ def train_sft(
             metrics = {"sft_loss": loss, "sft_token_accuracy": token_acc, "lr": schedule.get_last_lr()[0]}
             on_log(step, metrics)
             bar.set_postfix(loss=f"{metrics['sft_loss']:.3f}")
+        loop.checkpoint(step, cfg.steps, model, parts, {"metrics": metrics})
     bar.close()
     distributed.check_in_sync(model, ctx)
-    return metrics
+    return {**metrics, **loop.metrics()}
