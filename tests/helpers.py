@@ -62,8 +62,7 @@ def posttrain_in_process(*args: str) -> str:
 
     from posttrain.cli import _register_stage_commands, app
 
-    if not any(c.name == "sft" for c in app.registered_commands):
-        _register_stage_commands()
+    _register_stage_commands()
     result = CliRunner().invoke(app, list(args), standalone_mode=False)
     assert result.exit_code == 0 and result.exception is None, (result.output, result.exception)
     return result.output

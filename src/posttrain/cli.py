@@ -64,9 +64,13 @@ def _stage_command(name: str, doc: str):
 
 
 def _register_stage_commands() -> None:
+    """Once per process: `main` may run several times in one (the bad-input tests call it in-process)."""
     from posttrain.stages import stages
 
+    registered = {command.name for command in app.registered_commands}
     for entry in stages:
+        if entry.name in registered:
+            continue
         doc = (sys.modules[entry.obj.__module__].__doc__ or "").strip().split("\n\n")[0]
         _stage_command(entry.name, doc)
 

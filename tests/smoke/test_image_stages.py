@@ -1,15 +1,12 @@
 """The image pipeline's stages through the CLI on a micro config: city -> curate -> flow_sft -> flow_rl ->
-flow_eval (the saved-model + LoRA path is tests/unit/test_flow_model.py), and a corrupt or incomplete panorama table stopping `curate`
-with one clear line, exit code 2, no partial output and the previous output untouched."""
+flow_eval (the saved-model + LoRA path is tests/unit/test_flow_model.py). Their bad inputs (a corrupt or incomplete
+panorama table, damaged curated data or flow models) are cases of tests/reliability/test_bad_inputs.py."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import shutil
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from helpers import micro_params, posttrain
@@ -61,29 +58,3 @@ def test_images_are_logged_to_mlflow(image_run):
     artifacts = {p.name for p in (image_run / "mlartifacts").rglob("*.png")}
     assert {"samples.png", "reward_curve.png"} <= artifacts
 
-
-def snapshot(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-@pytest.mark.parametrize("damage,needle", [
-    (lambda d: d.drop(columns=["capture_date"]), "lacks column(s) capture_date"),  # incomplete
-    (None, "cannot read"),  # corrupt: a truncated file (the other damages are unit tests: test_vigor_curation.py)
-])
-def test_a_bad_panorama_table_stops_curate_cleanly(image_run, tmp_path, damage, needle):
-    source = tmp_path / "city"
-    shutil.copytree(image_run / "out" / "city", source)
-    table = source / "panoramas.parquet"
-    if damage is None:
-        table.write_bytes(table.read_bytes()[: len(table.read_bytes()) // 2])
-    else:
-        damage(pd.read_parquet(table)).to_parquet(table, index=False)
-    previous = tmp_path / "curate"
-    shutil.copytree(image_run / "out" / "curate", previous)
-    before = snapshot(previous)
-    result = posttrain("curate", "--in", f"source={source}", "--out", str(previous), cwd=image_run, check=False)
-    assert result.returncode == 2, result.stderr[-2000:]
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in result.stderr and needle in lines[0], result.stderr
-    assert snapshot(previous) == before  # nothing already written is lost
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["city", "curate"]  # no partial output or staging left

@@ -1,4 +1,5 @@
-"""The reward_model and preference stages on the micro config, the `bt` reward inside RL, and their user errors."""
+"""The reward_model and preference stages on the micro config, and the `bt` reward inside RL (their user errors:
+tests/reliability/test_bad_inputs.py)."""
 
 from __future__ import annotations
 
@@ -37,24 +38,3 @@ def test_reward_model_stage_then_rl_with_the_bt_reward(upstream):
     history = json.loads((upstream / "outputs" / "rl_rm" / "history.json").read_text())
     assert len(history) == 2 and all("reward/bt_mean" in h and "accuracy" in h for h in history)
 
-
-def one_line_error(result, *needles):
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-
-
-def test_malformed_pair_file_is_one_line_and_writes_nothing(upstream):
-    bad = upstream / "pairs.jsonl"
-    bad.write_text(json.dumps({"prompt": "1+1=", "chosen": "2", "rejected": "3"}) + "\n" + json.dumps({"prompt": "1+1=", "chosen": "2"}) + "\n")
-    result = posttrain("preference", "--set", f"preference.pairs={bad}", cwd=upstream, check=False)
-    one_line_error(result, f"{bad}:2", "missing field 'rejected'")
-    assert not (upstream / "outputs" / "preference").exists() and not (upstream / "outputs" / ".preference.partial").exists()
-
-
-def test_rl_with_bt_but_no_reward_model_is_one_line(upstream):
-    result = posttrain("rl", "--set", "rl.rewards=[{name: bt}]", "--set", "rl.options.bt.path=outputs/nothing_here", "--out", "outputs/rl_bt",
-                       cwd=upstream, check=False)
-    one_line_error(result, "rl.options.bt.path", "reward_model")
-    assert not (upstream / "outputs" / "rl_bt").exists()

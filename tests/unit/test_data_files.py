@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from posttrain.data.files import read_examples, write_examples
+from posttrain.data.files import check_examples, read_examples, write_examples
 from posttrain.errors import UserError
 from posttrain.tasks import Example
 
@@ -68,3 +68,33 @@ def test_empty_file(tmp_path):
 
 def test_missing_file(tmp_path):
     assert "not found" in read_error(tmp_path / "missing.jsonl")
+
+
+def test_bytes_that_are_not_utf8_name_their_exact_line(tmp_path):
+    """Decoding line by line: a text-mode reader fails at a chunk of ~8 KB, several lines away from the bad one."""
+    path = tmp_path / "train.jsonl"
+    path.write_bytes(lines(*[GOOD] * 299).encode() + b'{"prompt": "1+1=\xe9"}\n' + lines(GOOD).encode())
+    message = read_error(path)
+    assert f"{path}:300: not UTF-8" in message and "byte 17" in message
+
+
+@pytest.mark.parametrize("prompt", ["", "  "])
+def test_empty_prompt(tmp_path, prompt):
+    path = tmp_path / "train.jsonl"
+    path.write_text(lines(GOOD, {**GOOD, "prompt": prompt}))
+    assert f"{path}:2: empty prompt" in read_error(path)
+
+
+class Positions:  # the part of a model check_examples reads
+    config = type("Config", (), {"max_position_embeddings": 9})()
+
+
+def test_check_examples_refuses_what_does_not_fit_the_model(char_tokenizer, tmp_path):
+    path, sft = tmp_path / "train.jsonl", {"reserved": 1, "reserved_for": "EOS", "columns": ("prompt", "completion")}
+    fits = [Example("12+34=", "46", "46")]  # 6 + 2 + EOS: 9 positions
+    check_examples(path, fits, Positions(), char_tokenizer, **sft)
+    too_long = r"train.jsonl row 2: prompt \+ completion is 9 tokens; with 1 for EOS that is 10, more than the model's 9 positions"
+    with pytest.raises(UserError, match=too_long):
+        check_examples(path, [*fits, Example("123+456=", "5", "5")], Positions(), char_tokenizer, **sft)
+    with pytest.raises(UserError, match=r"train.jsonl row 1: '12\+34=x' holds 'x'"):
+        check_examples(path, [Example("12+34=x", "46", "46")], Positions(), char_tokenizer, 0, "nothing")

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from posttrain.models import train_char_tokenizer
+from posttrain.errors import UserError
+from posttrain.models import check_vocabulary, train_char_tokenizer
+from posttrain.models.tokenizer import unknown_pieces, word_tokenizer
 
 TEXTS = ["37+48=", "85", "05-99=", "-94", "12*34=", "408", "0"]
 
@@ -63,3 +65,19 @@ def test_save_and_reload_with_auto_tokenizer(char_tokenizer, tmp_path):
     assert reloaded.padding_side == "left"
     batch = ["1+1=", "12+34="]
     assert reloaded(batch, padding=True)["input_ids"] == char_tokenizer(batch, padding=True)["input_ids"]
+
+
+def test_unknown_pieces_names_each_unknown_character_once(char_tokenizer):
+    assert unknown_pieces(char_tokenizer, "1x+x2=é") == ["x", "é"]
+    assert unknown_pieces(char_tokenizer, "12+34=") == []
+
+
+def test_unknown_pieces_of_a_word_tokenizer_are_words():
+    assert unknown_pieces(word_tokenizer(["red", "blue"]), "red green blue purple") == ["green", "purple"]
+
+
+def test_check_vocabulary_is_one_line_naming_the_text_and_pieces(char_tokenizer):
+    with pytest.raises(UserError) as info:
+        check_vocabulary(char_tokenizer, ["1+1=", "2\n+x="], "train.jsonl row 2")
+    assert str(info.value).startswith("train.jsonl row 2: '2\\n+x=' holds '\\n', 'x', outside the tokenizer's vocabulary")
+    assert "\n" not in str(info.value)

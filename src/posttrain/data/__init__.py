@@ -1,5 +1,5 @@
 """Datasets on disk (JSON lines of `Example`) and their validation suites."""
 
-from posttrain.data.files import read_examples, write_examples
+from posttrain.data.files import check_examples, read_examples, write_examples
 
-__all__ = ["read_examples", "write_examples"]
+__all__ = ["check_examples", "read_examples", "write_examples"]

@@ -8,9 +8,12 @@ loading code.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -55,6 +58,46 @@ def build_tiny(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrain
 
 
 _PLAIN_PIPELINES = {"TokenizersBackend", "PreTrainedTokenizerFast"}  # tokenizers saved as a bare `tokenizers` pipeline
+# the files transformers builds a tokenizer from (fast pipeline, sentencepiece, BPE / WordPiece vocabularies)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
+# what a damaged saved directory raises: unreadable files (transformers' own error for a bad config.json is an
+# OSError), JSON cut short, and a .safetensors file truncated or emptied (its header no longer parses)
+UNREADABLE = (OSError, json.JSONDecodeError, SafetensorError)
+
+
+# the errors that do not say which file is damaged: where to look, and how to tell a damaged file
+_PARSERS = {
+    SafetensorError: ("*.safetensors", lambda file: safe_open(file, "pt")),
+    json.JSONDecodeError: ("*.json", lambda file: json.loads(file.read_text())),
+}
+
+
+def _damaged_file(path: str | Path, error: Exception) -> str | None:
+    """The first file under `path` of the kind that raised `error` that does not parse, or None."""
+    kind = next((k for k in _PARSERS if isinstance(error, k)), None)
+    if kind is None:
+        return None
+    pattern, parse = _PARSERS[kind]
+    for file in sorted(Path(path).rglob(pattern)):
+        try:
+            parse(file)
+        except kind:
+            return str(file)
+    return None
+
+
+@contextmanager
+def readable(path: str | Path, what: str) -> Iterator[None]:
+    """Loading `what` from a saved directory: a damaged or incomplete one is one `UserError` line naming it (and
+    the damaged file, when the error does not), not the loader's traceback. Only the error types a damaged
+    file raises are caught; anything else is a bug and keeps its traceback."""
+    try:
+        yield
+    except UNREADABLE as e:
+        reason = (str(e).splitlines() or [type(e).__name__])[0]
+        damaged = _damaged_file(path, e)
+        detail = f"{damaged} is truncated or damaged ({reason})" if damaged else reason
+        raise UserError(f"cannot load {what} from {path}: {detail}") from None
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
@@ -62,11 +105,17 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
 
     A bare `tokenizers` pipeline (our character and word tokenizers) is reloaded as such: transformers 5's
     AutoTokenizer would pick the class of the model type in config.json instead (Qwen2Tokenizer for our tiny
-    Qwen2 models), which rebuilds its own pre-tokenizer over the saved vocabulary and silently drops spaces."""
-    saved = Path(path) / "tokenizer_config.json"
-    if saved.is_file() and json.loads(saved.read_text()).get("tokenizer_class") in _PLAIN_PIPELINES:
-        return PreTrainedTokenizerFast.from_pretrained(path)
-    return AutoTokenizer.from_pretrained(path)
+    Qwen2 models), which rebuilds its own pre-tokenizer over the saved vocabulary and silently drops spaces.
+    A local directory without any tokenizer file is refused up front (transformers would fail with a page
+    about converting slow tokenizers)."""
+    local = Path(path)
+    if local.is_dir() and not any((local / name).is_file() for name in TOKENIZER_FILES):
+        raise UserError(f"no tokenizer in {path}: tokenizer.json is missing (a model directory holds its tokenizer)")
+    with readable(path, "the tokenizer"):
+        saved = local / "tokenizer_config.json"
+        if saved.is_file() and json.loads(saved.read_text()).get("tokenizer_class") in _PLAIN_PIPELINES:
+            return PreTrainedTokenizerFast.from_pretrained(path)
+        return AutoTokenizer.from_pretrained(path)
 
 
 def load_pretrained(path: str | Path, dtype: str = "float32") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -76,11 +125,9 @@ def load_pretrained(path: str | Path, dtype: str = "float32") -> tuple[PreTraine
         raise UserError(f"model path not found: {path}")
     if local.exists() and not (local / "config.json").is_file():
         raise UserError(f"not a model directory (no config.json): {path}")
-    try:
-        tokenizer = load_tokenizer(path)
+    tokenizer = load_tokenizer(path)
+    with readable(path, "model"):
         model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
-    except OSError as e:
-        raise UserError(f"cannot load model from {path}: {str(e).splitlines()[0]}") from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import re
 import zlib
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -144,18 +145,24 @@ flow_backends.register("unet")(UNetBackend)
 
 
 def load_flow_model(path: str | Path):
-    """A model saved by `save_flow_model`, read back by the backend named in its flow_config.json."""
+    """A model saved by `save_flow_model`, read back by the backend named in its flow_config.json; a damaged
+    directory is one `UserError` line (models.factory.readable)."""
     import posttrain.models.flux  # noqa: F401  (registers the `flux` kind)
+    from posttrain.models.factory import readable
 
-    meta = json.loads((Path(path) / "flow_config.json").read_text())
-    return flow_backends.get(meta.get("kind", "unet")).load(path)
+    with readable(path, "the flow model"):
+        meta = json.loads((Path(path) / "flow_config.json").read_text())
+        return flow_backends.get(meta.get("kind", "unet")).load(path)
 
 
 def start_flow_model(cfg: FlowModelConfig, image_size: int):
     """The model flow_sft starts from: the `flow.kind` backend's tiny or saved model, plus LoRA when r > 0."""
     import posttrain.models.flux  # noqa: F401  (registers the `flux` kind)
+    from posttrain.models.factory import readable
 
-    return maybe_flow_lora(flow_backends.get(cfg.kind).start(cfg, image_size), cfg.lora)
+    with readable(cfg.path, "the flow model") if cfg.path else nullcontext():
+        model = flow_backends.get(cfg.kind).start(cfg, image_size)
+    return maybe_flow_lora(model, cfg.lora)
 
 
 def save_flow_model(model, out: Path) -> None:

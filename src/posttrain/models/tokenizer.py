@@ -3,6 +3,10 @@
 Tiny task models need no subword vocabulary: one token per character keeps the softmax small and makes
 every answer digit its own decision. The result is a `PreTrainedTokenizerFast` that round-trips through
 `save_pretrained` / `models.load_tokenizer` (see there why not plain `AutoTokenizer` next to a model).
+
+`check_vocabulary` is the one check that text fits a tokenizer: a character or word outside the vocabulary is
+encoded as `<unk>` without complaint, and a model would then train on (and be scored against) a token that
+stands for anything.
 """
 
 from __future__ import annotations
@@ -10,7 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+from posttrain.errors import UserError
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 
@@ -36,3 +42,26 @@ def word_tokenizer(words: Iterable[str]) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(
         tokenizer_object=core, pad_token=PAD, eos_token=EOS, unk_token=UNK, padding_side="left", clean_up_tokenization_spaces=False
     )
+
+
+def unknown_pieces(tokenizer: PreTrainedTokenizerBase, text: str) -> list[str]:
+    """The distinct pieces of `text` that `tokenizer` encodes as its unknown token, in order of appearance.
+    Empty for a tokenizer without one (byte-level vocabularies encode any text); a slow tokenizer has no
+    offsets, so there the whole text stands for its unknown pieces."""
+    unk = tokenizer.unk_token_id
+    if unk is None:
+        return []
+    if not tokenizer.is_fast:
+        return [text] if unk in tokenizer.encode(text, add_special_tokens=False) else []
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    return list(dict.fromkeys(text[start:end] for token, (start, end) in zip(encoded.input_ids, encoded.offset_mapping) if token == unk))
+
+
+def check_vocabulary(tokenizer: PreTrainedTokenizerBase, texts: Iterable[str], what: str) -> None:
+    """A `UserError` naming `what`, the first text with pieces outside the tokenizer's vocabulary, and those
+    pieces. Refused rather than trained on: `<unk>` would silently stand for every unknown character."""
+    for text in texts:
+        pieces = unknown_pieces(tokenizer, text)
+        if pieces:
+            shown = ", ".join(map(repr, pieces[:8])) + (f" (+{len(pieces) - 8} more)" if len(pieces) > 8 else "")
+            raise UserError(f"{what}: {text[:60]!r} holds {shown}, outside the tokenizer's vocabulary (encoded as {tokenizer.unk_token})")

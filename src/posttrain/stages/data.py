@@ -1,6 +1,9 @@
 """Stage `data`: generate the task's train / held-out examples, then validate them with Great Expectations.
 
 Outputs: train.jsonl, heldout.jsonl, validation.json. A failing suite stops the stage with its report.
+The suite checks what the task defines (non-empty prompts in the task's alphabet, verified completions,
+disjoint splits); whether rows fit a model (its tokenizer's vocabulary, its positions) is checked where a
+model meets the data, by the stages that load one (data.check_examples): only they know the tokenizer.
 """
 
 from __future__ import annotations

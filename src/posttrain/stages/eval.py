@@ -10,7 +10,7 @@ from pathlib import Path
 
 from posttrain.runtime import strict_json
 from posttrain.config import Config
-from posttrain.data import read_examples
+from posttrain.data import check_examples, read_examples
 from posttrain.stages import stages
 from posttrain.tasks import build_task
 
@@ -22,8 +22,10 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     from posttrain.eval.harness import evaluate
     from posttrain.models import load_pretrained, select_device
 
-    examples = read_examples(inputs["data"] / "heldout.jsonl")
+    heldout = inputs["data"] / "heldout.jsonl"
+    examples = read_examples(heldout)
     model, tokenizer = load_pretrained(inputs["model"] / "model", cfg.model.dtype)
+    check_examples(heldout, examples, model, tokenizer, cfg.eval.max_new_tokens, "eval.max_new_tokens")
     model = model.to(select_device(cfg.pipeline.device))
     metrics, rows = evaluate(model, tokenizer, build_task(cfg.task), examples, cfg.eval, cfg.pipeline.seed)
     with (out_dir / "samples.jsonl").open("w") as f:

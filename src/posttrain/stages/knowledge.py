@@ -16,10 +16,10 @@ from posttrain.stages import stages
 @stages.register("knowledge", inputs={}, resumable=True)
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     from posttrain.data.facts import ROLES, build_fact_set
-    from posttrain.models import build_tiny, load_pretrained, maybe_lora, save_pretrained, select_device, train_char_tokenizer
+    from posttrain.models import (build_tiny, check_vocabulary, load_pretrained, maybe_lora, save_pretrained, select_device,
+                                  train_char_tokenizer)
     from posttrain.runtime import seed_everything
     from posttrain.trainers.editing import accuracy
-    from posttrain.trainers.preference import check_vocabulary
     from posttrain.trainers.loop import TrainLoop
     from posttrain.trainers.sft import train_sft
 

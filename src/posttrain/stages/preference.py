@@ -12,7 +12,7 @@ from pathlib import Path
 
 from posttrain.runtime import strict_json
 from posttrain.config import Config
-from posttrain.data import read_examples
+from posttrain.data import check_examples, read_examples
 from posttrain.data.preferences import PreferencePair, preference_data, read_pairs, write_pairs
 from posttrain.errors import UserError
 from posttrain.stages import stages
@@ -51,6 +51,7 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
         train, heldout = load_pairs(cfg, cfg.preference, task, train_examples, heldout_examples)
     seed_everything(cfg.pipeline.seed)
     policy, tokenizer = load_pretrained(inputs["policy"] / "model", cfg.model.dtype)
+    check_examples(inputs["data"] / "heldout.jsonl", heldout_examples, policy, tokenizer, cfg.eval.max_new_tokens, "eval.max_new_tokens")
     policy = policy.to(select_device(cfg.pipeline.device))
     if samples_policy:
         train, heldout = load_pairs(cfg, cfg.preference, task, train_examples, heldout_examples, (policy, tokenizer))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from posttrain.runtime import strict_json
 from posttrain.config import Config
-from posttrain.data import read_examples
+from posttrain.data import check_examples, read_examples
 from posttrain.stages import stages
 from posttrain.tasks import build_task
 
@@ -49,10 +49,12 @@ def train_and_save(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker,
     from posttrain.runtime import seed_everything
     from posttrain.trainers.online_rl import RLRun, train_online_rl
 
-    examples = read_examples(inputs["data"] / "train.jsonl")
+    train = inputs["data"] / "train.jsonl"
+    examples = read_examples(train)
     seed_everything(cfg.pipeline.seed)
     device = select_device(cfg.pipeline.device)
     policy, tokenizer = load_pretrained(inputs["policy"] / "model", cfg.model.dtype)
+    check_examples(train, examples, policy, tokenizer, cfg.rl.max_new_tokens, "rl.max_new_tokens")
     policy = maybe_lora(policy.to(device), cfg.model.lora)
     rl_run = RLRun(
         policy=policy, tokenizer=tokenizer, task=build_task(cfg.task), examples=examples, cfg=cfg.rl, seed=cfg.pipeline.seed,

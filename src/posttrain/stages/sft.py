@@ -2,7 +2,11 @@
 
 With `model.path` unset the policy is a tiny model built from `model.*` sizes, with a character
 tokenizer trained on the task's alphabet; otherwise the model at `model.path` is fine-tuned (optionally
-with LoRA). Output: `model/` (a `from_pretrained` directory). With `--resume` a stopped run continues from its last checkpoint.
+with LoRA). Output: `model/` (a `from_pretrained` directory). A training row the model cannot take stops the
+stage before any step: a character outside the tokenizer (the task's alphabet for a tiny model; it is not
+grown from the data, so a typo or another task's data cannot slip in as `<unk>`), or prompt + completion + EOS
+longer than the model's positions (data.check_examples). With `--resume` a stopped run continues from its last
+checkpoint (`sft.checkpoint_every`).
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from posttrain.config import Config
-from posttrain.data import read_examples
+from posttrain.data import check_examples, read_examples
 from posttrain.stages import stages
 from posttrain.tasks import build_task
 
@@ -22,9 +26,8 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     from posttrain.trainers.loop import TrainLoop
     from posttrain.trainers.sft import train_sft
 
-    examples = read_examples(inputs["data"] / "train.jsonl")
-    if cfg.sft.n_examples:
-        examples = examples[: cfg.sft.n_examples]
+    train = inputs["data"] / "train.jsonl"
+    examples = read_examples(train)
     seed_everything(cfg.pipeline.seed)
     device = select_device(cfg.pipeline.device)
     if cfg.model.path is None:
@@ -32,6 +35,8 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
         model = build_tiny(cfg.model, tokenizer)
     else:
         model, tokenizer = load_pretrained(cfg.model.path, cfg.model.dtype)
+    check_examples(train, examples, model, tokenizer, 1, "EOS", columns=("prompt", "completion"))
+    examples = examples[: cfg.sft.n_examples or None]
     model = maybe_lora(model.to(device), cfg.model.lora)
     loop = TrainLoop.for_stage(cfg.training, out_dir, cfg.section_hash("pipeline", "task", "model", "sft"), cfg.sft.checkpoint_every, resume, "sft")
     metrics = train_sft(model, tokenizer, examples, cfg.sft, cfg.pipeline.seed, on_log=lambda step, m: tracker.log_metrics(m, step), loop=loop)

@@ -18,24 +18,14 @@ from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.data.preferences import PreferencePair
-from posttrain.errors import UserError
 from posttrain.models.logprobs import completion_logprobs
 from posttrain.objectives.preference import PairLogps, preference_objectives
 from posttrain.models.sampling import encode_prompts
+from posttrain.models.tokenizer import check_vocabulary
 from posttrain.runtime import progress
 from posttrain.trainers.common import optimizer_and_schedule, optimizer_step
 
 EVAL_CHUNK = 256  # pairs per no-grad forward pass
-
-
-def check_vocabulary(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], what: str) -> None:
-    """A UserError when some text holds characters/words the model's tokenizer maps to the unknown token."""
-    unk = tokenizer.unk_token_id
-    if unk is None:
-        return
-    for text in texts:
-        if unk in tokenizer.encode(text, add_special_tokens=False):
-            raise UserError(f"{what} holds text the model's tokenizer cannot encode (unknown token): {text[:60]!r}")
 
 
 @dataclass(frozen=True)

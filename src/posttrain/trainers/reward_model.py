@@ -27,11 +27,11 @@ from pydantic import Field
 from torch import Tensor
 
 from posttrain.config import Section
+from posttrain.models.tokenizer import check_vocabulary
 from posttrain.rewards import reward_models
 from posttrain.rewards.bradley_terry import POOLING_FILE, SCORE_CHUNK, encode_texts, hidden_states, pool, scores
 from posttrain.runtime import progress
 from posttrain.trainers.common import optimizer_and_schedule, optimizer_step
-from posttrain.trainers.preference import check_vocabulary
 
 
 class BTModelOptions(Section):  # reward_model.options.bt

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
+from posttrain.data.files import read_parquet
 from posttrain.data.vigor.pairing import haversine_m, pairs_within
 from posttrain.data.vigor.steps import (change_classifiers, embedders, geometric_checks, instruction_writers, persistent_similarity,
                                         quality, validate_instruction)
@@ -37,12 +38,7 @@ class Sources:
 
 
 def _read_table(path: Path, columns: dict[str, str]) -> pd.DataFrame:
-    if not path.is_file():
-        raise UserError(f"curate: missing table {path}")
-    try:
-        frame = pd.read_parquet(path)
-    except Exception as e:  # pyarrow raises several types for a damaged file
-        raise UserError(f"curate: cannot read {path}: {str(e).splitlines()[0][:200]}") from None
+    frame = read_parquet(path, "curate")
     missing = [c for c in columns if c not in frame.columns]
     if missing:
         raise UserError(f"curate: {path.name} lacks column(s) {', '.join(missing)}; expected {', '.join(columns)}")

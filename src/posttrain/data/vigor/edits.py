@@ -6,6 +6,7 @@ and `images.npz` (`images`: uint8 [N, 4, H, W, 3] in the order S_old, S_new, A_o
 
 from __future__ import annotations
 
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from posttrain.data.files import read_parquet
 from posttrain.data.vigor.render import slot_mask
 from posttrain.errors import UserError
 from posttrain.rewards.image import EditBatch
@@ -42,12 +44,34 @@ class Edits:
         return EditBatch((self.source + 1) / 2, (self.target + 1) / 2, self.edit_mask, self.instructions)
 
 
+QUADRUPLET_COLUMNS = ("split", "region", "instruction", "change")  # what the flow stages read from the table
+
+
+def read_curated(directory: Path) -> tuple[pd.DataFrame, np.ndarray]:
+    """curate's table and images, checked against each other: a damaged file, a missing column or images
+    that do not match the rows is one `UserError` line naming the file (not a pyarrow / zipfile traceback,
+    nor a model trained on misaligned pairs)."""
+    table = read_parquet(directory / "quadruplets.parquet", "curated data")
+    missing = [c for c in QUADRUPLET_COLUMNS if c not in table.columns]
+    if missing:
+        expected = ", ".join(QUADRUPLET_COLUMNS)
+        raise UserError(f"{directory / 'quadruplets.parquet'}: lacks column(s) {', '.join(missing)}; expected {expected}")
+    npz = directory / "images.npz"
+    try:
+        with np.load(npz) as archive:
+            images = archive["images"]
+    except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile) as e:  # what np.load raises for a damaged archive
+        raise UserError(f"cannot read {npz}: {e}") from None
+    if images.ndim != 5 or images.shape[0] != len(table) or images.shape[1] != 4 or images.shape[-1] != 3:
+        raise UserError(f"{npz}: images of shape {list(images.shape)} do not match the table's {len(table)} quadruplets "
+                        "(expected [rows, 4, H, W, 3])")
+    return table, images
+
+
 def load_edits(directory: Path, split: str, size: int) -> Edits:
     """The `split` quadruplets at `size` px (area-averaged down from the curated resolution when smaller)."""
     directory = Path(directory)
-    table = pd.read_parquet(directory / "quadruplets.parquet")
-    with np.load(directory / "images.npz") as archive:
-        images = archive["images"]
+    table, images = read_curated(directory)
     rows = np.flatnonzero(table["split"].to_numpy() == split)
     if rows.size == 0:
         raise UserError(f"{directory}: no quadruplets in split {split!r} (curate more panoramas or change curate.heldout_fraction)")
