@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
 class Example:
-    prompt: str
+    prompt: str  # the user turn (a chat template, when the tokenizer has one, renders it with `system`)
     completion: str  # a reference solution in the task's answer format (used by SFT)
     answer: str  # the value the verifier compares against
+    system: str | None = None  # a system prompt for the chat template; None: the template's default
+    messages: tuple[Mapping[str, str], ...] | None = None  # a whole conversation ({role, content}) for SFT on assistant turns
+    metadata: Mapping[str, Any] = field(default_factory=dict)  # a dataset's extra columns, handed to rewards
 
 
 class Task(ABC):
