@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import yaml
@@ -90,3 +94,36 @@ def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Pa
             build(root)
             done.touch()
     return root
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def moto_server(*buckets: str) -> Iterator[tuple[str, subprocess.Popen]]:
+    """A loopback S3 stand-in (moto) on 127.0.0.1 with `buckets`, started here and stopped by its process id;
+    yields its endpoint and its process (tests freeze it with SIGSTOP)."""
+    port = free_port()
+    server = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.2)
+        import boto3
+
+        for bucket in buckets:
+            boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=bucket)
+        yield endpoint, server
+    finally:
+        os.killpg(server.pid, signal.SIGCONT)  # a frozen server cannot act on SIGTERM
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)

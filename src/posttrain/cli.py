@@ -19,6 +19,7 @@ except ImportError:  # pragma: no cover
     from click.exceptions import ClickException
 
 from posttrain.errors import UserError
+from posttrain.uris import redact_uri
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, help=__doc__)
 
@@ -110,7 +111,7 @@ def summary(
         result[f"{name}_sampled_accuracy"] = metrics["sampled_accuracy"]
     result["wall_seconds"] = wall_seconds
     result["outputs"] = str(eval_dir.parent.resolve())
-    uri = resolve_uri(cfg.tracking.uri)
+    uri = redact_uri(resolve_uri(cfg.tracking.uri))
     result["mlflow_ui"] = f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
@@ -143,7 +144,8 @@ def preflight(
     if write_config is not None:
         write_config.parent.mkdir(parents=True, exist_ok=True)
         write_config.write_text(config_text(cfg))
-    typer.echo(f"preflight ok: experiment {cfg.pipeline.name!r}, objective {cfg.rl.advantage}+{cfg.rl.loss}, tracking {cfg.tracking.uri}")
+    objective = f"{cfg.rl.advantage}+{cfg.rl.loss}"
+    typer.echo(f"preflight ok: experiment {cfg.pipeline.name!r}, objective {objective}, tracking {redact_uri(cfg.tracking.uri)}")
 
 
 @app.command("finalize")
@@ -172,6 +174,20 @@ def finalize(
     failed = mark_unfinished_failed(cfg, pipeline_run, reason)
     removed = [p for root in cleanup if root.is_dir() for p in remove_leftovers(root)]
     typer.echo(json.dumps({"state": state, "marked_failed": failed, "removed": [str(p) for p in removed]}, sort_keys=True))
+
+
+@app.command("relog")
+def relog(
+    out: Annotated[Path, typer.Option("--out", help="The stage output whose logging failed (it has mlflow_pending/).")],
+    params: Params = Path("params.yaml"),
+    overrides: Overrides = [],  # noqa: B006
+) -> None:
+    """Send to MLflow what a stage could not log (its output's mlflow_pending/), into the stage's own run."""
+    from posttrain import resolve
+    from posttrain.tracking import relog as send
+
+    cfg = resolve.load(params, overrides)
+    typer.echo(f"re-logged {out} into MLflow run {send(cfg, out)}")
 
 
 @app.command("trainjob")
@@ -213,13 +229,18 @@ def main() -> None:
     try:
         app(standalone_mode=False)
     except UserError as e:
-        typer.echo(f"posttrain: error: {e}", err=True)
+        typer.echo(f"posttrain: error: {redact_uri(str(e))}", err=True)
         sys.exit(e.exit_code)
     except ClickException as e:
-        typer.echo(f"posttrain: error: {e.format_message()}", err=True)
+        typer.echo(f"posttrain: error: {redact_uri(e.format_message())}", err=True)
         sys.exit(2)
     except typer.Abort:
         sys.exit(130)
+    except Exception:  # a bug: keep its traceback, but not a credential a URI in it may carry
+        import traceback
+
+        sys.stderr.write(redact_uri(traceback.format_exc()))
+        sys.exit(1)
 
 
 if __name__ == "__main__":

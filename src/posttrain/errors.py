@@ -11,6 +11,13 @@ class UserError(Exception):
     exit_code = 2
 
 
+class TrackingIncomplete(UserError):
+    """The stage's output is complete and in place, but MLflow did not take all of its log (`posttrain relog`
+    sends the rest). Its own exit code, so a launcher can tell it from a stage that produced nothing."""
+
+    exit_code = 3
+
+
 def assert_no_grad(**tensors) -> None:
     """Teacher, reference, base and critic tensors are constants to the policy: fail loudly if one carries gradient."""
     for name, tensor in tensors.items():

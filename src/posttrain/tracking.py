@@ -3,19 +3,35 @@
 Runs are tagged `stage`, `objective`, `git_sha` and `launcher`; params are the flattened config; stages
 log per-step metrics, tables, figures and artifacts through the `Tracker` they are handed. With
 `tracking.enabled: false` every call is a no-op, so stage code never checks.
+
+The tracking server and the artifact store are services that fail. `check_stores` (what `posttrain preflight`
+and every stage run first) finds a dead one in seconds, before any training; requests are bounded (`connect`);
+and a store that fails mid-run does not cost the trained model: the `Tracker` keeps what MLflow could not take in
+the output (`mlflow_pending/`), and `posttrain relog` sends it later. No credential reaches MLflow, a log line or
+a message: `connect` moves those written into URIs to the environment, and params are redacted.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import shutil
 import subprocess
-from collections.abc import Iterator, Mapping
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from posttrain.config import Config
+from posttrain.errors import UserError
+from posttrain.storage import bound_default_clients, check_s3, split_s3, timeout_s
+from posttrain.uris import error_line, redact_uri, split_credentials
+
+PENDING = "mlflow_pending"  # in a stage output whose logging failed: what `posttrain relog` sends to its run
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -45,67 +61,296 @@ def resolve_uri(uri: str) -> str:
     return uri
 
 
-class Tracker:
-    """What a stage logs through; backed by the active MLflow run (or nothing)."""
+def connect(cfg: Config) -> tuple[str, str]:
+    """The tracking URI and artifact root as MLflow is given them, and this process set up to reach them.
 
-    def __init__(self, mlflow_module=None, run_id: str | None = None):
+    Credentials written into either URI move to the environment variables the clients read
+    (`MLFLOW_TRACKING_USERNAME`/`_PASSWORD`; `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY` for an `s3://` root), so
+    they still authenticate but are never part of the experiment location, a run's artifact URI or a message.
+    MLflow's HTTP requests get a bounded timeout and few retries (its defaults retry for minutes), unless the
+    environment already sets them, and S3 clients get `storage.client_config`."""
+    uri, user, password = split_credentials(resolve_uri(cfg.tracking.uri))
+    for name, value in (("MLFLOW_TRACKING_USERNAME", user), ("MLFLOW_TRACKING_PASSWORD", password)):
+        if value is not None:
+            os.environ[name] = value
+    root, key, secret = split_credentials(cfg.tracking.artifact_root)
+    if root.startswith("s3://"):
+        for name, value in (("AWS_ACCESS_KEY_ID", key), ("AWS_SECRET_ACCESS_KEY", secret)):
+            if value is not None:
+                os.environ[name] = value
+        bound_default_clients()
+    for name, value in (("MLFLOW_HTTP_REQUEST_TIMEOUT", str(max(1, round(timeout_s())))), ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1"),
+                        ("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")):
+        os.environ.setdefault(name, value)
+    return uri, root
+
+
+def check_tracking(uri: str) -> list[str]:
+    """Problems with the tracking store at `uri` (given without credentials), as short sentences."""
+    if uri.startswith(("http://", "https://")):
+        try:
+            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s()) as response:
+                return [] if response.status == 200 else [f"MLflow at {uri} answered {response.status}"]
+        except (urllib.error.URLError, OSError) as e:
+            return [f"MLflow at {uri} is not reachable ({getattr(e, 'reason', e)})"]
+    if uri.startswith("sqlite:///"):
+        folder = Path(uri.removeprefix("sqlite:///")).resolve().parent
+        return [] if folder.is_dir() and os.access(folder, os.W_OK) else [f"MLflow store folder {folder} is missing or read-only"]
+    return []
+
+
+def check_stores(cfg: Config, s3_uris: tuple[str, ...] = ()) -> list[str]:
+    """Problems with the tracking store, the artifact root's bucket and `s3_uris`, as short sentences (empty:
+    ready); each request within the bounded time, so a dead or frozen endpoint is found in seconds."""
+    buckets = []
+    problems = []
+    if cfg.tracking.enabled:
+        uri, root = connect(cfg)
+        problems += check_tracking(uri)
+        buckets = [f"s3://{split_s3(root)[0]}"] if root.startswith("s3://") else []
+    return problems + check_s3(buckets + list(s3_uris))
+
+
+class Tracker:
+    """What a stage logs through; backed by the active MLflow run (or nothing).
+
+    Metric points are buffered and sent as one batch every few seconds and at the end: one bounded request, not
+    one per step, so a frozen tracking server costs one timeout. A logging call that fails (a store down, or too
+    slow: requests are bounded) does not fail the stage, since the trained model is worth more than its log: the
+    first failure is kept in `failure`, nothing more is sent, and that call and every later one are kept in `spool`
+    (the output's `mlflow_pending/`) for `posttrain relog`. On a reopened run (`--resume`), points at or below the
+    last step MLflow holds for a metric are dropped, so the steps redone since the last checkpoint are not logged twice.
+    """
+
+    FLUSH_EVERY_S = 5.0
+
+    def __init__(self, mlflow_module=None, run_id: str | None = None, logged_steps: Mapping[str, int] | None = None,
+                 root: Path | None = None):
         self._mlflow = mlflow_module
         self.run_id = run_id
+        self._logged_steps = dict(logged_steps or {})
+        self.root = root  # the output directory; kept calls and their files are relative to it
+        self.failure: str | None = None
+        self._pending: list[dict[str, Any]] = []
+        self._points: list[dict[str, Any]] = []  # metric points not sent yet
+        self._flushed_at = time.monotonic()
+
+    @property
+    def spool(self) -> Path | None:
+        return None if self.root is None else self.root / PENDING
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        if self._mlflow:
-            # asynchronous: MLflow batches per-step metrics in a background thread and flushes at end_run
-            self._mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, step=step, synchronous=False)
+        fresh = {k: float(v) for k, v in metrics.items() if step is None or step > self._logged_steps.get(k, -1)}
+        if self._mlflow and fresh:
+            self._points.append({"metrics": fresh, "step": step or 0, "timestamp": int(time.time() * 1000)})
+            if time.monotonic() - self._flushed_at >= self.FLUSH_EVERY_S:
+                self.flush()
+
+    def flush(self) -> None:
+        """Send the buffered metric points, in batches of MLflow's limit of 1000 metrics per request."""
+        points, self._points, self._flushed_at = self._points, [], time.monotonic()
+        if self._mlflow and points:
+            Metric = self._mlflow.entities.Metric  # noqa: N806
+            batch = [Metric(key, value, p["timestamp"], p["step"]) for p in points for key, value in p["metrics"].items()]
+            client = self._mlflow.MlflowClient()
+            send = lambda: [client.log_batch(self.run_id, metrics=batch[i : i + 1000]) for i in range(0, len(batch), 1000)]  # noqa: E731
+            self._send("log_metrics", send, lambda: {"points": points})
 
     def log_table(self, rows: list[dict[str, Any]], artifact_file: str) -> None:
         if self._mlflow and rows:
             columns = {key: [row[key] for row in rows] for key in rows[0]}
-            self._mlflow.log_table(columns, artifact_file=artifact_file)
+            self._send(f"log_table {artifact_file}", lambda: self._mlflow.log_table(columns, artifact_file=artifact_file),
+                       lambda: {"table": self._kept_file(f"tables/{artifact_file}", lambda p: p.write_text(json.dumps(rows, default=str))),
+                                "artifact_file": artifact_file})
 
     def log_figure(self, figure, artifact_file: str) -> None:
         if self._mlflow:
-            self._mlflow.log_figure(figure, artifact_file)
+            self._send(f"log_figure {artifact_file}", lambda: self._mlflow.log_figure(figure, artifact_file),
+                       lambda: self._kept_artifact(artifact_file, figure.savefig))
 
     def log_text(self, text: str, artifact_file: str) -> None:
         if self._mlflow:
-            self._mlflow.log_text(text, artifact_file)
+            self._send(f"log_text {artifact_file}", lambda: self._mlflow.log_text(text, artifact_file),
+                       lambda: self._kept_artifact(artifact_file, lambda path: path.write_text(text)))
 
     def log_artifacts(self, local_dir: Path, artifact_path: str) -> None:
         if self._mlflow:
-            self._mlflow.log_artifacts(str(local_dir), artifact_path)
+            files = lambda: [[self._relative(f), _parent(f"{artifact_path}/{f.relative_to(local_dir).as_posix()}")]  # noqa: E731
+                             for f in sorted(Path(local_dir).rglob("*")) if f.is_file()]
+            self._send(f"log_artifacts {artifact_path}", lambda: self._mlflow.log_artifacts(str(local_dir), artifact_path),
+                       lambda: {"files": files()})
 
     def set_tags(self, **tags: str) -> None:
         """Set (or overwrite) tags of the run, e.g. a stage whose objective differs from the rl section's."""
         if self._mlflow:
-            self._mlflow.set_tags(tags)
+            self._send("set_tags", lambda: self._mlflow.set_tags(tags), lambda: {"tags": tags})
+
+    def replay(self, item: Mapping[str, Any]) -> None:
+        """Send one call kept in the spool (by `posttrain relog`)."""
+        if "points" in item:
+            self._points += item["points"]
+        elif "table" in item:
+            self.log_table(json.loads((self.root / item["table"]).read_text()), item["artifact_file"])
+        elif "files" in item:
+            files = item["files"]
+            upload = lambda: [self._mlflow.log_artifact(str(self.root / local), folder or None) for local, folder in files]  # noqa: E731
+            self._send("log_artifacts", upload, lambda: {"files": files})
+        elif "tags" in item:
+            self.set_tags(**item["tags"])
+
+    def close(self, status: str) -> None:
+        """Send the last metric points, end the run (FAILED if logging failed), keep what MLflow did not take."""
+        if not self._mlflow:
+            return
+        self.flush()
+        try:
+            self._mlflow.end_run("FAILED" if self.failure else status)
+        except Exception as e:
+            self.failure = self.failure or f"ending the run failed ({error_line(e)})"
+        if self.failure and self.spool is not None:
+            self.spool.mkdir(parents=True, exist_ok=True)
+            record = {"run_id": self.run_id, "failure": self.failure, "items": self._pending}
+            (self.spool / "pending.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
+
+    def _send(self, what: str, call: Callable[[], Any], keep: Callable[[], dict[str, Any]]) -> None:
+        """`call()`, until one call has failed; from then on (and for that call) `keep()` the call for relog instead,
+        so a dead store costs one bounded wait, not one per call."""
+        if self.failure is None:
+            try:
+                call()
+                return
+            except Exception as e:
+                self.failure = f"{what} failed ({error_line(e)})"
+        if self.spool is not None:
+            self._pending.append(keep())
+
+    def _kept_artifact(self, artifact_file: str, write: Callable[[Path], Any]) -> dict[str, Any]:
+        """An artifact made in memory (a figure, a text), written into the spool for relog to upload."""
+        return {"files": [[self._kept_file(f"files/{artifact_file}", write), _parent(artifact_file)]]}
+
+    def _kept_file(self, name: str, write: Callable[[Path], Any]) -> str:
+        path = self.spool / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write(path)
+        return self._relative(path)
+
+    def _relative(self, path: Path) -> str:
+        path = Path(path).resolve()
+        root = self.root.resolve() if self.root is not None else None
+        return path.relative_to(root).as_posix() if root is not None and path.is_relative_to(root) else str(path)
 
 
-@contextmanager
-def stage_run(cfg: Config, stage: str, launcher: str, run_id: str | None = None, extra_tags: Mapping[str, str] | None = None) -> Iterator[Tracker]:
-    """Open (or, given `run_id`, reopen) the stage's MLflow run; mark it FAILED if the stage raises."""
-    if not cfg.tracking.enabled:
-        yield Tracker()
-        return
+def _parent(artifact_file: str) -> str:
+    return Path(artifact_file).parent.as_posix().removeprefix(".")
+
+
+def _quiet_mlflow():
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     import mlflow
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)  # table-creation chatter on a new store
+    return mlflow
 
-    mlflow.set_tracking_uri(resolve_uri(cfg.tracking.uri))
-    experiment = mlflow.get_experiment_by_name(cfg.pipeline.name)
-    if experiment is None:
-        location = Path(cfg.tracking.artifact_root).resolve().as_uri() if "://" not in cfg.tracking.artifact_root else cfg.tracking.artifact_root
-        experiment_id = mlflow.create_experiment(cfg.pipeline.name, artifact_location=location)
-    else:
-        experiment_id = experiment.experiment_id
+
+def _logged_steps(run_id: str) -> dict[str, int]:
+    """The last step MLflow holds for each metric of the run."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    return {key: max(m.step for m in client.get_metric_history(run_id, key)) for key in client.get_run(run_id).data.metrics}
+
+
+@contextmanager
+def _open_run(cfg: Config, start: Callable[[Any, str], Any], root: Path | None) -> Iterator[Tracker]:
+    """A Tracker on the run `start(mlflow, artifact_root)` opens; ended FINISHED, or FAILED if the block raises."""
+    mlflow = _quiet_mlflow()
+    uri, artifact_root = connect(cfg)
+    mlflow.set_tracking_uri(uri)
+    try:
+        run = start(mlflow, artifact_root)
+        logged = _logged_steps(run.info.run_id)
+    except Exception as e:  # the stores were checked moments ago; this is one failing now, before any work
+        try:
+            mlflow.end_run("FAILED")  # a run started before the failure (no-op when none is active)
+        except Exception:
+            pass  # the store is failing: the line below says so
+        raise UserError(f"cannot open the MLflow run at {uri}: {error_line(e)}") from None
+    tracker = Tracker(mlflow, run.info.run_id, logged, root)
+    try:
+        yield tracker
+    except BaseException:
+        tracker.close("FAILED")
+        raise
+    tracker.close("FINISHED")
+    if tracker.failure and tracker.spool is None:  # nowhere to keep the rest: say so
+        raise UserError(f"MLflow logging failed: {tracker.failure}")
+
+
+@contextmanager
+def stage_run(cfg: Config, stage: str, launcher: str, run_id: str | None = None, extra_tags: Mapping[str, str] | None = None,
+              root: Path | None = None) -> Iterator[Tracker]:
+    """Open (or, given `run_id`, reopen) the stage's MLflow run; mark it FAILED if the stage raises. Calls that fail
+    are kept under `root` (the stage's output) for `relog`; see `Tracker`."""
+    if not cfg.tracking.enabled:
+        yield Tracker()
+        return
     tags = {"stage": stage, "objective": f"{cfg.rl.advantage}+{cfg.rl.loss}", "git_sha": git_sha(), "launcher": launcher}
     if os.environ.get("POSTTRAIN_PIPELINE_RUN"):  # set by Kubeflow / Airflow: lets their exit task find the runs
         tags["pipeline_run"] = os.environ["POSTTRAIN_PIPELINE_RUN"]
     tags.update(extra_tags or {})
-    with mlflow.start_run(run_id=run_id, experiment_id=experiment_id, run_name=None if run_id else stage, tags=tags) as run:
+
+    def start(mlflow, root_uri: str):
+        experiment = mlflow.get_experiment_by_name(cfg.pipeline.name)
+        if experiment is None:
+            location = Path(root_uri).resolve().as_uri() if "://" not in root_uri else root_uri
+            experiment_id = mlflow.create_experiment(cfg.pipeline.name, artifact_location=location)
+        else:
+            experiment_id = experiment.experiment_id
+        run = mlflow.start_run(run_id=run_id, experiment_id=experiment_id, run_name=None if run_id else stage, tags=tags)
         if run_id is None:
-            params = flatten(cfg.model_dump(mode="json"))
-            items = list(params.items())
-            for i in range(0, len(items), 90):  # MLflow accepts at most 100 params per batch
-                mlflow.log_params(dict(items[i : i + 90]))
-        yield Tracker(mlflow, run.info.run_id)
+            params = [(k, redact_uri(v) if isinstance(v, str) else v) for k, v in flatten(cfg.model_dump(mode="json")).items()]
+            for i in range(0, len(params), 90):  # MLflow accepts at most 100 params per batch
+                mlflow.log_params(dict(params[i : i + 90]))
+        return run
+
+    with _open_run(cfg, start, root) as tracker:
+        yield tracker
+
+
+def relog(cfg: Config, out_dir: Path) -> str:
+    """Send what a stage could not log (`out_dir/mlflow_pending/`) into its run and end the run FINISHED; returns
+    the run id. What fails again stays kept, for the next try."""
+    spool = Path(out_dir) / PENDING
+    if not (spool / "pending.json").is_file():
+        raise UserError(f"{out_dir} has nothing to re-log (no {spool / 'pending.json'})")
+    if not cfg.tracking.enabled:
+        raise UserError("tracking.enabled is false: there is no MLflow to re-log into")
+    problems = check_stores(cfg)
+    if problems:
+        raise UserError(f"cannot re-log {out_dir}: " + "; ".join(problems))
+    record = json.loads((spool / "pending.json").read_text())
+    with _open_run(cfg, lambda mlflow, _: mlflow.start_run(run_id=record["run_id"]), Path(out_dir)) as tracker:
+        for item in record["items"]:
+            tracker.replay(item)
+    if tracker.failure:
+        raise UserError(f"re-logging {out_dir} failed again: {tracker.failure}; the rest is kept in {spool}, try again later")
+    shutil.rmtree(spool)
+    return record["run_id"]
+
+
+def mark_killed(cfg: Config, run_id: str) -> bool:
+    """The run, if still RUNNING, -> KILLED: called for a run recorded in a staging directory whose writer is gone (the
+    caller holds the output's lock), which could not end its run itself. Best effort: False if nothing was marked."""
+    if not cfg.tracking.enabled:
+        return False
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(connect(cfg)[0])
+    try:
+        if client.get_run(run_id).info.status != "RUNNING":
+            return False
+        client.set_tag(run_id, "failure", "its writer was killed (found RUNNING by the next start of the same output)")
+        client.set_terminated(run_id, status="KILLED")
+    except Exception:  # a run of another store, or deleted since: nothing to mark
+        return False
+    return True

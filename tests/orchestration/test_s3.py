@@ -3,44 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import subprocess
-import time
 
 import pytest
-from orch_helpers import BIN, dvc, tiny_params
+from orch_helpers import dvc, tiny_params
 
-from helpers import micro_params, posttrain, posttrain_in_process
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from helpers import micro_params, moto_server, posttrain, posttrain_in_process
 
 
 @pytest.fixture(scope="module")
 def s3_endpoint():
-    port = _free_port()
-    server = subprocess.Popen([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.2)
-        import boto3
-
-        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="posttrain-test")
+    with moto_server("posttrain-test") as (endpoint, _):
         yield endpoint
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
 
 
 def test_mlflow_artifacts_go_to_s3_and_preflight_checks_the_bucket(s3_endpoint, tmp_path, monkeypatch):

@@ -17,15 +17,15 @@ PACKAGE = SRC / "posttrain"
 
 # lowest first; a module belongs to the longest prefix listed
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("posttrain.config", "posttrain.errors", "posttrain.state", "posttrain"),
-    ("posttrain.models", "posttrain.registry", "posttrain.tracking", "posttrain.storage", "posttrain.runtime"),
+    ("posttrain.config", "posttrain.errors", "posttrain.state", "posttrain.uris", "posttrain"),
+    ("posttrain.models", "posttrain.registry", "posttrain.tracking", "posttrain.storage", "posttrain.runtime", "posttrain.locks"),
     ("posttrain.rollout", "posttrain.objectives", "posttrain.rewards", "posttrain.tasks", "posttrain.envs",
      "posttrain.data", "posttrain.eval"),
     ("posttrain.trainers",),
     ("posttrain.stages",),
     ("posttrain.cli", "posttrain.orchestration", "posttrain.resolve"),
 )
-LAYER_NAMES = ("leaves", "models/registry/tracking/storage/runtime", "parts", "trainers", "stages", "launchers and the config boundary")
+LAYER_NAMES = ("leaves", "models/registry/tracking/storage/runtime/locks", "parts", "trainers", "stages", "launchers and the config boundary")
 LEAVES = LAYERS[0]
 OBJECTIVES_MAY_IMPORT = ("posttrain.objectives", "posttrain.rollout", "posttrain.registry", "posttrain.config",
                          "posttrain.errors", "posttrain.state")

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 from posttrain.config import Config
-from posttrain.tracking import resolve_uri
+from posttrain.tracking import connect
 
 
 def mark_unfinished_failed(cfg: Config, pipeline_run: str, reason: str) -> list[str]:
@@ -20,7 +20,7 @@ def mark_unfinished_failed(cfg: Config, pipeline_run: str, reason: str) -> list[
         return []
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(resolve_uri(cfg.tracking.uri))
+    client = MlflowClient(connect(cfg)[0])
     experiment = client.get_experiment_by_name(cfg.pipeline.name)
     if experiment is None:
         return []

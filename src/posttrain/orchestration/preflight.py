@@ -8,11 +8,8 @@ every input must exist. All problems are reported together in one line.
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 import typing
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +20,7 @@ from posttrain import resolve
 from posttrain.config import Config, OptionsOf, _marker
 from posttrain.errors import UserError
 from posttrain.orchestration.schema import values_to_raw
+from posttrain.tracking import check_stores
 
 
 def resolve_config(params: Path, values_json: list[str], overrides: list[str]) -> Config:
@@ -73,59 +71,10 @@ def config_text(cfg: Config) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=True)
 
 
-def _s3_client():
-    import boto3
-
-    endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("MLFLOW_S3_ENDPOINT_URL") or None
-    return boto3.client("s3", endpoint_url=endpoint)
-
-
-def _split_s3(uri: str) -> tuple[str, str]:
-    bucket, _, key = uri.removeprefix("s3://").partition("/")
-    return bucket, key
-
-
-def check_tracking(uri: str) -> list[str]:
-    if uri.startswith(("http://", "https://")):
-        try:
-            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=10) as response:
-                return [] if response.status == 200 else [f"MLflow at {uri} answered {response.status}"]
-        except (urllib.error.URLError, OSError) as e:
-            return [f"MLflow at {uri} is not reachable ({getattr(e, 'reason', e)})"]
-    if uri.startswith("sqlite:///"):
-        folder = Path(uri.removeprefix("sqlite:///")).resolve().parent
-        return [] if folder.is_dir() and os.access(folder, os.W_OK) else [f"MLflow store folder {folder} is missing or read-only"]
-    return []
-
-
-def check_s3(uris: list[str]) -> list[str]:
-    if not uris:
-        return []
-    import boto3
-    import botocore.exceptions
-
-    if boto3.Session().get_credentials() is None:
-        return [f"no AWS credentials in the environment for {uris[0]} (set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY)"]
-    client = _s3_client()
-    problems = []
-    for uri in uris:
-        bucket, key = _split_s3(uri)
-        try:
-            client.head_bucket(Bucket=bucket)
-            if key and not client.list_objects_v2(Bucket=bucket, Prefix=key.rstrip("/") + "/", MaxKeys=1).get("KeyCount"):
-                problems.append(f"{uri} has no objects")
-        except (botocore.exceptions.ClientError, botocore.exceptions.EndpointConnectionError) as e:
-            problems.append(f"{uri}: {e}")
-    return problems
-
-
 def preflight(cfg: Config, inputs: dict[str, str]) -> list[str]:
     """Every problem that would make the run fail later, as short sentences (empty: ready to go)."""
-    problems = check_tracking(cfg.tracking.uri) if cfg.tracking.enabled else []
-    s3_buckets = [u for u in (cfg.tracking.artifact_root,) if cfg.tracking.enabled and u.startswith("s3://")]
-    s3_buckets = [f"s3://{_split_s3(u)[0]}" for u in s3_buckets]
-    s3_inputs = [u for u in (*inputs.values(), cfg.model.path or "") if u.startswith("s3://")]
-    problems += check_s3(s3_buckets + s3_inputs)
+    s3_inputs = tuple(u for u in (*inputs.values(), cfg.model.path or "") if u.startswith("s3://"))
+    problems = check_stores(cfg, s3_inputs)
     for name, uri in inputs.items():
         if "://" not in uri and not Path(uri).exists():
             problems.append(f"input {name!r} not found: {uri}")

@@ -5,6 +5,10 @@ into a staging directory next to `out_dir`, writes `metrics.json`, and only then
 directory into place, so an interrupted or failed stage never leaves a half-written output and never
 damages the previous one. A resumable stage keeps its staging directory (with its checkpoints) when it
 fails, so `--resume` can continue from it.
+
+One process at a time writes an output (`locks.OutputLock` on `.<out>.lock`). The tracking stores are checked
+before any work; if they fail after it, the output is still swapped into place (the model is kept) and the stage
+ends with `TrackingIncomplete`, one line naming what failed and the `posttrain relog` command that sends the rest.
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ from pathlib import Path
 
 from posttrain.runtime import strict_json
 from posttrain.config import Config
-from posttrain.errors import UserError
-from posttrain.registry import Registry
+from posttrain.errors import TrackingIncomplete, UserError
+from posttrain.locks import OutputLock
+from posttrain.registry import Entry, Registry
 
 stages: Registry = Registry("stage")
 # registry meta of a stage: inputs {name: default dir}, requires {name: [files]}, resumable; for the launchers
@@ -65,38 +70,57 @@ def _prepare_runtime(cfg: Config) -> None:  # heavy imports happen here, after t
 
 
 def execute(name: str, cfg: Config, inputs: dict[str, Path], out_dir: Path, launcher: str = "cli", resume: bool = False) -> dict[str, float]:
-    from posttrain.tracking import stage_run
+    from posttrain.tracking import check_stores
 
     entry = stages.entry(name)
     resolved = check_inputs(name, inputs)
     resumable = entry.meta.get("resumable", False)
     if resume and not resumable:
         raise UserError(f"stage {name!r} cannot --resume; only {', '.join(e.name for e in stages if e.meta.get('resumable'))} can")
+    problems = check_stores(cfg)  # a dead tracking server or artifact store fails here, in seconds, not after training
+    if problems:
+        raise UserError("cannot track this run (nothing was run): " + "; ".join(problems))
     _prepare_runtime(cfg)
     out_dir = Path(out_dir)
-    staging = staging_dir(out_dir)
     from posttrain.trainers import distributed
 
     if not distributed.init().is_main:  # torchrun: rank 0 alone writes the output and logs to MLflow
-        return _run_replica(name, cfg, resolved, staging, resume and resumable)
-    if staging.exists() and not (resume and resumable):
-        shutil.rmtree(staging)
-    staging.mkdir(parents=True, exist_ok=True)
+        return _run_replica(name, cfg, resolved, staging_dir(out_dir), resume and resumable)
+    with OutputLock(out_dir):  # one writer per output: its staging directory and the swap are ours alone
+        return _run_locked(entry, cfg, resolved, out_dir, launcher, resume and resumable)
+
+
+def _run_locked(entry: Entry, cfg: Config, inputs: dict[str, Path], out_dir: Path, launcher: str, resume: bool) -> dict[str, float]:
+    """The stage into its staging directory, then swapped into place. A run id left in the staging directory is
+    that of a writer that is gone (we hold the lock): reopened by `--resume`, otherwise marked KILLED (it was
+    killed, or it would have ended its run) before the directory is cleared."""
+    from posttrain.tracking import PENDING, mark_killed, stage_run
+
+    staging = staging_dir(out_dir)
     run_id_file = staging / "mlflow_run_id"
-    run_id = run_id_file.read_text().strip() if resume and run_id_file.is_file() else None
+    recorded = run_id_file.read_text().strip() if run_id_file.is_file() else None
+    if not resume:
+        if recorded:
+            mark_killed(cfg, recorded)
+        shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(staging / PENDING, ignore_errors=True)  # an earlier attempt's unsent log: its redone steps log again
     try:
-        with stage_run(cfg, name, launcher, run_id, _lineage_tags(resolved)) as tracker:
+        with stage_run(cfg, entry.name, launcher, recorded if resume else None, _lineage_tags(inputs), root=staging) as tracker:
             if tracker.run_id:
                 run_id_file.write_text(tracker.run_id)
-            metrics = entry.obj(cfg, resolved, staging, tracker=tracker, resume=resume)
+            metrics = entry.obj(cfg, inputs, staging, tracker=tracker, resume=resume)
             write_json_atomic(staging / "metrics.json", metrics)
-            write_json_atomic(staging / RUN_FILE, {"stage": name, "run_id": tracker.run_id})
+            write_json_atomic(staging / RUN_FILE, {"stage": entry.name, "run_id": tracker.run_id})
     except BaseException:
-        if not (resumable and any((staging / "checkpoints").glob("step-*"))):
+        if not (entry.meta.get("resumable", False) and any((staging / "checkpoints").glob("step-*"))):
             shutil.rmtree(staging, ignore_errors=True)
         raise
     run_id_file.unlink(missing_ok=True)
     _swap_into_place(staging, out_dir)
+    if tracker.failure:  # the output is complete and in place; only its log is not
+        raise TrackingIncomplete(f"stage {entry.name!r} finished and {out_dir} is complete, but MLflow logging failed: {tracker.failure}; "
+                                 f"send the rest with: posttrain relog --out {out_dir} (with the same --params/--set)")
     return metrics
 
 

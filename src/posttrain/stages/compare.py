@@ -84,13 +84,14 @@ def curves_figure(curves: dict[str, list[tuple[int, float]]]):
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     from mlflow.tracking import MlflowClient
 
-    from posttrain.tracking import resolve_uri
+    from posttrain.tracking import connect
 
-    client = MlflowClient(resolve_uri(cfg.tracking.uri))
+    uri, _ = connect(cfg)
+    client = MlflowClient(uri)
     experiment = client.get_experiment_by_name(cfg.pipeline.name)
     rows, curves = comparison_rows(client, experiment.experiment_id) if experiment else ([], {})
     if not rows:
-        raise UserError(f"no finished rl runs in MLflow experiment {cfg.pipeline.name!r} at {cfg.tracking.uri}: run the pipeline or a sweep first")
+        raise UserError(f"no finished rl runs in MLflow experiment {cfg.pipeline.name!r} at {uri}: run the pipeline or a sweep first")
     (out_dir / "comparison.json").write_text(strict_json(rows, indent=2) + "\n")
     (out_dir / "comparison.md").write_text(markdown_table(rows))
     figure = curves_figure(curves)

@@ -1,0 +1,102 @@
+"""MLflow run status across failures: FAILED when the stage raises, KILLED for a writer killed with SIGKILL (found by
+the next start of its output), and a `--resume` that reopens its run without logging a step twice."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+
+
+def client_for(cfg):
+    from mlflow.tracking import MlflowClient
+
+    from posttrain.tracking import connect
+
+    return MlflowClient(connect(cfg)[0])
+
+
+def run_of(out_dir) -> str:
+    import json
+
+    return json.loads((out_dir / "mlflow_run.json").read_text())["run_id"]
+
+
+def test_a_stage_that_raises_leaves_its_run_failed(tmp_path, stand_in_stage):
+    from posttrain import stages
+
+    def crash(cfg, inputs, out_dir, tracker, resume=False):
+        tracker.log_metrics({"loss": 1.0}, step=1)
+        raise RuntimeError("the stage broke")
+
+    cfg = stand_in_stage(crash)
+    with pytest.raises(RuntimeError):
+        stages.execute("probe", cfg, {}, tmp_path / "out")
+    (run,) = client_for(cfg).search_runs([client_for(cfg).get_experiment_by_name(cfg.pipeline.name).experiment_id])
+    assert run.info.status == "FAILED"
+
+
+def test_a_killed_writers_run_is_marked_killed_on_the_next_start(tmp_path, stand_in_stage):
+    """What SIGKILL leaves: a RUNNING run whose id is in the staging directory, and a lock file naming a dead pid.
+    The writer here is a process that takes the lock and is killed; its run is made as `stage_run` makes one."""
+    from posttrain import stages
+    from posttrain.errors import UserError
+
+    out = tmp_path / "outputs" / "probe"
+    cfg = stand_in_stage(lambda cfg, inputs, out_dir, tracker, resume=False: {"ok": 1.0})
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; from posttrain.locks import OutputLock;"
+                               "OutputLock(Path(sys.argv[1]), 'posttrain probe').__enter__(); print('locked', flush=True); time.sleep(120)",
+                               str(out)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    client = client_for(cfg)
+    experiment = client.create_experiment(cfg.pipeline.name, artifact_location=(tmp_path / "artifacts").as_uri())
+    killed_run = client.create_run(experiment, tags={"stage": "probe"}).info.run_id
+    staging = out.parent / ".probe.partial"
+    staging.mkdir(parents=True)
+    (staging / "mlflow_run_id").write_text(killed_run)
+
+    with pytest.raises(UserError, match="is being written by"):  # its writer is alive: its run is left alone
+        stages.execute("probe", cfg, {}, out)
+    assert client.get_run(killed_run).info.status == "RUNNING"
+    holder.send_signal(signal.SIGKILL)
+    holder.wait(timeout=30)
+
+    assert stages.execute("probe", cfg, {}, out) == {"ok": 1.0}
+    assert client.get_run(killed_run).info.status == "KILLED"
+    assert client.get_run(run_of(out)).info.status == "FINISHED" and run_of(out) != killed_run
+
+
+def test_resume_reopens_its_run_and_logs_no_duplicate_metric_points(tmp_path, stand_in_stage):
+    """A resumable stage logs steps 1..6, checkpoints at 4 and dies; `--resume` redoes 5..8: each step is logged once."""
+    from posttrain import stages
+
+    out = tmp_path / "outputs" / "probe"
+
+    def train(first_step: int, last_step: int, crash: bool):
+        def run(cfg, inputs, out_dir, tracker, resume=False):
+            for step in range(first_step, last_step + 1):
+                tracker.log_metrics({"loss": 1.0 / step, "lr": 0.1}, step=step)
+                if step == 4:
+                    (out_dir / "checkpoints" / "step-000004").mkdir(parents=True)
+            if crash:
+                raise RuntimeError("killed after step 6")
+            tracker.log_metrics({"final_loss": 0.125})
+            return {"final_loss": 0.125}
+
+        return run
+
+    cfg = stand_in_stage(train(1, 6, crash=True), resumable=True)
+    with pytest.raises(RuntimeError):
+        stages.execute("probe", cfg, {}, out)
+    first_run = (out.parent / ".probe.partial" / "mlflow_run_id").read_text()
+    cfg = stand_in_stage(train(5, 8, crash=False), resumable=True)
+    stages.execute("probe", cfg, {}, out, resume=True)
+
+    client = client_for(cfg)
+    assert run_of(out) == first_run and client.get_run(first_run).info.status == "FINISHED"
+    for key in ("loss", "lr"):
+        steps = sorted(m.step for m in client.get_metric_history(first_run, key))
+        assert steps == list(range(1, 9)), (key, steps)
+    assert [m.value for m in client.get_metric_history(first_run, "final_loss")] == [0.125]
