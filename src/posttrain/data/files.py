@@ -9,19 +9,40 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, fields
+from dataclasses import MISSING, asdict, fields
 from pathlib import Path
 
 from posttrain.errors import UserError
 from posttrain.tasks import Example
 
-_FIELDS = {f.name for f in fields(Example)}
+_REQUIRED = ("prompt", "completion", "answer")  # strings; `system`, `messages`, `metadata` are optional
+_OPTIONAL = {f.name: f.default if f.default is not MISSING else f.default_factory() for f in fields(Example) if f.name not in _REQUIRED}
 
 
 def write_examples(path: Path, examples: list[Example]) -> None:
+    """One JSON object per example; an optional field at its default is left out (files of the built-in tasks
+    keep three fields)."""
     with path.open("w") as f:
         for example in examples:
-            f.write(json.dumps(asdict(example)) + "\n")
+            record = {k: v for k, v in asdict(example).items() if k in _REQUIRED or v != _OPTIONAL[k]}
+            f.write(json.dumps(record) + "\n")
+
+
+def _example(where: str, record: object) -> Example:
+    ok = (isinstance(record, dict) and set(_REQUIRED) <= set(record) <= set(_REQUIRED) | set(_OPTIONAL)
+          and all(isinstance(record[k], str) for k in _REQUIRED)
+          and isinstance(record.get("system") or "", str) and isinstance(record.get("metadata", {}), dict)
+          and _is_conversation(record.get("messages")))
+    if not ok:
+        raise UserError(f"{where}: expected an object with string fields {list(_REQUIRED)} (optional: system, messages, metadata)")
+    if "messages" in record and record["messages"] is not None:
+        record = {**record, "messages": tuple(record["messages"])}
+    return Example(**record)
+
+
+def _is_conversation(messages: object) -> bool:
+    return messages is None or (isinstance(messages, list) and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages))
 
 
 def json_lines(path: Path, what: str) -> Iterator[tuple[str, object]]:
@@ -49,11 +70,10 @@ def read_examples(path: Path) -> list[Example]:
     model would learn the answers unprompted) is a `UserError` naming file and line."""
     examples = []
     for where, record in json_lines(path, "dataset"):
-        if not isinstance(record, dict) or set(record) != _FIELDS or not all(isinstance(v, str) for v in record.values()):
-            raise UserError(f"{where}: expected an object with string fields {sorted(_FIELDS)}")
-        if not record["prompt"].strip():
+        example = _example(where, record)
+        if not example.prompt.strip():
             raise UserError(f"{where}: empty prompt")
-        examples.append(Example(**record))
+        examples.append(example)
     if not examples:
         raise UserError(f"{path}: no examples")
     return examples
