@@ -2,6 +2,9 @@
 
     RewardFn(task, examples, completions, finished) -> Tensor [N]
 
+rewards/verifiers.py compares completions with the examples' reference answers (math-verify, exact and normalised
+match, multiple choice, a regular expression).
+
 A reward scores completions and nothing else: weighting and normalisation across rewards belong to the
 advantage estimator. A reward that needs more than the text declares it (`needs=("lengths", ...)`) and
 receives those keyword arguments from the trainer's `reward_matrix(..., **context)`.
@@ -61,3 +64,4 @@ def reward_matrix(specs, task: Task, examples, completions, finished, **context)
 
 from posttrain.rewards import audit_correction, bradley_terry, kgpo, sdrl, trm  # noqa: E402,F401  (registers)
 from posttrain.rewards import care_reward  # noqa: E402,F401  (registers `care`)
+from posttrain.rewards import verifiers  # noqa: E402,F401  (registers exact_match, math_verify, ...)
