@@ -2,8 +2,8 @@
 
     RewardFn(task, examples, completions, finished) -> Tensor [N]
 
-rewards/verifiers.py compares completions with the examples' reference answers (math-verify, exact and normalised
-match, multiple choice, a regular expression).
+A reward may also be the user's own function, named `module:attr` (rewards/user.py adapts its simpler,
+TRL-like signature); rewards/verifiers.py compares completions with the examples' reference answers.
 
 A reward scores completions and nothing else: weighting and normalisation across rewards belong to the
 advantage estimator. A reward that needs more than the text declares it (`needs=("lengths", ...)`) and
@@ -18,9 +18,10 @@ import torch
 from torch import Tensor
 
 from posttrain.registry import Registry
+from posttrain.rewards.user import from_function
 from posttrain.tasks import Example, Task
 
-rewards: Registry = Registry("reward")
+rewards: Registry = Registry("reward", importer=from_function)  # `module:attr` names import the user's function
 # trainable reward models (`reward_model.kind`): name -> train(cfg, policy_dir, train, heldout, out_dir, seed, on_log) ->
 # metrics. The trainers register themselves (trainers/reward_model.py, trainers/trm.py; importing `posttrain.stages`
 # imports them); each kind has a reward of the same name here that scores completions with the trained model.
