@@ -6,7 +6,8 @@
 A table sits between two markers, `<!-- registry:<key> -->` and `<!-- /registry -->`, where <key> is a key of
 `all_registries()` (`advantages`, `losses`, ...). Everything between the markers is generated: one row per
 registered entry with its name, a summary, what it declares it `needs`, the keys of its `options` model and
-what else it declares (model role, state, policy outputs, side module, tasks).
+what else it declares (model role, state, policy outputs, side module, tasks). Entries from plugins and
+`module:attr` rewards (registry meta `source`) are left out: they belong to the user's environment.
 The summary is the first paragraph of the entry's own docstring; an entry without one (most methods live one
 per module, described by the module's docstring) gets the line of its module's docstring that starts with its
 name (`name:` or `name` and two spaces, with the more indented lines below it), else the module docstring's first
@@ -88,6 +89,8 @@ def render(registry) -> str:
         "|---|---|---|---|---|",
     ]
     for entry in registry:
+        if "source" in entry.meta:  # a plugin's or the user's own (`module:attr`): not this project's to document
+            continue
         options = entry.meta.get("options")
         keys = list(options.model_fields) if options is not None else []
         needs = codes(entry.meta.get("needs", ()))

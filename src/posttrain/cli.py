@@ -78,14 +78,15 @@ def _register_stage_commands() -> None:
 
 @app.command("registry")
 def registry(as_json: Annotated[bool, typer.Option("--json", help="Print {registry: [names]} as JSON.")] = False) -> None:
-    """Print every registry and the names registered in it."""
+    """Print every registry and the names registered in it (a plugin's entries marked with their source)."""
     from posttrain.resolve import all_registries
 
-    listing = {kind: reg.names() for kind, reg in all_registries().items()}
+    registries = all_registries()
     if as_json:
-        typer.echo(json.dumps(listing, indent=2))
+        typer.echo(json.dumps({kind: reg.names() for kind, reg in registries.items()}, indent=2))
         return
-    for kind, names in listing.items():
+    for kind, reg in registries.items():
+        names = [f"{e.name} [{e.meta['source']}]" if "source" in e.meta else e.name for e in reg]
         typer.echo(f"{kind}: {', '.join(names)}")
 
 

@@ -5,11 +5,19 @@ under a name; `params.yaml` selects parts by these names and nothing else dispat
 every registry, and the full check of a config against them (with the meta rules), live in `posttrain.resolve`;
 the functions below check one section against the registries they are given, so a trainer that derives a
 section (the distill stage's rl settings) resolves it with the registries it already imports.
+
+A registry made with an `importer` also takes a `module:attr` name (`my_pkg.rewards:score`): the first check of
+such a name imports the attribute, adapts it with `importer(obj, name)` and registers the result under that
+name, so every later lookup is an ordinary one.
 """
 
 from __future__ import annotations
 
 import difflib
+import importlib
+import os
+import re
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -21,6 +29,8 @@ from posttrain.config import OptionsOf, Registered
 from posttrain.errors import UserError
 
 T = TypeVar("T")
+
+IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")  # `package.module:attr` (attr may be dotted)
 
 
 @dataclass(frozen=True)
@@ -37,8 +47,9 @@ class UnknownName(UserError):
 class Registry(Generic[T]):
     """A named collection of implementations of one kind (e.g. "advantage estimator")."""
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, importer: Callable[[Any, str], T] | None = None):
         self.kind = kind
+        self.importer = importer  # set: `module:attr` names are imported (`import_path`)
         self._entries: dict[str, Entry[T]] = {}
 
     def register(self, name: str, **meta: Any) -> Callable[[T], T]:
@@ -59,10 +70,37 @@ class Registry(Generic[T]):
     def get(self, name: str) -> T:
         return self.entry(name).obj
 
+    def import_path(self, path: str) -> Entry[T]:
+        """Import `module:attr`, adapt it with the importer and register it as `path` (meta `source`: the path).
+        The module is looked up on sys.path, the working directory included. A missing module or attribute, or
+        one that is not callable, is a UserError."""
+        if path in self._entries:
+            return self._entries[path]
+        if self.importer is None or not IMPORT_PATH.fullmatch(path):
+            raise UnknownName(self.unknown_message(path))
+        module_name, _, attr = path.partition(":")
+        if os.getcwd() not in sys.path:  # as `python -m` does: a module next to params.yaml is importable
+            sys.path.append(os.getcwd())
+        try:
+            obj: Any = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            raise UserError(f"{self.kind} {path!r}: no module named {e.name!r}") from None
+        except Exception as e:  # the module itself fails: its own error, in one line
+            raise UserError(f"{self.kind} {path!r}: importing {module_name} failed: {type(e).__name__}: {e}") from None
+        for part in attr.split("."):
+            if not hasattr(obj, part):
+                raise UserError(f"{self.kind} {path!r}: {module_name} has no attribute {attr!r}")
+            obj = getattr(obj, part)
+        if not callable(obj):
+            raise UserError(f"{self.kind} {path!r}: {attr} is not a function (got {type(obj).__name__})")
+        self.register(path, source=path)(self.importer(obj, path))
+        return self._entries[path]
+
     def unknown_message(self, name: str) -> str:
         close = difflib.get_close_matches(name, self.names(), n=3, cutoff=0.5)
         hint = f"did you mean {', '.join(repr(c) for c in close)}?" if close else f"choose from {', '.join(self.names())}"
-        return f"unknown {self.kind} {name!r}; {hint}"
+        own = " (or your own function as module:attr)" if self.importer is not None else ""
+        return f"unknown {self.kind} {name!r}; {hint}{own}"
 
     def names(self) -> list[str]:
         return sorted(self._entries)
@@ -111,6 +149,11 @@ def check_names(model: BaseModel, registries: Mapping[str, Registry], prefix: st
         if not isinstance(marker, Registered):
             continue
         registry = registries[marker.registry]
+        if value not in registry and registry.importer is not None and IMPORT_PATH.fullmatch(str(value)):
+            try:
+                registry.import_path(str(value))
+            except UserError as e:
+                raise UserError(f"{key}: {e}") from None
         if value not in registry:
             raise UserError(f"{key}: {registry.unknown_message(str(value))}")
         if not marker.admits(registry.entry(value).meta):

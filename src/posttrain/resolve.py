@@ -30,7 +30,7 @@ from posttrain.registry import option_schema as registry_option_schema
 
 
 def all_registries() -> dict[str, Registry]:
-    """Every registry, with its implementations imported so that all names are present."""
+    """Every registry, with its implementations imported so that all names are present, plugins' included."""
     from posttrain import objectives, rewards, stages, tasks
     from posttrain.data.preferences import preference_data
     from posttrain.data.vigor.steps import change_classifiers, embedders, geometric_checks, instruction_writers
@@ -43,8 +43,9 @@ def all_registries() -> dict[str, Registry]:
     from posttrain.trainers.extras import extras
 
     import posttrain.models.flux  # noqa: F401  (registers the flux kind)
+    from posttrain import plugins
 
-    return {
+    registries = {
         "advantages": objectives.advantages,
         "losses": objectives.losses,
         "loss_aggregations": objectives.aggregations,
@@ -66,6 +67,8 @@ def all_registries() -> dict[str, Registry]:
         "instruction_writers": instruction_writers,
         "flow_backends": flow_backends,
     }
+    plugins.load(registries)  # the installed plugins' parts (entry points `posttrain.plugins`), once per process
+    return registries
 
 
 def load(params: Path | str, overrides: list[str] | tuple[str, ...] = ()) -> Config:

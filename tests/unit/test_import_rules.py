@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "posttrain.data", "posttrain.eval"),
     ("posttrain.trainers",),
     ("posttrain.stages",),
-    ("posttrain.cli", "posttrain.orchestration", "posttrain.resolve"),
+    ("posttrain.cli", "posttrain.orchestration", "posttrain.resolve", "posttrain.plugins"),
 )
 LAYER_NAMES = ("leaves", "models/registry/tracking/storage/runtime/locks", "parts", "trainers", "stages", "launchers and the config boundary")
 LEAVES = LAYERS[0]

@@ -1,4 +1,5 @@
-"""Held-out evaluation: greedy accuracy, sampled accuracy (k samples per prompt), format rate."""
+"""Held-out evaluation: greedy accuracy, sampled accuracy (k samples per prompt), format rate, and over the k
+samples pass@1, pass@k and majority@k (eval/sampling.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.config import EvalConfig
+from posttrain.eval.sampling import sample_metrics as over_samples
 from posttrain.models.sampling import generate
 from posttrain.tasks import Example, Task
 
@@ -23,6 +25,7 @@ def evaluate(
     totals = {"greedy_correct": 0.0, "greedy_format": 0.0, "sampled_correct": 0.0, "sampled_format": 0.0}
     rows: list[dict[str, object]] = []
     prompts = [e.prompt for e in examples]
+    votes: list[list[tuple[str | None, float]]] = [[] for _ in examples]  # per prompt: (parsed answer, correctness) per sample
     for mode, k in (("greedy", 1), ("sampled", cfg.samples_per_prompt)) if examples else ():
         # `batch_size` prompts at a time (bounded memory); greedy decoding draws no random numbers from `generator`
         samples, texts = generate(model, tokenizer, prompts, cfg.max_new_tokens, group_size=k, temperature=cfg.temperature,
@@ -33,6 +36,8 @@ def evaluate(
             correct = task.correctness_reward(text, finished[i], example)
             totals[f"{mode}_correct"] += correct / k
             totals[f"{mode}_format"] += task.format_reward(text, finished[i]) / k
+            if mode == "sampled":
+                votes[i // k].append((task.parse(text), correct))
             if mode == "greedy":
                 for key, value in task.sample_metrics(text, example).items():
                     totals[f"greedy_{key}"] = totals.get(f"greedy_{key}", 0.0) + value
@@ -46,5 +51,6 @@ def evaluate(
         "sampled_format_rate": totals["sampled_format"] / n,
         "n_prompts": float(len(examples)),
         **{key: value / n for key, value in totals.items() if key not in _COUNTED},
+        **over_samples(votes),
     }
     return metrics, rows

@@ -15,8 +15,8 @@ from typing import Any
 
 import yaml
 
-from posttrain.config import Config, registered_keys
-from posttrain.registry import admitted
+from posttrain.config import Config, Registered, registered_keys
+from posttrain.registry import IMPORT_PATH, Registry, admitted
 from posttrain.errors import UserError
 from posttrain.orchestration.graph import Task, check_overrides, load_pipelines
 
@@ -33,10 +33,15 @@ def _inline_refs(node: Any, defs: dict[str, Any]) -> Any:
     return node
 
 
-def _with_enum(schema: dict[str, Any], names: list[str]) -> dict[str, Any]:
-    schema = copy.deepcopy(schema)
+def _with_enum(schema: dict[str, Any], registry: Registry, marker: Registered) -> dict[str, Any]:
+    """`schema` restricted to the names `marker` admits; a registry that imports `module:attr` names (rewards)
+    also takes any such name."""
+    schema, names = copy.deepcopy(schema), admitted(registry, marker)
     if "anyOf" in schema:  # `str | None`: the enum goes on the string branch
         schema["anyOf"] = [{**s, "enum": names} if s.get("type") == "string" else s for s in schema["anyOf"]]
+    elif registry.importer is not None:
+        kept = {k: v for k, v in schema.items() if k != "type"}
+        schema = {**kept, "anyOf": [{"type": "string", "enum": names}, {"type": "string", "pattern": f"^{IMPORT_PATH.pattern}$"}]}
     else:
         schema["enum"] = names
     return schema
@@ -61,12 +66,12 @@ def param_specs(params_yaml: Path) -> dict[str, dict[str, Any]]:
             name = f"{section}.{key}"
             schema = {k: v for k, v in schema.items() if k != "title"}
             if name in marked:
-                schema = _with_enum(schema, admitted(registries[marked[name].registry], marked[name]))
+                schema = _with_enum(schema, registries[marked[name].registry], marked[name])
             if f"{name}[]" in marked and "items" in schema:
-                schema["items"] = _with_enum(schema["items"], admitted(registries[marked[f"{name}[]"].registry], marked[f"{name}[]"]))
+                schema["items"] = _with_enum(schema["items"], registries[marked[f"{name}[]"].registry], marked[f"{name}[]"])
             for field, marker in ((k.removeprefix(f"{name}[]."), m) for k, m in marked.items() if k.startswith(f"{name}[].")):
                 item = schema["items"]
-                item["properties"][field] = _with_enum(item["properties"][field], admitted(registries[marker.registry], marker))
+                item["properties"][field] = _with_enum(item["properties"][field], registries[marker.registry], marker)
             specs[name] = {"default": defaults[section][key], "schema": schema, "section": section}
     return specs
 

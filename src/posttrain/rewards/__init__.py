@@ -2,6 +2,9 @@
 
     RewardFn(task, examples, completions, finished) -> Tensor [N]
 
+A reward may also be the user's own function, named `module:attr` (rewards/user.py adapts its simpler,
+TRL-like signature); rewards/verifiers.py compares completions with the examples' reference answers.
+
 A reward scores completions and nothing else: weighting and normalisation across rewards belong to the
 advantage estimator. A reward that needs more than the text declares it (`needs=("lengths", ...)`) and
 receives those keyword arguments from the trainer's `reward_matrix(..., **context)`.
@@ -15,9 +18,10 @@ import torch
 from torch import Tensor
 
 from posttrain.registry import Registry
+from posttrain.rewards.user import from_function
 from posttrain.tasks import Example, Task
 
-rewards: Registry = Registry("reward")
+rewards: Registry = Registry("reward", importer=from_function)  # `module:attr` names import the user's function
 # trainable reward models (`reward_model.kind`): name -> train(cfg, policy_dir, train, heldout, out_dir, seed, on_log) ->
 # metrics. The trainers register themselves (trainers/reward_model.py, trainers/trm.py; importing `posttrain.stages`
 # imports them); each kind has a reward of the same name here that scores completions with the trained model.
@@ -61,3 +65,4 @@ def reward_matrix(specs, task: Task, examples, completions, finished, **context)
 
 from posttrain.rewards import audit_correction, bradley_terry, kgpo, sdrl, trm  # noqa: E402,F401  (registers)
 from posttrain.rewards import care_reward  # noqa: E402,F401  (registers `care`)
+from posttrain.rewards import verifiers  # noqa: E402,F401  (registers exact_match, math_verify, ...)

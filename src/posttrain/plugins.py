@@ -1,0 +1,58 @@
+"""Plugins: rewards, tasks, advantage estimators, losses (any registry's parts) from other installed packages.
+
+A package declares entry points in the group `posttrain.plugins`:
+
+    [project.entry-points."posttrain.plugins"]
+    my_parts = "my_pkg.posttrain_plugin:register"   # a function: called once as register(registries)
+    more = "my_pkg.more_parts"                      # a module: importing it registers (its decorators run)
+
+`registries` is `posttrain.resolve.all_registries()` without the plugins' own parts yet: {"rewards": ...,
+"advantages": ..., "losses": ..., "tasks": ..., ...}, each with `.register(name, **meta)`. Plugins load once per
+process, lazily, when the registries are first gathered at the boundary (`resolve`, `posttrain registry`); no
+low layer imports this module. Every entry a plugin adds gets meta `source` ("plugin <entry point> (<dist>)"),
+which `posttrain registry` prints. A plugin that fails to load, or registers a name already taken, stops the run
+with one line naming it. Stages cannot come from plugins (the CLI's commands exist before plugins load).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from importlib.metadata import EntryPoint, entry_points
+from types import ModuleType
+
+from posttrain.errors import UserError
+from posttrain.registry import Registry
+
+GROUP = "posttrain.plugins"
+_loaded = False
+
+
+def load(registries: Mapping[str, Registry]) -> None:
+    """Register every installed plugin's parts into `registries`, the first time only."""
+    global _loaded
+    if not _loaded:
+        _loaded = True  # set first: a plugin that gathers the registries itself must not load the plugins again
+        register_plugins(registries, entry_points(group=GROUP))
+
+
+def source_of(point: EntryPoint) -> str:
+    dist = getattr(point, "dist", None)
+    return f"plugin {point.name} ({dist.name} {dist.version})" if dist is not None else f"plugin {point.name}"
+
+
+def register_plugins(registries: Mapping[str, Registry], points: Iterable[EntryPoint]) -> None:
+    """Load each entry point (sorted by name, so the order is the same everywhere) into `registries`."""
+    for point in sorted(points, key=lambda p: p.name):
+        source = source_of(point)
+        before = {key: set(registry.names()) for key, registry in registries.items()}
+        try:
+            loaded = point.load()
+            if not isinstance(loaded, ModuleType):
+                loaded(registries)
+        except UserError as e:
+            raise UserError(f"{source}: {e}") from None
+        except Exception as e:
+            raise UserError(f"{source} ({point.value}) failed: {type(e).__name__}: {e}") from None
+        for key, registry in registries.items():
+            for name in set(registry.names()) - before[key]:
+                registry.entry(name).meta.setdefault("source", source)
