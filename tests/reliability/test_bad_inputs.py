@@ -140,7 +140,7 @@ CASES: dict[str, Case] = {
                                                   ["rl.options.bt.path", "reward_model"]),
     "cli/unknown-stage": Case(["trian"], ["trian"]),
     "cli/unknown-option": Case(["sft", "--epochs", "3"], ["--epochs"]),
-    "cli/resume-not-resumable": Case(["eval", "--resume"], ["'eval' cannot --resume"]),
+    "cli/resume-not-resumable": Case(["data", "--resume"], ["'data' cannot --resume"]),
     # ---- --in: rejected before the stage runs
     "in/missing-dir": Case(["rl", "--in", "policy=no/such/dir"], ["'policy'", "no/such/dir"]),
     "in/missing-required-file": Case(["eval", "--in", "model=outputs/data"], ["outputs/data/model/config.json"]),

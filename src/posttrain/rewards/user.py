@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import fields
 from typing import Any
 
 import torch
@@ -21,8 +20,9 @@ from torch import Tensor
 from posttrain.errors import UserError
 from posttrain.tasks import Example
 
-# the columns passed as metadata: all but the prompt and the reference completion (what TRL leaves out too)
-_COLUMNS = tuple(f.name for f in fields(Example) if f.name not in ("prompt", "completion", "metadata"))
+# the columns passed as metadata besides a dataset's own (`Example.metadata`): the reference answer; the prompt is
+# an argument of its own and the reference completion is left out (as TRL does)
+_COLUMNS = ("answer",)
 
 
 def example_columns(examples: Sequence[Example]) -> dict[str, list[Any]]:
