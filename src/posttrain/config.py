@@ -261,7 +261,7 @@ class PairTrainingConfig(Section):
     per-method settings in `options` (each subclass marks the registry of the methods it selects)."""
 
     data: Annotated[str, Registered("preference_data")]  # preference_data registry: how pairs are built from the task's examples (when `pairs` is null)
-    pairs: str | None  # a JSON-lines file of pairs (data/preferences.py) to train on instead
+    pairs: str | None  # a file of pairs (data/preferences.py: JSON lines, Parquet or CSV; local or s3://) to train on instead
     n_pairs: int = Field(gt=0)  # generated training pairs
     n_heldout_pairs: int = Field(gt=0)  # generated held-out pairs (from held-out prompts)
     sample_tokens: int = Field(gt=0)  # response budget when a builder samples from the policy (policy_pairs)
@@ -277,7 +277,7 @@ class PairTrainingConfig(Section):
     @field_validator("pairs")
     @classmethod
     def _pairs_exist(cls, v: str | None) -> str | None:
-        if v is not None and not Path(v).is_file():
+        if v is not None and "://" not in v and not Path(v).is_file():  # s3:// is read (and checked) by the stage
             raise ValueError(f"preference file not found: {v}")
         return v
 

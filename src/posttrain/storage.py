@@ -137,3 +137,33 @@ def fetch_s3(uri: str, cache: Path) -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # gone already when the rename succeeded
     return target
+
+
+def local_data(location: str) -> Path:
+    """A local file or directory for a data `location`: `local_path`, except that an `s3://` URI naming one
+    object (a data file: `s3://bucket/problems.jsonl`) is fetched as that file, into the same cache."""
+    if not location.startswith("s3://"):
+        return local_path(location)
+    import botocore.exceptions
+
+    bucket, _, key = location.removeprefix("s3://").partition("/")
+    client = _s3_client()
+    try:
+        etag = client.head_object(Bucket=bucket, Key=key)["ETag"] if key and not key.endswith("/") else None
+    except botocore.exceptions.ClientError:
+        etag = None  # not one object: a prefix (a save_to_disk directory), fetched by local_path
+    except (botocore.exceptions.NoCredentialsError, botocore.exceptions.EndpointConnectionError) as e:
+        raise UserError(f"cannot read {location}: {e}") from None
+    if etag is None:
+        return local_path(location)
+    cache = Path(os.environ.get("POSTTRAIN_CACHE", Path.home() / ".cache" / "posttrain" / "inputs"))
+    target = cache / hashlib.sha256(location.encode()).hexdigest()[:16] / Path(key).name
+    stamp = target.with_name(".etag")
+    if target.is_file() and stamp.is_file() and stamp.read_text() == etag:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.partial")
+    client.download_file(bucket, key, str(partial))
+    partial.replace(target)
+    stamp.write_text(etag)
+    return target

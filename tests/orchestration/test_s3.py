@@ -84,3 +84,26 @@ def test_a_stage_reads_an_existing_dataset_by_its_s3_uri(s3_endpoint, tmp_path, 
     assert local_path(uri) == cached and (cached / "train.jsonl").read_text() == "stale"
     client.put_object(Bucket="posttrain-test", Key="datasets/arith/train.jsonl", Body=b"new")
     assert (local_path(uri) / "train.jsonl").read_text() == "new"  # a changed object is fetched again
+
+
+def test_the_data_stage_reads_your_problems_from_s3_as_from_the_local_file(s3_endpoint, tmp_path, monkeypatch):
+    """task.name dataset with `path: s3://bucket/problems.jsonl` (one object, fetched into the input cache) gives
+    the same examples and metrics as the local file."""
+    import boto3
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
+    monkeypatch.setenv("POSTTRAIN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    micro_params(tmp_path, tracking={"enabled": False})
+    rows = [{"problem": f"What is {i} + {i % 7}?", "answer": i + i % 7, "level": i % 3} for i in range(40)] + [{"problem": "What is 1 + 1?", "answer": 2, "level": 0}]
+    (tmp_path / "problems.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    boto3.client("s3", endpoint_url=s3_endpoint).upload_file(str(tmp_path / "problems.jsonl"), "posttrain-test", "mine/problems.jsonl")
+    mapping = ["--set", "task.name=dataset", "--set", "task.options.dataset.fields.prompt=problem", "--set", "task.options.dataset.fields.metadata=all"]
+    for name, path in (("local", "problems.jsonl"), ("s3", "s3://posttrain-test/mine/problems.jsonl")):
+        posttrain_in_process("data", *mapping, "--set", f"task.options.dataset.path={path}", "--out", f"outputs/{name}")
+    read = lambda name, file: (tmp_path / "outputs" / name / file).read_bytes()  # noqa: E731
+    for file in ("train.jsonl", "heldout.jsonl", "metrics.json"):
+        assert read("s3", file) == read("local", file), file
+    metrics = json.loads(read("s3", "metrics.json"))
+    assert (metrics["n_rows_read"], metrics["n_duplicates_dropped"], metrics["n_train"] + metrics["n_heldout"]) == (41, 1, 40)
+    assert json.loads(read("s3", "train.jsonl").splitlines()[0])["metadata"] == {"level": 0}

@@ -99,6 +99,14 @@ def pairs_file(*lines: dict | str | bytes) -> Setup:
     return lambda work: (work / "pairs.jsonl").write_bytes(b"".join(map(encoded, lines)))
 
 
+def problems_file(name: str, *bad: dict) -> Setup:
+    """A researcher's problems (task.name dataset): two good rows, then `bad`, as JSON lines or Parquet."""
+    rows = [{"prompt": "What is 2+2?", "answer": "4"}, {"prompt": "What is 3+3?", "answer": "6"}, *bad]
+    if name.endswith(".parquet"):
+        return lambda work: pd.DataFrame(rows).to_parquet(work / name, index=False)
+    return lambda work: (work / name).write_bytes(b"".join(map(encoded, rows)))
+
+
 def params_with(section: str, **values) -> Setup:
     def setup(work: Path) -> None:
         params = yaml.safe_load((work / "params.yaml").read_text())
@@ -113,6 +121,7 @@ EVAL_BAD_MODEL = ["eval", "--in", "data=outputs/data", "--in", "model=bad"]
 RL_BAD_POLICY = ["rl", "--in", "policy=bad"]
 PREFERENCE_PAIRS = ["preference", "--set", "preference.pairs=pairs.jsonl"]
 CURATE_BAD_SOURCE = ["curate", "--in", "source=bad"]
+DATASET = ["data", "--set", "task.name=dataset", "--set", "task.options.dataset.path=problems.jsonl"]
 LONG = "1" * 30 + "+" + "2" * 29 + "="  # 61 characters: fits 64 positions, not with 6 more to generate
 
 CASES: dict[str, Case] = {
@@ -173,6 +182,17 @@ CASES: dict[str, Case] = {
     "data/oov-model-path": Case(["sft", "--in", "data=bad", "--set", "model.path=outputs/sft/model"], ["bad/train.jsonl row 1", "' '"],
                                 bad_data("train.jsonl", {**GOOD, "prompt": "12 + 34 ="})),
     "data/task-too-small": Case(["data", "--set", "task.digits=1"], ["task.n_train", "1-digit"]),
+    # ---- your own data (task.name dataset), read by the data stage: its row suite names file and row
+    "dataset/missing-field": Case(DATASET, ["problems.jsonl:3", "field 'answer' is missing"], problems_file("problems.jsonl", {"prompt": "1+1?"})),
+    "dataset/wrong-type": Case(DATASET, ["problems.jsonl:3", "field 'prompt' must be a string, got number"],
+                               problems_file("problems.jsonl", {"prompt": 12, "answer": "12"})),
+    "dataset/empty-answer": Case(DATASET, ["problems.jsonl:4", "field 'answer' is empty"],
+                                 problems_file("problems.jsonl", {"prompt": "What is 0+0?", "answer": "0"}, {"prompt": "What is 1+0?", "answer": " "})),
+    "dataset/empty-answer-parquet": Case(["data", "--set", "task.name=dataset", "--set", "task.options.dataset.path=problems.parquet"],
+                                         ["problems.parquet row 3", "field 'answer' is empty"],
+                                         problems_file("problems.parquet", {"prompt": "What is 1+0?", "answer": ""})),
+    "dataset/missing-column": Case([*DATASET, "--set", "task.options.dataset.fields.prompt=problem"],
+                                   ["task.options.dataset.fields.prompt", "no column 'problem' in problems.jsonl"], problems_file("problems.jsonl")),
     # ---- model directories, as an input or as model.path
     "model/truncated-safetensors": Case(EVAL_BAD_MODEL, ["bad/model/model.safetensors is truncated"], bad_model("model.safetensors")),
     "model/zero-length-safetensors": Case(RL_BAD_POLICY, ["bad/model/model.safetensors is truncated", "header too small"],

@@ -28,6 +28,32 @@ def test_round_trip(tmp_path):
     assert len(path.read_text().splitlines()) == len(EXAMPLES)
 
 
+CHAT = Example("2+2?", "4", "4", system="Be brief.", messages=({"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}),
+               metadata={"level": 1, "tags": ["add"]})
+
+
+def test_optional_fields_round_trip_and_are_written_only_where_set(tmp_path):
+    path = tmp_path / "train.jsonl"
+    write_examples(path, [*EXAMPLES, CHAT])
+    assert read_examples(path) == [*EXAMPLES, CHAT]
+    first, last = (json.loads(line) for line in path.read_text().splitlines()[::3])
+    assert set(first) == {"prompt", "completion", "answer"}  # a generated task's files keep their three fields
+    assert set(last) == {"prompt", "completion", "answer", "system", "messages", "metadata"}
+
+
+@pytest.mark.parametrize(("extra", "words"), [
+    ({"system": 3}, "'system' must be a string"),
+    ({"messages": [{"role": "robot", "content": "hi"}]}, "'messages' must be a list of {role, content} messages"),
+    ({"messages": "hi"}, "'messages' must be a list"),
+    ({"metadata": [1]}, "'metadata' must be an object"),
+])
+def test_bad_optional_field_names_file_and_line(tmp_path, extra, words):
+    path = tmp_path / "train.jsonl"
+    path.write_text(lines(GOOD, {**GOOD, **extra}))
+    message = read_error(path)
+    assert f"{path}:2:" in message and words in message
+
+
 def test_blank_lines_are_skipped(tmp_path):
     path = tmp_path / "train.jsonl"
     write_examples(path, EXAMPLES[:2])

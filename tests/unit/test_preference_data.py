@@ -39,6 +39,31 @@ def test_pairs_round_trip(tmp_path):
     assert read_pairs(tmp_path / "p.jsonl") == pairs
 
 
+def test_parquet_csv_and_chat_message_pairs_read_as_the_same_pairs(tmp_path):
+    from dataclasses import asdict
+
+    import pandas as pd
+
+    pairs = [PreferencePair("1+1=", "2", "3", 0.5, None), PreferencePair("2+2=", "4", "5", 0.0, True)]
+    frame = pd.DataFrame([asdict(p) for p in pairs])
+    frame.to_parquet(tmp_path / "p.parquet", index=False)
+    frame.astype({"gold": "string"}).fillna("").to_csv(tmp_path / "p.csv", index=False)
+    assert read_pairs(tmp_path / "p.parquet") == pairs and read_pairs(str(tmp_path / "p.csv")) == pairs
+    turn = lambda role, text: [{"role": role, "content": text}]  # noqa: E731
+    chat = [{"chosen": turn("user", "1+1=") + turn("assistant", "2"), "rejected": turn("user", "1+1=") + turn("assistant", "3"),
+             "severity": 0.5},
+            {"prompt": turn("system", "Add.") + turn("user", "2+2="), "chosen": turn("assistant", "4"), "rejected": turn("assistant", "5"),
+             "gold": True}]
+    (tmp_path / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in chat))
+    assert read_pairs(tmp_path / "chat.jsonl") == pairs
+
+
+def test_bad_row_of_a_csv_pairs_file_names_its_row(tmp_path):
+    (tmp_path / "p.csv").write_text("prompt,chosen,rejected,severity\n1+1=,2,3,0.5\n2+2=,4,5,high\n")
+    with pytest.raises(UserError, match=r"p.csv row 2: severity must be a number"):
+        read_pairs(tmp_path / "p.csv")
+
+
 BAD_LINES = {
     "not json": ("{oops", "not valid JSON"),
     "not an object": ("[1, 2]", "expected an object"),
@@ -68,5 +93,5 @@ def test_missing_and_empty_pair_files(tmp_path):
     with pytest.raises(UserError, match="not found"):
         read_pairs(tmp_path / "nope.jsonl")
     (tmp_path / "empty.jsonl").write_text("\n")
-    with pytest.raises(UserError, match="no preference pairs"):
+    with pytest.raises(UserError, match="no rows"):
         read_pairs(tmp_path / "empty.jsonl")

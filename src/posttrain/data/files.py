@@ -1,4 +1,5 @@
-"""Data files: examples as JSON lines (one `{"prompt", "completion", "answer"}` object per line), and parquet tables.
+"""Data files: examples as JSON lines (one `{"prompt", "completion", "answer"}` object per line, plus the optional
+`system`, `messages` and `metadata` where an example has them), and parquet tables.
 
 Every reader here ends a bad file with one `UserError` line naming the file and, for JSON lines, the line.
 `check_examples` is the second half of reading examples: whether they fit the model a stage loaded (its
@@ -8,61 +9,51 @@ vocabulary and its positions), which only that stage knows.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
-from dataclasses import MISSING, asdict, fields
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from posttrain.errors import UserError
 from posttrain.tasks import Example
+from posttrain.tasks.tables import json_lines, value_kind
 
-_REQUIRED = ("prompt", "completion", "answer")  # strings; `system`, `messages`, `metadata` are optional
-_OPTIONAL = {f.name: f.default if f.default is not MISSING else f.default_factory() for f in fields(Example) if f.name not in _REQUIRED}
+__all__ = ["check_examples", "json_lines", "read_examples", "read_parquet", "write_examples"]
+
+_REQUIRED = ("prompt", "completion", "answer")
+_OPTIONAL = ("system", "messages", "metadata")  # written only where set, so files of generated tasks keep three fields
 
 
 def write_examples(path: Path, examples: list[Example]) -> None:
-    """One JSON object per example; an optional field at its default is left out (files of the built-in tasks
-    keep three fields)."""
     with path.open("w") as f:
-        for example in examples:
-            record = {k: v for k, v in asdict(example).items() if k in _REQUIRED or v != _OPTIONAL[k]}
-            f.write(json.dumps(record) + "\n")
+        for e in examples:
+            record: dict[str, Any] = {"prompt": e.prompt, "completion": e.completion, "answer": e.answer}
+            if e.system is not None:
+                record["system"] = e.system
+            if e.messages is not None:
+                record["messages"] = [dict(m) for m in e.messages]
+            if e.metadata:
+                record["metadata"] = dict(e.metadata)
+            f.write(json.dumps(record, default=str) + "\n")  # default: a dataset's dates and the like as text
 
 
-def _example(where: str, record: object) -> Example:
-    ok = (isinstance(record, dict) and set(_REQUIRED) <= set(record) <= set(_REQUIRED) | set(_OPTIONAL)
-          and all(isinstance(record[k], str) for k in _REQUIRED)
-          and isinstance(record.get("system") or "", str) and isinstance(record.get("metadata", {}), dict)
-          and _is_conversation(record.get("messages")))
-    if not ok:
-        raise UserError(f"{where}: expected an object with string fields {list(_REQUIRED)} (optional: system, messages, metadata)")
-    if "messages" in record and record["messages"] is not None:
-        record = {**record, "messages": tuple(record["messages"])}
-    return Example(**record)
-
-
-def _is_conversation(messages: object) -> bool:
-    return messages is None or (isinstance(messages, list) and all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages))
-
-
-def json_lines(path: Path, what: str) -> Iterator[tuple[str, object]]:
-    """(`file:line`, parsed record) for each non-blank line; a missing file, bytes that are not UTF-8 or bad JSON
-    is a `UserError` naming the line (lines are split as bytes and decoded one by one, so the line is exact)."""
-    if not path.is_file():
-        raise UserError(f"{what} file not found: {path}")
-    with path.open("rb") as f:
-        for number, raw in enumerate(f, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                bad = raw[e.start : e.start + 1]
-                raise UserError(f"{path}:{number}: not UTF-8 text (byte {e.start + 1} of the line is {bad!r})") from None
-            if not line.strip():
-                continue
-            try:
-                yield f"{path}:{number}", json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UserError(f"{path}:{number}: not valid JSON ({e.msg})") from None
+def _record_problem(record: object) -> str | None:
+    """What is wrong with one parsed line of an examples file, or None."""
+    if not isinstance(record, dict):
+        return f"got {type(record).__name__}"
+    missing = [k for k in _REQUIRED if k not in record]
+    unknown = sorted(set(record) - set(_REQUIRED) - set(_OPTIONAL))
+    if missing or unknown:
+        return f"missing field {missing[0]!r}" if missing else f"unknown field {unknown[0]!r}"
+    wrong = [k for k in _REQUIRED if not isinstance(record[k], str)]
+    if record.get("system") is not None and not isinstance(record["system"], str):
+        wrong.append("system")
+    if wrong:
+        return f"field {wrong[0]!r} must be a string, got {type(record[wrong[0]]).__name__}"
+    if record.get("messages") is not None and value_kind(record["messages"]) != "conversation":
+        return "field 'messages' must be a list of {role, content} messages with a user turn"
+    if not isinstance(record.get("metadata", {}), dict):
+        return f"field 'metadata' must be an object, got {type(record['metadata']).__name__}"
+    return None
 
 
 def read_examples(path: Path) -> list[Example]:
@@ -70,10 +61,15 @@ def read_examples(path: Path) -> list[Example]:
     model would learn the answers unprompted) is a `UserError` naming file and line."""
     examples = []
     for where, record in json_lines(path, "dataset"):
-        example = _example(where, record)
-        if not example.prompt.strip():
+        problem = _record_problem(record)
+        if problem is not None:
+            raise UserError(f"{where}: expected an object with string fields {list(_REQUIRED)} (optional {list(_OPTIONAL)}); {problem}")
+        if not record["prompt"].strip():
             raise UserError(f"{where}: empty prompt")
-        examples.append(example)
+        messages = record.get("messages")
+        examples.append(Example(record["prompt"], record["completion"], record["answer"], record.get("system"),
+                                None if messages is None else tuple({"role": m["role"], "content": m["content"]} for m in messages),
+                                record.get("metadata", {})))
     if not examples:
         raise UserError(f"{path}: no examples")
     return examples

@@ -2,6 +2,11 @@
 
     {"prompt": "37+48=", "chosen": "85", "rejected": "84", "severity": 0.333, "gold": null}
 
+A pairs file a user brings (`preference.pairs`, `reward_model.pairs`) may also be Parquet or CSV (read by the
+dataset task's loader, tasks/tables.py), and its prompt, chosen and rejected may be chat messages
+([{role, content}], as TRL's conversational preference data): chosen / rejected then count by their last
+assistant turn and the prompt by its last user turn (taken from `chosen` when there is no `prompt`).
+
 `severity` is the normalised severity gap g in [0, 1] between the two answers (GM-DPO's margin and weight);
 `gold` is an optional human label for ABC-Align: true when a human agrees that `chosen`
 is better, false when the human prefers `rejected`, null when the pair has only the (pseudo) label that
@@ -17,10 +22,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from posttrain.data.files import json_lines
 from posttrain.errors import UserError
 from posttrain.registry import Registry
 from posttrain.tasks import Example, Task
+from posttrain.tasks.tables import read_tables
 
 preference_data: Registry = Registry("preference dataset")
 
@@ -67,11 +72,45 @@ def _pair_from(record: object, where: str) -> PreferencePair:
     return PreferencePair(record["prompt"], record["chosen"], record["rejected"], float(severity), gold)
 
 
-def read_pairs(path: Path) -> list[PreferencePair]:
-    """Read and check a JSON-lines file of pairs; a malformed line is a `UserError` naming file and line."""
-    pairs = [_pair_from(record, where) for where, record in json_lines(path, "preference")]
-    if not pairs:
-        raise UserError(f"{path}: no preference pairs")
+def _last_turn(value: object, role: str) -> object:
+    """The content of the last `role` turn of a list of messages; any other value as it is."""
+    return next((m["content"] for m in reversed(value) if m["role"] == role), value) if _is_messages(value) else value
+
+
+def _is_messages(value: object) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in value)
+
+
+def _flattened(record: object, csv: bool) -> object:
+    """A record with chat messages as text (prompt: last user turn; chosen / rejected: last assistant turn), and
+    CSV's text cells as the numbers and flags they stand for."""
+    if not isinstance(record, dict):
+        return record
+    record = dict(record)
+    if "prompt" not in record and _is_messages(record.get("chosen")):
+        record["prompt"] = record["chosen"]
+    for key, role in (("prompt", "user"), ("chosen", "assistant"), ("rejected", "assistant")):
+        if key in record:
+            record[key] = _last_turn(record[key], role)
+    for key in _OPTIONAL:
+        if record.get(key) is None or (csv and record[key] == ""):
+            record.pop(key, None)  # an empty cell or a null: the default
+        elif csv:
+            text = record[key].strip().lower()
+            try:
+                record[key] = {"true": True, "false": False}[text] if key == "gold" else float(text)
+            except (KeyError, ValueError):
+                pass  # left as text: refused below with the field's name
+    return record
+
+
+def read_pairs(location: str | Path) -> list[PreferencePair]:
+    """Read and check a file of pairs (JSON lines, Parquet or CSV; local or s3://); a malformed row is a
+    `UserError` naming file and line (row)."""
+    pairs = []
+    for table in read_tables(location, "preference"):
+        csv = str(location).lower().endswith(".csv")
+        pairs += [_pair_from(_flattened(record, csv), where) for where, record in zip(table.wheres, table.rows)]
     return pairs
 
 

@@ -1,4 +1,6 @@
-"""Great Expectations suite for task datasets: run before anything trains on the data."""
+"""Great Expectations suites for task datasets, run before anything trains on the data: `validate_rows` on the
+rows of a file a user brings (each mapped field present, of its type, not empty), then `validate_examples` on
+the splits a task made of them."""
 
 from __future__ import annotations
 
@@ -7,29 +9,74 @@ from typing import Any
 
 import pandas as pd
 
-from posttrain.tasks import Task
+from posttrain.tasks import Example, Task
+from posttrain.tasks.base import prompt_key
+from posttrain.tasks.tables import SourceRows, bad_row_line
 
 
-def validate_examples(frame: pd.DataFrame, task: Task, expected_rows: dict[str, int]) -> dict[str, Any]:
-    """Validate the concatenated splits (`split` column; `completion_verified` = the task's verifier accepts
-    the reference completion) and return a JSON-able report with `success`."""
+def _batch(frame: pd.DataFrame, name: str):
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False)
-    asset = context.data_sources.add_pandas("posttrain").add_dataframe_asset(name="examples")
-    batch = asset.add_batch_definition_whole_dataframe("all").get_batch(batch_parameters={"dataframe": frame})
+    asset = context.data_sources.add_pandas("posttrain").add_dataframe_asset(name=name)
+    return gx, asset.add_batch_definition_whole_dataframe("all").get_batch(batch_parameters={"dataframe": frame})
 
+
+def validate_rows(rows: SourceRows) -> dict[str, Any]:
+    """The row suite: every mapped field of every row of one file has a kind its field allows (present, of its
+    type, not empty). A JSON-able report with `success`; `first_bad` is the first bad row as one line."""
+    gx, batch = _batch(rows.frame, "rows")
+    suite = gx.ExpectationSuite(name="source_rows")
+    for key in rows.columns:
+        suite.add_expectation(gx.expectations.ExpectColumnValuesToBeInSet(column=key, value_set=list(rows.allowed[key])))
+    result = batch.validate(suite, result_format={"result_format": "COMPLETE", "unexpected_index_column_names": ["where"]})
+    report = suite_report(result)
+    position = {where: i for i, where in enumerate(rows.frame["where"])}
+    bad = []  # (position, line) of each failed field's first bad row
+    for r in result.results:
+        if not r.success:
+            key = r.expectation_config.kwargs["column"]
+            first = min(r.result["unexpected_index_list"], key=lambda hit: position[hit["where"]])
+            bad.append((position[first["where"]], bad_row_line(first["where"], key, rows.columns[key], first[key], rows.allowed[key])))
+    report["first_bad"] = min(bad)[1] if bad else None
+    return report
+
+
+def raise_if_bad_row(report: dict[str, Any]) -> None:
+    """A failed row suite stops the stage with one line: the first bad row, its field and what is wrong."""
+    if not report["success"]:
+        from posttrain.errors import UserError
+
+        raise UserError(report["first_bad"])
+
+
+def examples_frame(task: Task, splits: dict[str, list[Example]]) -> pd.DataFrame:
+    """The splits as the table `validate_examples` checks: one row per example with its split."""
+    return pd.DataFrame([{"prompt": e.prompt, "key": prompt_key(e), "completion": e.completion, "answer": e.answer, "split": name,
+                          "completion_verified": verified(task, e)} for name, rows in splits.items() for e in rows])
+
+
+def verified(task: Task, example: Example) -> bool:
+    """The task's verifier accepts the reference completion as well-formed and correct."""
+    return task.format_reward(example.completion, True) == 1.0 and task.correctness_reward(example.completion, True, example) == 1.0
+
+
+def validate_examples(frame: pd.DataFrame, task: Task, expected_rows: dict[str, int]) -> dict[str, Any]:
+    """Validate the concatenated splits (`split` column; `key` = what makes two rows the same prompt, the prompt
+    itself for a generated task; `completion_verified` = the task's verifier accepts the reference completion)
+    and return a JSON-able report with `success`."""
+    gx, batch = _batch(frame, "examples")
     e = gx.expectations
     suite = gx.ExpectationSuite(name="task_examples")
     for column in ("prompt", "completion", "answer", "split"):
         suite.add_expectation(e.ExpectColumnValuesToNotBeNull(column=column))
     suite.add_expectation(e.ExpectColumnValuesToBeInSet(column="split", value_set=sorted(expected_rows)))
     suite.add_expectation(e.ExpectTableRowCountToEqual(value=sum(expected_rows.values())))
-    # one row per prompt across all splits: train and held-out are disjoint
-    suite.add_expectation(e.ExpectColumnValuesToBeUnique(column="prompt"))
+    # one row per prompt (with its system prompt and conversation) across all splits: train and held-out are disjoint
+    suite.add_expectation(e.ExpectColumnValuesToBeUnique(column="key"))
     # every reference completion follows the task's answer format and its verifier accepts it
     suite.add_expectation(e.ExpectColumnValuesToBeInSet(column="completion_verified", value_set=[True]))
     alphabet = "".join(sorted(set(task.alphabet())))

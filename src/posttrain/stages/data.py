@@ -1,6 +1,10 @@
-"""Stage `data`: generate the task's train / held-out examples, then validate them with Great Expectations.
+"""Stage `data`: generate the task's train / held-out examples (or read them: task.name dataset), then validate
+them with Great Expectations.
 
-Outputs: train.jsonl, heldout.jsonl, validation.json. A failing suite stops the stage with its report.
+Outputs: train.jsonl, heldout.jsonl, validation.json. A failing suite stops the stage with its report, and
+nothing is written. A task that reads user files (dataset) has their rows checked first by the row suite
+(each mapped field present, of its type, not empty; a bad row is one line naming file and row), and reports
+what it dropped (`n_duplicates_dropped`, `n_too_long_dropped`, ...) with the stage's metrics.
 The suite checks what the task defines (non-empty prompts in the task's alphabet, verified completions,
 disjoint splits); whether rows fit a model (its tokenizer's vocabulary, its positions) is checked where a
 model meets the data, by the stages that load one (data.check_examples): only they know the tokenizer.
@@ -17,26 +21,18 @@ from posttrain.stages import stages
 from posttrain.tasks import build_task
 
 
-def verified(task, example) -> bool:
-    return task.format_reward(example.completion, True) == 1.0 and task.correctness_reward(example.completion, True, example) == 1.0
-
-
 @stages.register("data", inputs={}, gpu=False)
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
-    import pandas as pd
-
-    from posttrain.data.validation import raise_if_failed, validate_examples
+    from posttrain.data.validation import examples_frame, raise_if_bad_row, raise_if_failed, validate_examples, validate_rows
 
     task = build_task(cfg.task)
+    row_reports = {rows.source: validate_rows(rows) for rows in task.source_rows()}
+    for row_report in row_reports.values():
+        raise_if_bad_row(row_report)
     splits = task.splits(cfg.pipeline.seed)
-    frame = pd.DataFrame(
-        [
-            {"prompt": e.prompt, "completion": e.completion, "answer": e.answer, "split": name, "completion_verified": verified(task, e)}
-            for name, rows in splits.items()
-            for e in rows
-        ]
-    )
-    report = validate_examples(frame, task, {"train": cfg.task.n_train, "heldout": cfg.task.n_heldout})
+    report = validate_examples(examples_frame(task, splits), task, task.expected_sizes())
+    if row_reports:
+        report["sources"] = row_reports  # the row suite's report per file read
     (out_dir / "validation.json").write_text(strict_json(report, indent=2) + "\n")
     raise_if_failed(report, "data")
     for name, rows in splits.items():
@@ -44,5 +40,6 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     tracker.log_artifacts(out_dir, "data")
     metrics = {f"n_{name}": float(len(rows)) for name, rows in splits.items()}
     metrics["checks_passed"] = float(sum(c["success"] for c in report["checks"]))
+    metrics.update(task.data_metrics())
     tracker.log_metrics(metrics)
     return metrics

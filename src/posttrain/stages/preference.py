@@ -23,7 +23,7 @@ def load_pairs(cfg: Config, section, task, train_examples, heldout_examples, pol
     """(train, held-out) pairs for a `reward_model` or `preference` section; `policy` (model, tokenizer) serves
     builders that sample from it (`needs_policy`)."""
     if section.pairs is not None:
-        pairs = read_pairs(Path(section.pairs))
+        pairs = read_pairs(section.pairs)
         if len(pairs) < 2:
             raise UserError(f"{section.pairs}: needs at least 2 pairs (one to train on, one to hold out)")
         cut = len(pairs) - max(1, len(pairs) // 10)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -16,6 +17,18 @@ class Example:
     system: str | None = None  # a system prompt for the chat template; None: the template's default
     messages: tuple[Mapping[str, str], ...] | None = None  # a whole conversation ({role, content}) for SFT on assistant turns
     metadata: Mapping[str, Any] = field(default_factory=dict)  # a dataset's extra columns, handed to rewards
+
+
+def prompt_key(example: Example) -> str:
+    """What makes two examples the same prompt: the prompt itself, or, with a system prompt or a conversation,
+    the system prompt and the conversation up to its last user turn (the prompt)."""
+    if example.system is None and example.messages is None:
+        return example.prompt
+    context = list(example.messages or ())
+    if context:
+        last_user = max(i for i, m in enumerate(context) if m["role"] == "user")
+        context = [dict(m) for m in context[: last_user + 1]]
+    return json.dumps([example.system, context or example.prompt], ensure_ascii=False)
 
 
 class Task(ABC):
@@ -42,6 +55,19 @@ class Task(ABC):
 
     def sample_metrics(self, completion: str, example: Example) -> dict[str, float]:
         """Task-specific per-completion metrics, averaged by the evaluation (e.g. Hit@k); none by default."""
+        return {}
+
+    def source_rows(self) -> list:
+        """The rows of user files this task reads (tasks/tables.py `SourceRows`), which the data stage checks with
+        its row suite before `splits()`; none for a generated task."""
+        return []
+
+    def expected_sizes(self) -> dict[str, int]:
+        """The split sizes the data stage's suite expects from `splits()`: the settings' for a generated task."""
+        return {"train": self.cfg.n_train, "heldout": self.cfg.n_heldout}
+
+    def data_metrics(self) -> dict[str, float]:
+        """Counts the data stage reports after `splits()` (rows read, dropped); none for a generated task."""
         return {}
 
     @abstractmethod
