@@ -47,7 +47,7 @@ CASES = {
     "input without a model": (["eval", "--in", "model=outputs/data"], ["outputs/data/model/config.json"]),
     "unknown input name": (["eval", "--in", "teacher=outputs/sft"], ["teacher"]),
     "missing model.path": (["sft", "--set", "model.path=./no-such-model"], ["no-such-model"]),
-    "resume a stage that cannot": (["sft", "--resume"], ["--resume"]),
+    "resume a stage that cannot": (["eval", "--resume"], ["--resume"]),
     "unknown stage": (["trian"], ["trian"]),
     "heads do not divide": (["sft", "--set", "model.heads=3"], ["heads"]),
 }
