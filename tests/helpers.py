@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -36,6 +37,28 @@ TINY = {
     "eval": {"n_prompts": 20, "batch_size": 20, "n_table": 2},
     "distill": {"steps": 2, "prompts_per_step": 2},
 }
+
+# micro sections of the other stages (merged over params.yaml's by micro_params, one level deep); reward_model, preference:
+MICRO_PAIRS = {"n_pairs": 40, "n_heldout_pairs": 12, "steps": 3, "batch_size": 8, "log_every": 1, "warmup_steps": 0}
+MICRO_TRM = {"pairwise_reward": "pd_grpo", "warmup_rubric": "preferred", "rl_steps": 2, "pairs_per_step": 2, "group_size": 2,
+             "max_new_tokens": 24, "temperature": 1.0, "lr": 1.0e-4, "alpha_format": 0.5, "score_max": 10}  # reward_model.options.trm
+MICRO_EDIT = {
+    "facts": {"n_subjects": 4, "relations": 2, "objects_per_relation": 3, "seed": 0},
+    "pretrain": {"steps": 3, "batch_size": 8, "lr": 0.003, "warmup_steps": 0, "weight_decay": 0.0, "max_grad_norm": 1.0, "n_examples": 0,
+                 "log_every": 1, "checkpoint_every": 0},
+    "n_edits": 2, "steps_per_edit": 1, "log_every": 1,
+}
+MICRO_CARE = {"n_sft": 30, "n_preference": 20, "n_heldout": 10, "sft_steps": 3, "batch_size": 8, "rl_steps": 2,
+              "rl_prompts_per_step": 4, "rl_group_size": 2, "log_every": 1, "warmup_steps": 0}
+MICRO_IMAGE = {
+    "city": {"n_locations": 60, "n_cities": 2, "image_size": 32},
+    "flow": {"image_size": 8, "block_channels": [8, 16], "text_dim": 16},
+    "flow_sft": {"steps": 4, "batch_size": 8, "log_every": 2, "warmup_steps": 0},
+    "flow_rl": {"steps": 2, "prompts_per_step": 2, "group_size": 2, "sampling_steps": 3, "checkpoint_every": 1},
+    "flow_eval": {"sampling_steps": 3, "n_prompts": 3, "samples_per_prompt": 1, "n_grid": 2},
+}
+
+
 def micro_params(directory: Path, **sections: dict) -> Path:
     """Write the repo's params.yaml, shrunk to micro sizes (plus `sections` overrides), into `directory`."""
     params = yaml.safe_load((REPO / "params.yaml").read_text())
@@ -46,6 +69,14 @@ def micro_params(directory: Path, **sections: dict) -> Path:
     path = directory / "params.yaml"
     path.write_text(yaml.safe_dump(params, sort_keys=False))
     return path
+
+
+FORK_SAFE = {"pipeline": {"device": "cpu", "threads": 1}, "tracking": {"enabled": False}}  # see _kill_a_fork
+
+
+def fork_safe_params(directory: Path, **sections: dict) -> Path:
+    """micro_params for stages run in this process and in forks of it (kill_resume_and_compare(in_process=True))."""
+    return micro_params(directory, **{**FORK_SAFE, **sections})
 
 
 def tiny_params(directory: Path, **sections: dict) -> Path:
@@ -70,6 +101,135 @@ def posttrain_in_process(*args: str) -> str:
     result = CliRunner().invoke(app, list(args), standalone_mode=False)
     assert result.exit_code == 0 and result.exception is None, (result.output, result.exception)
     return result.output
+
+
+def posttrain_main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    """The `posttrain` entry point (`posttrain.cli.main`, what the installed script calls) in this process, with its
+    error handling: (exit code, stdout, stderr)."""
+    from posttrain.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["posttrain", *args])
+    try:
+        main()
+        code = 0
+    except SystemExit as done:
+        code = done.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def posttrain_here(*args: str, cwd: Path) -> str:
+    """`posttrain_in_process` run from `cwd` (where params.yaml and outputs/ are)."""
+    with contextlib.chdir(cwd):
+        return posttrain_in_process(*args)
+
+
+WALL_CLOCK = {"tokens_per_s", "step_seconds", "seconds_per_step", "panoramas_per_second"}  # differ between equal runs
+
+
+def deterministic(rows):
+    """A metrics dict, or a history (list of them), without its wall-clock keys."""
+    if isinstance(rows, list):
+        return [deterministic(row) for row in rows]
+    return {k: v for k, v in rows.items() if k not in WALL_CLOCK}
+
+
+def _kill_a_subprocess(stage: str, args: list[str], cwd: Path, checkpoints: Path, kill_at: int) -> None:
+    """The installed CLI, SIGKILLed from here once checkpoint `kill_at` is in `checkpoints` (somewhere after it)."""
+    proc = subprocess.Popen([POSTTRAIN, stage, *args], cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 180
+    while not (checkpoints / f"step-{kill_at:06d}").is_dir() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be interrupted"
+
+
+def _kill_a_fork(stage: str, args: list[str], cwd: Path, checkpoints: Path, kill_at: int) -> None:
+    """The CLI in a fork of this process (no interpreter start), which SIGKILLs itself the moment checkpoint
+    `kill_at` is durable in `checkpoints`: no race with the end of a short run. Its settings must be FORK_SAFE: a fork
+    may not use CUDA, an OpenMP pool its parent started, nor MLflow's connections of the parent."""
+    pid = os.fork()
+    if pid == 0:  # the child never returns into pytest
+        code = 1
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 1), os.dup2(null, 2)
+            from posttrain.trainers import loop
+
+            save = loop.save_checkpoint
+
+            def save_then_die(directory, step, *rest, **kwargs):
+                path = save(directory, step, *rest, **kwargs)
+                if step == kill_at and Path(directory).resolve() == checkpoints.resolve():
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return path
+
+            loop.save_checkpoint = save_then_die
+            posttrain_here(stage, *args, cwd=cwd)
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (
+        f"the run was not killed at {checkpoints.name}/step-{kill_at:06d} (exit status {status}: it finished or failed first)")
+
+
+@contextlib.contextmanager
+def steps_taken(into: list[Path | None]):
+    """Record the checkpoint folder of the loop of every optimiser step taken in this process."""
+    from posttrain.trainers.loop import TrainLoop
+
+    step = TrainLoop.optimizer_step
+
+    def recorded(loop, *args, **kwargs):
+        into.append(loop.checkpoint_dir and Path(loop.checkpoint_dir).resolve())
+        return step(loop, *args, **kwargs)
+
+    TrainLoop.optimizer_step = recorded
+    try:
+        yield into
+    finally:
+        TrainLoop.optimizer_step = step
+
+
+def kill_resume_and_compare(straight: Path, resumed: Path, stage: str, args: list[str], kill_at: int, checkpoints: str = "checkpoints",
+                            in_process: bool = False, finished: str | None = None) -> list[dict]:
+    """Run `stage` (the CLI with `args`) straight through in one directory; in the other, SIGKILL it once checkpoint
+    `kill_at` is in its staging directory's `checkpoints` folder, then `--resume`: every weight file, the history
+    and the metrics (but wall-clock keys) must be equal and no staging directory may be left. `in_process`: the runs
+    use the CLI in this process and the killed one a fork of it (seconds of imports saved per run); `finished`
+    (in_process only): the checkpoint folder of a phase that ended before the kill, whose loop the resumed run must
+    not step again. Returns the straight run's history ([] for a stage that writes none)."""
+    run = posttrain_here if in_process else posttrain
+    run(stage, *args, cwd=straight)
+    staging = resumed / "outputs" / f".{stage}.partial"
+    (_kill_a_fork if in_process else _kill_a_subprocess)(stage, args, resumed, staging / checkpoints, kill_at)
+    assert sorted((staging / checkpoints).glob("step-*")), "the killed run left no checkpoint"
+
+    with steps_taken([]) if in_process else contextlib.nullcontext([]) as taken:
+        run(stage, *args, "--resume", cwd=resumed)
+    assert taken or not in_process, "the resumed run took no step"
+    if finished:
+        assert (staging / finished).resolve() not in taken, f"the resumed run stepped the finished phase ({finished}) again"
+    a, b = straight / "outputs" / stage, resumed / "outputs" / stage
+    weights = sorted(p.relative_to(a) for p in a.rglob("*.safetensors"))
+    assert weights and weights == sorted(p.relative_to(b) for p in b.rglob("*.safetensors"))
+    import torch
+    from safetensors.torch import load_file
+
+    for name in weights:
+        wa, wb = load_file(a / name), load_file(b / name)
+        assert wa.keys() == wb.keys()
+        for key in wa:
+            assert torch.equal(wa[key], wb[key]), f"{name}: {key} differs after resume"
+    history = json.loads((a / "history.json").read_text()) if (a / "history.json").is_file() else []
+    if history:
+        assert deterministic(history) == deterministic(json.loads((b / "history.json").read_text()))
+    metrics_a = json.loads((a / "metrics.json").read_text())
+    assert deterministic(metrics_a) == deterministic(json.loads((b / "metrics.json").read_text()))
+    assert not staging.exists()
+    return history
 
 
 def copy_outputs(source: Path, target: Path) -> None:

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import json
 
-from helpers import micro_params
-
-MICRO_CARE = {"n_sft": 30, "n_preference": 20, "n_heldout": 10, "sft_steps": 3, "batch_size": 8, "rl_steps": 2,
-              "rl_prompts_per_step": 4, "rl_group_size": 2, "log_every": 1, "warmup_steps": 0}
+from helpers import MICRO_CARE, micro_params
 
 
 def test_care_stage_trains_a_generator_that_rewards_dialogue_rl(tmp_path):

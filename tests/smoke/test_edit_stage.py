@@ -5,29 +5,8 @@ process, so the imports are paid once; MLflow logging included."""
 from __future__ import annotations
 
 import json
-import sys
 
-import pytest
-
-from helpers import micro_params
-
-MICRO_EDIT = {
-    "facts": {"n_subjects": 4, "relations": 2, "objects_per_relation": 3, "seed": 0},
-    "pretrain": {"steps": 3, "batch_size": 8, "lr": 0.003, "warmup_steps": 0, "weight_decay": 0.0, "max_grad_norm": 1.0, "n_examples": 0,
-                 "log_every": 1},
-    "n_edits": 2, "steps_per_edit": 1, "log_every": 1,
-}
-
-
-def cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    from posttrain.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["posttrain", *args])
-    with pytest.raises(SystemExit) as done:
-        main()
-        sys.exit(0)
-    out = capsys.readouterr()
-    return done.value.code, out.out, out.err
+from helpers import MICRO_EDIT, micro_params, posttrain_main as cli
 
 
 def test_knowledge_then_edit_then_a_bad_edit_file(tmp_path, monkeypatch, capsys):

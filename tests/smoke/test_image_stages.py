@@ -9,21 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from helpers import micro_params, posttrain
-
-IMAGE_MICRO = {
-    "city": {"n_locations": 60, "n_cities": 2, "image_size": 32},
-    "flow": {"image_size": 8, "block_channels": [8, 16], "text_dim": 16},
-    "flow_sft": {"steps": 4, "batch_size": 8, "log_every": 2, "warmup_steps": 0},
-    "flow_rl": {"steps": 2, "prompts_per_step": 2, "group_size": 2, "sampling_steps": 3, "checkpoint_every": 1},
-    "flow_eval": {"sampling_steps": 3, "n_prompts": 3, "samples_per_prompt": 1, "n_grid": 2},
-}
+from helpers import MICRO_IMAGE, micro_params, posttrain
 
 
 @pytest.fixture(scope="module")
 def image_run(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("images")
-    micro_params(root, **IMAGE_MICRO)
+    micro_params(root, **MICRO_IMAGE)
     posttrain("city", "--out", "out/city", cwd=root)
     posttrain("curate", "--in", "source=out/city", "--out", "out/curate", cwd=root)
     posttrain("flow_sft", "--in", "data=out/curate", "--out", "out/flow_sft", cwd=root)

@@ -7,15 +7,12 @@ import json
 
 import pytest
 
-from helpers import copy_outputs, micro_params, posttrain
-
-PAIRS = {"n_pairs": 40, "n_heldout_pairs": 12, "steps": 3, "batch_size": 8, "log_every": 1, "warmup_steps": 0}
-
+from helpers import MICRO_PAIRS, copy_outputs, micro_params, posttrain
 
 @pytest.fixture
 def upstream(pipeline_outputs, tmp_path):
     copy_outputs(pipeline_outputs, tmp_path)
-    micro_params(tmp_path, reward_model=PAIRS, preference=PAIRS)
+    micro_params(tmp_path, reward_model=MICRO_PAIRS, preference=MICRO_PAIRS)
     return tmp_path
 
 

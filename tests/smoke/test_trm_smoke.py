@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from helpers import micro_params
+from helpers import MICRO_TRM, micro_params
 
 from posttrain import resolve
 from posttrain.data import write_examples
@@ -13,14 +13,11 @@ from posttrain.models import build_tiny, save_pretrained, train_char_tokenizer
 from posttrain.stages import execute
 from posttrain.tasks import build_task
 
-TRM = {"pairwise_reward": "pd_grpo", "warmup_rubric": "preferred", "rl_steps": 2, "pairs_per_step": 2, "group_size": 2, "max_new_tokens": 24, "temperature": 1.0,
-       "lr": 1.0e-4, "alpha_format": 0.5, "score_max": 10}
-
-
 def test_reward_model_kind_trm_then_rl_with_the_trm_reward(tmp_path):
     params = micro_params(tmp_path, reward_model={"kind": "trm", "data": "task_pairs", "n_pairs": 12, "n_heldout_pairs": 4, "steps": 2,
                                                   "batch_size": 8, "log_every": 1, "warmup_steps": 0,
-                                                  "rl_rewards": [{"name": "trm"}, {"name": "correctness", "weight": 0.0}], "options": {"bt": {"pooling": "last", "sft_weight": 0.0}, "trm": TRM}})
+                                                  "rl_rewards": [{"name": "trm"}, {"name": "correctness", "weight": 0.0}],
+                                                  "options": {"bt": {"pooling": "last", "sft_weight": 0.0}, "trm": MICRO_TRM}})
     cfg = resolve.load(params, ["tracking.enabled=false", "rl.steps=2", "rl.prompts_per_step=2", "rl.group_size=2",
                                "rl.rewards=[{name: trm}, {name: correctness, weight: 0.0}]", f"rl.options.trm.path={tmp_path / 'rm'}"])
     task = build_task(cfg.task)

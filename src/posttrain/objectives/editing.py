@@ -2,6 +2,8 @@
 
     EditMethod(step: EditStep, opts) -> metrics        leaves the update direction in `.grad` of step.params
 
+The metrics' `loss/*` entries are the method's loss terms: the trainer's guard skips a step where one is not finite.
+
 The trainer (trainers/editing.py) calls the method `steps_per_edit` times per edit, each time followed by one
 optimiser step on the edited parameters; records of earlier edits stay in `step.memory` for methods that replay.
 A method runs no forward pass itself: `step.pair_logps(pairs)` is the trainer's scorer (sequence log-probs of

@@ -37,7 +37,7 @@ def remove_leftovers(root: Path) -> list[Path]:
     """Half-written stage outputs (`.X.partial` staging dirs without checkpoints, `.X.old`) under `root`."""
     removed = []
     for path in sorted(root.rglob(".*.old")) + sorted(root.rglob(".*.partial")):
-        if path.is_dir() and not any((path / "checkpoints").glob("step-*")):  # checkpoints let a retry resume
+        if path.is_dir() and not any((path / "checkpoints").rglob("step-*")):  # checkpoints let a retry resume
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed

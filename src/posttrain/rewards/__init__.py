@@ -22,9 +22,10 @@ from posttrain.rewards.user import from_function
 from posttrain.tasks import Example, Task
 
 rewards: Registry = Registry("reward", importer=from_function)  # `module:attr` names import the user's function
-# trainable reward models (`reward_model.kind`): name -> train(cfg, policy_dir, train, heldout, out_dir, seed, on_log) ->
-# metrics. The trainers register themselves (trainers/reward_model.py, trainers/trm.py; importing `posttrain.stages`
-# imports them); each kind has a reward of the same name here that scores completions with the trained model.
+# trainable reward models (`reward_model.kind`): name -> train(cfg, policy_dir, train, heldout, out_dir, seed, on_log,
+# loop=None) -> metrics, `loop` being the stage's TrainLoop (trainers/loop.py: the guard, checkpoints). The trainers
+# register themselves (trainers/reward_model.py, trainers/trm.py; importing `posttrain.stages` imports them); each
+# kind has a reward of the same name here that scores completions with the trained model.
 reward_models: Registry = Registry("reward model")
 
 

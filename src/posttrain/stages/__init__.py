@@ -113,7 +113,7 @@ def _run_locked(entry: Entry, cfg: Config, inputs: dict[str, Path], out_dir: Pat
             write_json_atomic(staging / "metrics.json", metrics)
             write_json_atomic(staging / RUN_FILE, {"stage": entry.name, "run_id": tracker.run_id})
     except BaseException:
-        if not (entry.meta.get("resumable", False) and any((staging / "checkpoints").glob("step-*"))):
+        if not (entry.meta.get("resumable", False) and any((staging / "checkpoints").rglob("step-*"))):
             shutil.rmtree(staging, ignore_errors=True)
         raise
     run_id_file.unlink(missing_ok=True)

@@ -4,7 +4,8 @@ the task's known truth (tasks/rubric.py). Settings: the `care` section, model si
 
 Output: `model/` (what `rl.options.care.path` points the `care` reward at), `history.json` (preference-RL steps);
 metrics: held-out weight error, pair accuracy, top-two agreement and parse rate after SFT (`*_sft`) and after
-preference RL, with the SFT labels' own weight error and the uniform rubric's as references.
+preference RL, with the SFT labels' own weight error and the uniform rubric's as references, and `nonfinite_steps`.
+With `--resume` a stopped run continues from its last checkpoint (`care.checkpoint_every`, in SFT and in RL).
 """
 
 from __future__ import annotations
@@ -16,11 +17,14 @@ from posttrain.config import Config
 from posttrain.stages import stages
 
 
-@stages.register("care", inputs={})
+@stages.register("care", inputs={}, resumable=True)
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
+    from posttrain.trainers.loop import TrainLoop
     from posttrain.trainers.rubric_generator import train_rubric_generator
 
-    metrics, history, table = train_rubric_generator(cfg, out_dir, on_log=lambda step, m: tracker.log_metrics(m, step))
+    config_hash = cfg.section_hash("pipeline", "model", "rl", "care")
+    loop = TrainLoop.for_stage(cfg.training, out_dir, config_hash, cfg.care.checkpoint_every, resume, "care")
+    metrics, history, table = train_rubric_generator(cfg, out_dir, on_log=lambda step, m: tracker.log_metrics(m, step), loop=loop)
     (out_dir / "history.json").write_text(strict_json(history) + "\n")
     tracker.log_table(table, "heldout_rubrics.json")
     tracker.log_artifacts(out_dir / "model", "model")

@@ -4,7 +4,8 @@ one by one to the `knowledge` stage's base model with `edit.method` (naive seque
 Inputs: `base` (`model/`, `facts.json`). The stream is `edit.edits` (a JSON-lines file, checked before any model is
 loaded) or `edit.n_edits` seeded edits. Outputs: `model/`, `edits.jsonl`, `history.json` (one row per edit);
 metrics: edit success, retention of earlier edits, paraphrase generalisation, locality and unedited-fact accuracy
-(each with its `base_` value before the first edit).
+(each with its `base_` value before the first edit) and `nonfinite_steps`. With `--resume` a stopped run continues from
+its last checkpoint (`edit.checkpoint_every` edits).
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from posttrain.config import Config
 from posttrain.stages import stages
 
 
-@stages.register("edit", inputs={"base": "outputs/knowledge"}, requires={"base": ["model/config.json", "facts.json"]})
+@stages.register("edit", inputs={"base": "outputs/knowledge"}, requires={"base": ["model/config.json", "facts.json"]}, resumable=True)
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     from posttrain.data.facts import FactSet, edit_stream, read_edits, write_edits
     from posttrain.models import load_pretrained, save_pretrained, select_device
     from posttrain.runtime import seed_everything
     from posttrain.trainers.editing import apply_edits
+    from posttrain.trainers.loop import TrainLoop
 
     facts = FactSet.from_json((inputs["base"] / "facts.json").read_text())
     edits = read_edits(Path(cfg.edit.edits), facts) if cfg.edit.edits else edit_stream(facts, cfg.edit.n_edits, cfg.pipeline.seed)
@@ -30,7 +32,9 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     model, tokenizer = load_pretrained(inputs["base"] / "model", cfg.model.dtype)
     model = model.to(select_device(cfg.pipeline.device))
     log = lambda index, m: tracker.log_metrics(m, index)  # noqa: E731
-    history, metrics = apply_edits(model, tokenizer, facts, edits, cfg.edit, cfg.pipeline.seed, on_log=log)
+    loop = TrainLoop.for_stage(cfg.training, out_dir, cfg.section_hash("pipeline", "model", "edit"), cfg.edit.checkpoint_every, resume,
+                               "edit")
+    history, metrics = apply_edits(model, tokenizer, facts, edits, cfg.edit, cfg.pipeline.seed, on_log=log, loop=loop)
     save_pretrained(model, tokenizer, out_dir / "model")
     write_edits(out_dir / "edits.jsonl", edits)
     (out_dir / "history.json").write_text(strict_json(history) + "\n")

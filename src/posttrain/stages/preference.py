@@ -3,7 +3,8 @@
 Inputs: `data` (train.jsonl, heldout.jsonl) and `policy` (a directory with `model/`). Pairs are built by the
 `preference.data` builder from the training prompts (held-out pairs from the held-out prompts), or read from
 `preference.pairs` (a JSON-lines file; its last tenth is held out). Outputs: `model/`, `pairs_train.jsonl`,
-`pairs_heldout.jsonl`, `history.json`; metrics: held-out pair accuracy and held-out task accuracy, before and after.
+`pairs_heldout.jsonl`, `history.json`; metrics: held-out pair accuracy and held-out task accuracy, before and after,
+and `nonfinite_steps`. With `--resume` a stopped run continues from its last checkpoint (`preference.checkpoint_every`).
 """
 
 from __future__ import annotations
@@ -37,11 +38,13 @@ def load_pairs(cfg: Config, section, task, train_examples, heldout_examples, pol
     "preference",
     inputs={"data": "outputs/data", "policy": "outputs/sft"},
     requires={"data": ["train.jsonl", "heldout.jsonl"], "policy": ["model/config.json"]},
+    resumable=True,
 )
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     from posttrain.eval.harness import evaluate
     from posttrain.models import load_pretrained, maybe_lora, save_pretrained, select_device
     from posttrain.runtime import seed_everything
+    from posttrain.trainers.loop import TrainLoop
     from posttrain.trainers.preference import train_preference
 
     task = build_task(cfg.task)
@@ -57,8 +60,10 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
         train, heldout = load_pairs(cfg, cfg.preference, task, train_examples, heldout_examples, (policy, tokenizer))
     policy = maybe_lora(policy, cfg.model.lora)
     before, _ = evaluate(policy, tokenizer, task, heldout_examples, cfg.eval, cfg.pipeline.seed)
+    loop = TrainLoop.for_stage(cfg.training, out_dir, cfg.section_hash("pipeline", "task", "model", "preference"),
+                               cfg.preference.checkpoint_every, resume, "preference")
     history, pair_metrics = train_preference(
-        policy, tokenizer, train, heldout, cfg.preference, cfg.pipeline.seed, on_log=lambda step, m: tracker.log_metrics(m, step)
+        policy, tokenizer, train, heldout, cfg.preference, cfg.pipeline.seed, on_log=lambda step, m: tracker.log_metrics(m, step), loop=loop
     )
     after, table = evaluate(policy, tokenizer, task, heldout_examples, cfg.eval, cfg.pipeline.seed)
     save_pretrained(policy, tokenizer, out_dir / "model")

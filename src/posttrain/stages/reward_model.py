@@ -4,7 +4,9 @@ Inputs: `data` (train.jsonl, heldout.jsonl) and `policy` (the SFT model the rewa
 Pairs come from `reward_model.data` (training prompts; held-out pairs from held-out prompts) or from the
 file `reward_model.pairs`. Outputs: `model/` (what `rl.options.<kind>.path` points the RL reward at),
 `pairs_train.jsonl`, `pairs_heldout.jsonl`; metrics: held-out pair accuracy before and after training (`trm`:
-after its format warm-up and after pairwise RL, with ties, score spread and parse rate).
+after its format warm-up and after pairwise RL, with ties, score spread and parse rate) and `nonfinite_steps`. With
+`--resume` a stopped run continues from its last checkpoint (`reward_model.checkpoint_every`; `trm`: in the warm-up
+and in pairwise RL).
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ import posttrain.trainers.trm  # noqa: E402,F401  (registers the `trm` trainer)
     "reward_model",
     inputs={"data": "outputs/data", "policy": "outputs/sft"},
     requires={"data": ["train.jsonl", "heldout.jsonl"], "policy": ["model/config.json"]},
+    resumable=True,
 )
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     from posttrain.models import load_pretrained, select_device
     from posttrain.rewards import reward_models
     from posttrain.runtime import seed_everything
+    from posttrain.trainers.loop import TrainLoop
 
     task = build_task(cfg.task)
     train_examples, heldout_examples = read_examples(inputs["data"] / "train.jsonl"), read_examples(inputs["data"] / "heldout.jsonl")
@@ -40,7 +44,10 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
         policy = (model.to(select_device(cfg.pipeline.device)), tokenizer)
     train, heldout = load_pairs(cfg, cfg.reward_model, task, train_examples, heldout_examples, policy)
     train_fn = reward_models.get(cfg.reward_model.kind)
-    metrics = train_fn(cfg, inputs["policy"] / "model", train, heldout, out_dir, cfg.pipeline.seed, on_log=lambda step, m: tracker.log_metrics(m, step))
+    loop = TrainLoop.for_stage(cfg.training, out_dir, cfg.section_hash("pipeline", "task", "model", "rl", "reward_model"),
+                               cfg.reward_model.checkpoint_every, resume, "reward_model")
+    metrics = train_fn(cfg, inputs["policy"] / "model", train, heldout, out_dir, cfg.pipeline.seed,
+                       on_log=lambda step, m: tracker.log_metrics(m, step), loop=loop)
     write_pairs(out_dir / "pairs_train.jsonl", train)
     write_pairs(out_dir / "pairs_heldout.jsonl", heldout)
     tracker.log_artifacts(out_dir / "model", "model")

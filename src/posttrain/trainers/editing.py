@@ -10,12 +10,16 @@
 
 Only the parameters whose names contain one of `edit.params` are edited; each edit gets a fresh SGD optimiser
 (plain SGD keeps GLIME's constraint meaningful: the step is the constrained direction, not a per-coordinate
-rescaling of it). Greedy answers come from the shared generation helper (models/sampling.py `generate`).
+rescaling of it). Greedy answers come from the shared generation helper (models/sampling.py `generate`). Every
+optimiser step is guarded (trainers/loop.py: a non-finite step is skipped and counted); in a stage a checkpoint every
+`edit.checkpoint_every` edits holds the model, the replay generator, the memory of edit records and the history.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -26,7 +30,7 @@ from posttrain.errors import UserError
 from posttrain.objectives.editing import EditRecord, EditStep, edit_methods
 from posttrain.models.sampling import generate
 from posttrain.runtime import progress
-from posttrain.trainers.common import optimizer_step
+from posttrain.trainers.loop import TrainLoop
 from posttrain.trainers.preference import all_sequence_logps, encode_pairs, sequence_logps
 
 PROBE_CHUNK = 512  # prompts per greedy-decoding batch
@@ -67,6 +71,17 @@ def make_record(model, tokenizer, facts: FactSet, edit: Edit, max_new_tokens: in
     return EditRecord(edit, prompt, PreferencePair(prompt, edit.new, edit.old, 0.0, None), pairs, ref_chosen, ref_rejected)
 
 
+def record_state(record: EditRecord) -> dict[str, Any]:
+    """`record` as strings, floats and tensors (what a checkpoint holds); `record_from_state` reverses it."""
+    return {"edit": asdict(record.edit), "prompt": record.prompt, "edit_pair": asdict(record.edit_pair),
+            "pref_pairs": [asdict(p) for p in record.pref_pairs], "ref_chosen": record.ref_chosen, "ref_rejected": record.ref_rejected}
+
+
+def record_from_state(state: dict[str, Any]) -> EditRecord:
+    return EditRecord(Edit(**state["edit"]), state["prompt"], PreferencePair(**state["edit_pair"]),
+                      tuple(PreferencePair(**p) for p in state["pref_pairs"]), state["ref_chosen"], state["ref_rejected"])
+
+
 def pair_scorer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase):
     """The edit methods' forward pass: pairs -> (chosen, rejected) sequence log-probs [N], with gradient."""
     device = next(model.parameters()).device
@@ -75,10 +90,12 @@ def pair_scorer(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase):
 
 def apply_edits(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, facts: FactSet, edits: Sequence[Edit], cfg, seed: int,
-    on_log: Callable[[int, dict[str, float]], None],
+    on_log: Callable[[int, dict[str, float]], None], loop: TrainLoop | None = None,
 ) -> tuple[list[dict[str, float]], dict[str, float]]:
     """Apply `edits` in order to `model` (in place) with `cfg.method` (an EditConfig); return the per-edit history
-    and the final metrics, with `base_*` twins measured before the first edit."""
+    and the final metrics, with `base_*` twins measured before the first edit and `nonfinite_steps`. `loop`'s
+    checkpoints count edits; its guard sees every optimiser step (numbered across edits)."""
+    loop = loop or TrainLoop()
     entry = edit_methods.entry(cfg.method)
     opts = cfg.options_for(cfg.method)
     max_new = max(len(o) for objs in facts.objects.values() for o in objs) + 1
@@ -90,16 +107,18 @@ def apply_edits(
     base = final_metrics(model, tokenizer, facts, edits, local_prompts, local_truth, base_local, max_new)
     generator = torch.Generator().manual_seed(seed)
     scorer = pair_scorer(model, tokenizer)
-    memory: list[EditRecord] = []
-    history: list[dict[str, float]] = []
+    start, saved = loop.restore(model, {"generator": generator})  # after the base answers: those are the base model's
+    memory: list[EditRecord] = [record_from_state(r) for r in saved.get("memory", [])]
+    history: list[dict[str, float]] = saved.get("history", [])
     model.train()
-    bar = progress(len(edits), f"edit ({cfg.method})")
-    for index, edit in enumerate(edits, start=1):
+    bar = progress(len(edits), f"edit ({cfg.method})", initial=start)
+    for index, edit in enumerate(edits[start:], start=start + 1):
         record = make_record(model, tokenizer, facts, edit, max_new)
-        optimizer = torch.optim.SGD(params, lr=cfg.lr)
-        for _ in range(cfg.steps_per_edit):
+        optimizer = torch.optim.SGD(params, lr=cfg.lr)  # fresh per edit: nothing to checkpoint
+        for inner in range(1, cfg.steps_per_edit + 1):
             metrics = entry.obj(EditStep(scorer, params, [record], memory, generator), opts)
-            grad_norm = optimizer_step(params, optimizer, cfg.max_grad_norm)
+            loss = sum(v for k, v in metrics.items() if k.startswith("loss/"))  # the method's loss terms, for the guard
+            grad_norm = loop.optimizer_step((index - 1) * cfg.steps_per_edit + inner, loss, params, optimizer, cfg.max_grad_norm)
         memory.append(record)
         metrics.update(grad_norm=grad_norm, edit_success=accuracy(model, tokenizer, [record.prompt], [edit.new], max_new))
         if index % cfg.log_every == 0 or index == len(edits):
@@ -107,10 +126,12 @@ def apply_edits(
         history.append({"edit": float(index), **metrics})
         on_log(index, metrics)
         bar.update()
+        loop.checkpoint(index, len(edits), model, {"generator": generator},
+                        {"history": history, "memory": [record_state(r) for r in memory]})
     bar.close()
     after = final_metrics(model, tokenizer, facts, edits, local_prompts, local_truth, base_local, max_new)
     after["edit_success"] = sum(h["edit_success"] for h in history) / max(len(history), 1)
-    return history, {**{f"base_{k}": v for k, v in base.items()}, **after, "n_edits": float(len(edits))}
+    return history, {**{f"base_{k}": v for k, v in base.items()}, **after, "n_edits": float(len(edits)), **loop.metrics()}
 
 
 def final_metrics(model, tokenizer, facts: FactSet, edits: Sequence[Edit], local_prompts, local_truth, base_local, max_new) -> dict:

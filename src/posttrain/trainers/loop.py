@@ -10,13 +10,21 @@
    the loop's own *values* (history, running metrics) and every RNG (trainers/checkpoint.py). `restore` puts all
    of them back from the newest readable checkpoint and returns the step to continue after.
 
+A stage of several phases (a warm-up, then RL) gives each its own loop (`phase`): the first checkpoints into the
+stage's directory, a later one into a subfolder. The first checkpoints its last step too (`save_last`): a resume
+after it restores its end state (weights, RNG) and runs none of its steps again, so what follows it (metrics
+measured between phases, a reference copied from its result) is recomputed from exactly what an uninterrupted run
+had; and a later phase that fails leaves a checkpoint where `stages.execute` looks before keeping the staging
+directory (checkpoints/step-*).
+
 A loop that is not run by a stage (a unit test, an experiment) uses `TrainLoop()`: the guard, no checkpoints.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import random
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +36,16 @@ from posttrain.trainers.checkpoint import load_latest, save_checkpoint
 
 
 def _state_of(part: Any) -> Any:
-    return part.get_state() if isinstance(part, torch.Generator) else part.state_dict()
+    if isinstance(part, torch.Generator):
+        return part.get_state()
+    return part.getstate() if isinstance(part, random.Random) else part.state_dict()
 
 
 def _restore(part: Any, state: Any) -> None:
     if isinstance(part, torch.Generator):
         part.set_state(state)
+    elif isinstance(part, random.Random):
+        part.setstate(state)
     else:
         part.load_state_dict(state)
 
@@ -47,6 +59,7 @@ class TrainLoop:
     max_nonfinite_steps: int = 3  # consecutive skipped steps tolerated (training.max_nonfinite_steps)
     keep: int = 2  # checkpoints kept: the newest, and the one to fall back to when it is unreadable
     section: str = ""  # the settings section whose `checkpoint_every` is `every`, for the error line
+    save_last: bool = False  # checkpoint the last step too (a phase that later phases build on)
     nonfinite_steps: int = field(default=0, init=False)  # every skipped step of the run
     consecutive: int = field(default=0, init=False)
     last_checkpoint: Path | None = field(default=None, init=False)
@@ -57,6 +70,12 @@ class TrainLoop:
         (/<name> for a stage with several loops), the guard and the kept count from the `training` section."""
         directory = out_dir / "checkpoints" / name if name else out_dir / "checkpoints"
         return cls(directory, config_hash, every, resume, training.max_nonfinite_steps, training.keep_checkpoints, section)
+
+    def phase(self, name: str = "", save_last: bool = False) -> "TrainLoop":
+        """A fresh loop with these settings for one phase of a stage: checkpoints in <checkpoint_dir>/<name> (the
+        same directory when `name` is empty), its own count of skipped steps."""
+        directory = self.checkpoint_dir / name if self.checkpoint_dir and name else self.checkpoint_dir
+        return replace(self, checkpoint_dir=directory, save_last=save_last)
 
     # -- the guarded optimiser step -------------------------------------------------------------------------
     def optimizer_step(self, step: int, loss: torch.Tensor | float | None, params, optimizer: torch.optim.Optimizer,
@@ -98,8 +117,11 @@ class TrainLoop:
         return state["step"], state["values"]
 
     def checkpoint(self, step: int, total: int, model: torch.nn.Module, parts: dict[str, Any], values: dict[str, Any] | None = None) -> None:
-        """Save a checkpoint when `step` is a multiple of `every` before the last step (rank 0 only)."""
-        if not (self.checkpoint_dir and self.every and step % self.every == 0 and step < total and distributed.current().is_main):
+        """Save a checkpoint when `step` is a multiple of `every` before the last step, and at the last step with
+        `save_last` (rank 0 only)."""
+        if not (self.checkpoint_dir and self.every and distributed.current().is_main):
+            return
+        if not (step < total and step % self.every == 0 or self.save_last and step == total):
             return
         state = {
             "parts": {name: _state_of(part) for name, part in parts.items()}, "values": values or {},

@@ -106,6 +106,7 @@ class RLRun:
     models: dict[str, PreTrainedModel] = field(default_factory=dict)  # frozen models by role: teacher, base (distill), reference
     max_nonfinite_steps: int = 3  # training.max_nonfinite_steps (trainers/loop.py)
     keep_checkpoints: int = 2  # training.keep_checkpoints
+    checkpoint_section: str = "rl"  # the section whose checkpoint_every set cfg.checkpoint_every (named in the divergence line)
 
 
 @dataclass(frozen=True)
@@ -321,7 +322,8 @@ def train_online_rl(
     ctx = distributed.current()
     if ctx.active and (cfg.prompts_per_step % ctx.world_size or cfg.dynamic_sampling):
         raise UserError(f"under torchrun rl.prompts_per_step ({cfg.prompts_per_step}) must be a multiple of the {ctx.world_size} processes and rl.dynamic_sampling off")
-    loop = TrainLoop(run.checkpoint_dir, run.config_hash, cfg.checkpoint_every, resume, run.max_nonfinite_steps, run.keep_checkpoints, "rl")
+    loop = TrainLoop(run.checkpoint_dir, run.config_hash, cfg.checkpoint_every, resume, run.max_nonfinite_steps, run.keep_checkpoints,
+                     run.checkpoint_section)
     trainer = OnlineRL(run, loop=loop)  # the reference (a copy of the starting policy) is made before a checkpoint loads
     stream = PromptStream(run.examples, run.seed)
     parts = {"trainer": trainer, "stream": stream}

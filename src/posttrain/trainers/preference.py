@@ -23,7 +23,8 @@ from posttrain.objectives.preference import PairLogps, preference_objectives
 from posttrain.models.sampling import encode_prompts
 from posttrain.models.tokenizer import check_vocabulary
 from posttrain.runtime import progress
-from posttrain.trainers.common import optimizer_and_schedule, optimizer_step
+from posttrain.trainers.common import optimizer_and_schedule
+from posttrain.trainers.loop import TrainLoop
 
 EVAL_CHUNK = 256  # pairs per no-grad forward pass
 
@@ -94,10 +95,13 @@ def heldout_metrics(model: PreTrainedModel, enc: EncodedPairs, ref: tuple[Tensor
 
 def train_preference(
     policy: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, train: Sequence[PreferencePair], heldout: Sequence[PreferencePair],
-    cfg, seed: int, on_log: Callable[[int, dict[str, float]], None],
+    cfg, seed: int, on_log: Callable[[int, dict[str, float]], None], loop: TrainLoop | None = None,
 ) -> tuple[list[dict[str, float]], dict[str, float]]:
     """Train `policy` in place on `train` pairs with `cfg.objective` (a PreferenceConfig); return the logged
-    history and the held-out pair metrics after training (with `_before` twins measured at the start)."""
+    history and the held-out pair metrics after training (with `_before` twins measured at the start, and
+    `nonfinite_steps`). `loop` (trainers/loop.py) guards each step and, in a stage, checkpoints and resumes; the
+    objective's state (ABC-Align's alpha EMA) is checkpointed with the history."""
+    loop = loop or TrainLoop()
     check_vocabulary(tokenizer, [t for p in [*train, *heldout] for t in (p.prompt, p.chosen, p.rejected)], "the preference data")
     device = next(policy.parameters()).device
     entry = preference_objectives.entry(cfg.objective)
@@ -108,11 +112,13 @@ def train_preference(
     params = [p for p in policy.parameters() if p.requires_grad]
     optimizer, schedule = optimizer_and_schedule(params, cfg.lr, 0.0, cfg.warmup_steps, cfg.steps)
     generator = torch.Generator().manual_seed(seed)
-    state: dict = {}
-    history: list[dict[str, float]] = []
+    parts = {"optimizer": optimizer, "schedule": schedule, "generator": generator}
+    start, saved = loop.restore(policy, parts)  # after the reference log-probs: those are the starting policy's
+    state: dict = saved.get("objective_state", {})
+    history: list[dict[str, float]] = saved.get("history", [])
     policy.train()
-    bar = progress(cfg.steps, f"preference ({cfg.objective})")
-    for step in range(1, cfg.steps + 1):
+    bar = progress(cfg.steps, f"preference ({cfg.objective})", initial=start)
+    for step in range(start + 1, cfg.steps + 1):
         picked = torch.randint(len(enc), (min(cfg.batch_size, len(enc)),), generator=generator).to(device)
         gold = torch.full_like(enc.gold[picked], math.nan) if gold_rows is not None else enc.gold[picked]
         if gold_rows is not None and gold_rows.numel():
@@ -122,7 +128,7 @@ def train_preference(
         pairs = PairLogps(chosen, rejected, ref[0][picked], ref[1][picked], enc.severity[picked], gold)
         loss, metrics = entry.obj(pairs, cfg, state)
         loss.backward()
-        grad_norm = optimizer_step(params, optimizer, cfg.max_grad_norm)
+        grad_norm = loop.optimizer_step(step, loss, params, optimizer, cfg.max_grad_norm)
         schedule.step()
         bar.update()
         if step % cfg.log_every == 0 or step == cfg.steps:
@@ -131,5 +137,6 @@ def train_preference(
             history.append({"step": float(step), **metrics})
             on_log(step, metrics)
             bar.set_postfix(loss=f"{metrics['loss']:.3f}")
+        loop.checkpoint(step, cfg.steps, policy, parts, {"history": history, "objective_state": state})
     bar.close()
-    return history, {**before, **heldout_metrics(policy, held, held_ref, cfg.beta)}
+    return history, {**before, **heldout_metrics(policy, held, held_ref, cfg.beta), **loop.metrics()}

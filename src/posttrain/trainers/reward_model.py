@@ -31,7 +31,8 @@ from posttrain.models.tokenizer import check_vocabulary
 from posttrain.rewards import reward_models
 from posttrain.rewards.bradley_terry import POOLING_FILE, SCORE_CHUNK, encode_texts, hidden_states, pool, scores
 from posttrain.runtime import progress
-from posttrain.trainers.common import optimizer_and_schedule, optimizer_step
+from posttrain.trainers.common import optimizer_and_schedule
+from posttrain.trainers.loop import TrainLoop
 
 
 class BTModelOptions(Section):  # reward_model.options.bt
@@ -58,8 +59,11 @@ def chosen_nll(head, hidden: Tensor, ids: Tensor, response: Tensor) -> Tensor:
     return (nll * weights).sum() / weights.sum().clamp_min(1.0)
 
 
-def train_bt(cfg, policy_dir: Path, train, heldout, out_dir: Path, seed: int, on_log: Callable[[int, dict[str, float]], None]) -> dict[str, float]:
-    """Fit a BT reward model on `train` pairs from the SFT model at `policy_dir`; save it to out_dir/model."""
+def train_bt(cfg, policy_dir: Path, train, heldout, out_dir: Path, seed: int, on_log: Callable[[int, dict[str, float]], None],
+             loop: TrainLoop | None = None) -> dict[str, float]:
+    """Fit a BT reward model on `train` pairs from the SFT model at `policy_dir`; save it to out_dir/model.
+
+    `loop` (trainers/loop.py) guards each step and, in a stage, checkpoints and resumes; the metrics carry `nonfinite_steps`."""
     from transformers import AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
@@ -107,9 +111,14 @@ def train_bt(cfg, policy_dir: Path, train, heldout, out_dir: Path, seed: int, on
     params = [*model.parameters(), *extra]
     optimizer, schedule = optimizer_and_schedule(params, rm_cfg.lr, 0.0, rm_cfg.warmup_steps, rm_cfg.steps)
     generator = torch.Generator().manual_seed(seed)
+    loop = loop or TrainLoop()
+    parts = {"optimizer": optimizer, "schedule": schedule, "generator": generator}
+    if isinstance(head, torch.nn.Module):  # an untied lm_head copy trains with the model but is not part of it
+        parts["head"] = head
+    start, _ = loop.restore(model, parts)
     model.train()
-    bar = progress(rm_cfg.steps, "reward_model (bt)")
-    for step in range(1, rm_cfg.steps + 1):
+    bar = progress(rm_cfg.steps, "reward_model (bt)", initial=start)
+    for step in range(start + 1, rm_cfg.steps + 1):
         picked = torch.randint(len(train), (min(rm_cfg.batch_size, len(train)),), generator=generator)
         rows = torch.stack([2 * picked, 2 * picked + 1], dim=1).flatten().to(device)
         batch_ids, batch_response = ids[rows], response[rows]
@@ -118,19 +127,20 @@ def train_bt(cfg, policy_dir: Path, train, heldout, out_dir: Path, seed: int, on
         bt_loss = -torch.nn.functional.logsigmoid(r[0::2] - r[1::2]).mean()
         loss = bt_loss if head is None else bt_loss + options.sft_weight * chosen_nll(head, hidden[0::2], batch_ids[0::2], batch_response[0::2])
         loss.backward()
-        optimizer_step(params, optimizer, rm_cfg.max_grad_norm)
+        loop.optimizer_step(step, loss, params, optimizer, rm_cfg.max_grad_norm)
         schedule.step()
         bar.update()
         if step % rm_cfg.log_every == 0 or step == rm_cfg.steps:
             metrics = {"rm_loss": float(bt_loss.detach()), "rm_total_loss": float(loss.detach()), "rm_train_accuracy": float((r[0::2] > r[1::2]).float().mean()), **heldout_metrics()}
             on_log(step, metrics)
             bar.set_postfix(loss=f"{metrics['rm_loss']:.3f}", acc=f"{metrics['heldout_pair_accuracy']:.2f}")
+        loop.checkpoint(step, rm_cfg.steps, model, parts)
     bar.close()
     model.save_pretrained(out_dir / "model")
     tokenizer.save_pretrained(out_dir / "model")
     r = heldout_scores()
     (out_dir / "model" / POOLING_FILE).write_text(json.dumps({"pooling": pooling, "range": [float(r.min()), float(r[0::2].max())]}))
-    return {**before, **heldout_metrics()}
+    return {**before, **heldout_metrics(), **loop.metrics()}
 
 
 reward_models.register("bt", options=BTModelOptions)(train_bt)

@@ -40,6 +40,7 @@ from posttrain.models.sampling import generate
 from posttrain.rewards import reward_models
 from posttrain.rewards.trm import JUDGE, JUDGE_TASK, MARKS, SETTINGS_FILE, TAGS, judge, judge_prompt
 from posttrain.tasks import Example
+from posttrain.trainers.loop import TrainLoop
 
 
 class TRMModelOptions(Section):  # reward_model.options.trm; the section's steps / batch_size / lr: the format SFT warm-up
@@ -158,14 +159,21 @@ def check_fits(model, tokenizer, examples: Sequence[Example], max_new_tokens: in
 
 
 def train_trm(cfg, policy_dir: Path, train: Sequence[PreferencePair], heldout: Sequence[PreferencePair], out_dir: Path, seed: int,
-              on_log: Callable[[int, dict[str, float]], None]) -> dict[str, float]:
-    """Warm up and train a TRM from the SFT model at `policy_dir`; save it to out_dir/model; held-out metrics."""
-    model, tokenizer = warm_up(cfg, policy_dir, train, heldout, seed, on_log)
+              on_log: Callable[[int, dict[str, float]], None], loop: TrainLoop | None = None) -> dict[str, float]:
+    """Warm up and train a TRM from the SFT model at `policy_dir`; save it to out_dir/model; held-out metrics.
+
+    `loop` (trainers/loop.py): the warm-up checkpoints into its directory, its last step included (a resume after
+    the warm-up restores its end and runs none of it again), pairwise RL into <directory>/rl; `nonfinite_steps`
+    counts the skipped steps of both phases."""
+    loop = loop or TrainLoop()
+    warmup_loop, rl_loop = loop.phase(save_last=True), loop.phase("rl")
+    model, tokenizer = warm_up(cfg, policy_dir, train, heldout, seed, on_log, loop=warmup_loop)
     after_warmup = pair_metrics(model, tokenizer, heldout, *_scale(cfg))
     on_log(cfg.reward_model.steps, {f"{k}_warmup": v for k, v in after_warmup.items()})
-    final = pairwise_rl(cfg, model, tokenizer, train, heldout, seed, on_log, first_step=cfg.reward_model.steps) or after_warmup
+    final = pairwise_rl(cfg, model, tokenizer, train, heldout, seed, on_log, cfg.reward_model.steps, rl_loop) or after_warmup
     save_trm(model, tokenizer, out_dir / "model", cfg)
-    return {**{f"{k}_warmup": v for k, v in after_warmup.items()}, **final}
+    return {**{f"{k}_warmup": v for k, v in after_warmup.items()}, **final,
+            "nonfinite_steps": float(warmup_loop.nonfinite_steps + rl_loop.nonfinite_steps)}
 
 
 def _scale(cfg) -> tuple[int, int]:
@@ -173,8 +181,9 @@ def _scale(cfg) -> tuple[int, int]:
     return opts.score_max, opts.max_new_tokens
 
 
-def warm_up(cfg, policy_dir: Path, train, heldout, seed: int, on_log):
-    """The SFT model with the format's tokens added, after the format SFT warm-up: (model, tokenizer)."""
+def warm_up(cfg, policy_dir: Path, train, heldout, seed: int, on_log, loop: TrainLoop | None = None):
+    """The SFT model with the format's tokens added, after the format SFT warm-up (its steps guarded and
+    checkpointed by `loop`): (model, tokenizer)."""
     from posttrain.models import load_pretrained, select_device
     from posttrain.runtime import seed_everything
     from posttrain.trainers.sft import train_sft
@@ -192,14 +201,17 @@ def warm_up(cfg, policy_dir: Path, train, heldout, seed: int, on_log):
     check_fits(model, tokenizer, examples + judge_examples(heldout, score_max), max_new_tokens)
     seed_everything(seed)
     warmup = SFTConfig(steps=rm.steps, batch_size=rm.batch_size, lr=rm.lr, warmup_steps=rm.warmup_steps, weight_decay=0.0,
-                       max_grad_norm=rm.max_grad_norm, n_examples=0, log_every=rm.log_every)
-    train_sft(model, tokenizer, examples, warmup, seed, on_log=lambda step, m: on_log(step, {f"warmup/{k}": v for k, v in m.items()}))
+                       max_grad_norm=rm.max_grad_norm, n_examples=0, log_every=rm.log_every,
+                       checkpoint_every=rm.checkpoint_every)
+    train_sft(model, tokenizer, examples, warmup, seed, on_log=lambda step, m: on_log(step, {f"warmup/{k}": v for k, v in m.items()}),
+              loop=loop)
     return model, tokenizer
 
 
-def pairwise_rl(cfg, model, tokenizer, train, heldout, seed: int, on_log, first_step: int = 0) -> dict[str, float]:
+def pairwise_rl(cfg, model, tokenizer, train, heldout, seed: int, on_log, first_step: int = 0,
+                loop: TrainLoop | None = None) -> dict[str, float]:
     """`options.trm.rl_steps` of pairwise RL (`options.trm.pairwise_reward`) on `model`, in place, through the online
-    RL step; returns the last held-out metrics ({} when rl_steps is 0)."""
+    RL step, its updates guarded and checkpointed by `loop`; returns the last held-out metrics ({} when rl_steps is 0)."""
     from posttrain.trainers.online_rl import OnlineRL, RLRun
 
     rm, opts = cfg.reward_model, cfg.reward_model.options_for("trm")
@@ -208,16 +220,21 @@ def pairwise_rl(cfg, model, tokenizer, train, heldout, seed: int, on_log, first_
     examples = judge_examples(train, opts.score_max)
     run = RLRun(model, tokenizer, JudgeTask(opts.score_max, opts.alpha_format), examples, judge_rl_config(cfg.rl, opts), seed,
                 Path("unused-checkpoints"), "trm")
-    trainer = OnlineRL(run, total_steps=opts.rl_steps)
-    rng, final = random.Random(seed), {}
+    loop = loop or TrainLoop()
+    trainer = OnlineRL(run, total_steps=opts.rl_steps, loop=loop)  # judge_rl_config: beta 0, no reference copied
+    rng = random.Random(seed)
+    parts = {"trainer": trainer, "pairs": rng}
+    start, saved = loop.restore(model, parts)
+    final = saved.get("final", {})
     model.train()
-    for step in range(1, opts.rl_steps + 1):
+    for step in range(start + 1, opts.rl_steps + 1):
         picked = rng.sample(range(len(train)), min(opts.pairs_per_step, len(train)))
         result = trainer.step([examples[2 * i + side] for i in picked for side in (0, 1)])
         if step % rm.log_every == 0 or step == opts.rl_steps:
             final = pair_metrics(model, tokenizer, heldout, opts.score_max, opts.max_new_tokens)
             keep = ("reward/total_mean", "loss", "entropy", "clip_fraction", "completion_length")
             on_log(first_step + step, {**{f"pairwise/{k}": v for k, v in result.metrics.items() if k in keep}, **final})
+        loop.checkpoint(step, opts.rl_steps, model, parts, {"final": final})
     return final
 
 
