@@ -9,19 +9,29 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, fields
+from dataclasses import MISSING, asdict, fields
 from pathlib import Path
 
 from posttrain.errors import UserError
 from posttrain.tasks import Example
 
-_FIELDS = {f.name for f in fields(Example)}
+_FIELDS = {"prompt", "completion", "answer"}  # required; `system`, `messages` and `metadata` are optional
+_OPTIONAL = {f.name: f.default if f.default_factory is MISSING else f.default_factory() for f in fields(Example) if f.name not in _FIELDS}
 
 
 def write_examples(path: Path, examples: list[Example]) -> None:
+    """One JSON object per example; optional fields only where they are set (plain task data keeps three keys)."""
     with path.open("w") as f:
         for example in examples:
-            f.write(json.dumps(asdict(example)) + "\n")
+            record = {k: v for k, v in asdict(example).items() if k in _FIELDS or v != _OPTIONAL[k]}
+            f.write(json.dumps(record) + "\n")
+
+
+def _valid_optional(record: dict) -> bool:
+    system, messages, metadata = record.get("system"), record.get("messages"), record.get("metadata", {})
+    turns_ok = messages is None or (isinstance(messages, list) and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages))
+    return (system is None or isinstance(system, str)) and turns_ok and isinstance(metadata, dict)
 
 
 def json_lines(path: Path, what: str) -> Iterator[tuple[str, object]]:
@@ -49,10 +59,13 @@ def read_examples(path: Path) -> list[Example]:
     model would learn the answers unprompted) is a `UserError` naming file and line."""
     examples = []
     for where, record in json_lines(path, "dataset"):
-        if not isinstance(record, dict) or set(record) != _FIELDS or not all(isinstance(v, str) for v in record.values()):
-            raise UserError(f"{where}: expected an object with string fields {sorted(_FIELDS)}")
+        if (not isinstance(record, dict) or not _FIELDS <= set(record) <= _FIELDS | set(_OPTIONAL)
+                or not all(isinstance(record[k], str) for k in _FIELDS) or not _valid_optional(record)):
+            raise UserError(f"{where}: expected an object with string fields {sorted(_FIELDS)} (and optional {sorted(_OPTIONAL)})")
         if not record["prompt"].strip():
             raise UserError(f"{where}: empty prompt")
+        if record.get("messages") is not None:
+            record["messages"] = tuple(record["messages"])
         examples.append(Example(**record))
     if not examples:
         raise UserError(f"{path}: no examples")
