@@ -32,6 +32,35 @@ TINY = {
     "eval": {"n_prompts": 20, "batch_size": 20, "n_table": 2},
     "distill": {"steps": 2, "prompts_per_step": 2},
 }
+
+
+CHAT_ARCHS = ("qwen2", "llama")
+CHAT_SYSTEM = "You add numbers."
+
+
+def save_chat_checkpoint(directory: Path, arch: str, seed: int = 0) -> Path:
+    """A tiny real-shaped checkpoint in `directory`: a byte-level BPE tokenizer with Qwen2's special tokens and a
+    Qwen2-style chat template (models.tokenizer.train_bpe_tokenizer), and a 2-layer, hidden-32 Qwen2 or Llama model
+    with random weights, both written by `save_pretrained`, to be loaded back by path (`model.path`)."""
+    import random
+
+    import torch
+
+    from posttrain.models import build_tiny, save_pretrained, train_bpe_tokenizer
+    from posttrain.resolve import load
+
+    rng = random.Random(seed)
+    sums = [f"{a:02d}+{b:02d}={a + b}" for a, b in ((rng.randrange(100), rng.randrange(100)) for _ in range(400))]
+    corpus = [*sums, "system user assistant", CHAT_SYSTEM, "<answer> </answer> -*0123456789"]
+    tokenizer = train_bpe_tokenizer(corpus, vocab_size=320)
+    sizes = ["model.hidden_size=32", "model.intermediate_size=64", "model.layers=2", "model.heads=4", "model.kv_heads=2",
+             "model.max_positions=128", f"model.arch={arch}"]
+    torch.manual_seed(seed)
+    model = build_tiny(load(REPO / "params.yaml", sizes).model, tokenizer)
+    save_pretrained(model, tokenizer, directory)
+    return directory
+
+
 def micro_params(directory: Path, **sections: dict) -> Path:
     """Write the repo's params.yaml, shrunk to micro sizes (plus `sections` overrides), into `directory`."""
     params = yaml.safe_load((REPO / "params.yaml").read_text())
