@@ -19,7 +19,7 @@ for key, value in {
 }.items():
     os.environ[key] = value
 
-from helpers import built_once, micro_params, posttrain  # noqa: E402
+from helpers import CHAT_ARCHS, built_once, micro_params, posttrain, save_chat_checkpoint  # noqa: E402
 
 # CUDA checks run on a GPU machine through `make test-gpu`; `make test` (CPU, CI) does not collect them
 collect_ignore = [] if os.environ.get("POSTTRAIN_GPU_TESTS") == "1" else ["gpu"]
@@ -41,6 +41,14 @@ def pipeline_outputs(tmp_path_factory) -> Path:
             posttrain(stage, cwd=root)
 
     return built_once(tmp_path_factory, "pipeline", build)
+
+
+@pytest.fixture(scope="session")
+def chat_checkpoints(tmp_path_factory) -> dict[str, Path]:
+    """Tiny Qwen2 and Llama checkpoints with a BPE tokenizer and a chat template, saved once per session
+    (read-only): {arch: directory}."""
+    root = built_once(tmp_path_factory, "chat_checkpoints", lambda root: [save_chat_checkpoint(root / a, a) for a in CHAT_ARCHS])
+    return {arch: root / arch for arch in CHAT_ARCHS}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

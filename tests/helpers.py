@@ -38,6 +38,7 @@ TINY = {
     "distill": {"steps": 2, "prompts_per_step": 2},
 }
 
+<<<<<<< HEAD
 # micro sections of the other stages (merged over params.yaml's by micro_params, one level deep); reward_model, preference:
 MICRO_PAIRS = {"n_pairs": 40, "n_heldout_pairs": 12, "steps": 3, "batch_size": 8, "log_every": 1, "warmup_steps": 0}
 MICRO_TRM = {"pairwise_reward": "pd_grpo", "warmup_rubric": "preferred", "rl_steps": 2, "pairs_per_step": 2, "group_size": 2,
@@ -57,6 +58,34 @@ MICRO_IMAGE = {
     "flow_rl": {"steps": 2, "prompts_per_step": 2, "group_size": 2, "sampling_steps": 3, "checkpoint_every": 1},
     "flow_eval": {"sampling_steps": 3, "n_prompts": 3, "samples_per_prompt": 1, "n_grid": 2},
 }
+
+=======
+
+CHAT_ARCHS = ("qwen2", "llama")
+CHAT_SYSTEM = "You add numbers."
+
+
+def save_chat_checkpoint(directory: Path, arch: str, seed: int = 0) -> Path:
+    """A tiny real-shaped checkpoint in `directory`: a byte-level BPE tokenizer with Qwen2's special tokens and a
+    Qwen2-style chat template (models.tokenizer.train_bpe_tokenizer), and a 2-layer, hidden-32 Qwen2 or Llama model
+    with random weights, both written by `save_pretrained`, to be loaded back by path (`model.path`)."""
+    import random
+
+    import torch
+
+    from posttrain.models import build_tiny, save_pretrained, train_bpe_tokenizer
+    from posttrain.resolve import load
+
+    rng = random.Random(seed)
+    sums = [f"{a:02d}+{b:02d}={a + b}" for a, b in ((rng.randrange(100), rng.randrange(100)) for _ in range(400))]
+    corpus = [*sums, "system user assistant", CHAT_SYSTEM, "<answer> </answer> -*0123456789"]
+    tokenizer = train_bpe_tokenizer(corpus, vocab_size=320)
+    sizes = ["model.hidden_size=32", "model.intermediate_size=64", "model.layers=2", "model.heads=4", "model.kv_heads=2",
+             "model.max_positions=128", f"model.arch={arch}"]
+    torch.manual_seed(seed)
+    model = build_tiny(load(REPO / "params.yaml", sizes).model, tokenizer)
+    save_pretrained(model, tokenizer, directory)
+    return directory
 
 
 def micro_params(directory: Path, **sections: dict) -> Path:

@@ -124,6 +124,13 @@ class ModelConfig(Section):
     max_positions: int = Field(gt=0)
     dtype: Literal["float32", "bfloat16", "float16"]
     lora: LoraConfig
+    # prompts (models/chat.py): `auto` renders them with the tokenizer's chat template when it has one, `off` never
+    chat_template: Literal["auto", "off"] = "auto"
+    system_prompt: str | None = None  # the system turn of examples without their own `system`; None: none
+    max_prompt_tokens: int = Field(default=0, ge=0)  # 0: no limit; a longer prompt keeps its last tokens
+    # training and sampling (models/precision.py)
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, more time)
+    autocast: Literal["none", "bf16", "fp16"] = "none"  # mixed precision of every forward pass; fp16 needs CUDA
 
     @field_validator("path")
     @classmethod
@@ -181,6 +188,7 @@ class RLConfig(Section):
     beta: float = Field(ge=0)  # k3 KL weight; 0 skips the reference forward pass entirely
     dynamic_sampling: bool  # DAPO: drop groups whose rewards are all equal, sample more prompts to refill
     dynamic_sampling_max_rollouts: int = Field(ge=0)  # bound on the extra rollouts per step
+    stop: tuple[str, ...] = ()  # generation ends at the first of these strings; the completion is cut before it
     overlong_buffer: int = Field(gt=0)  # DAPO's L_cache for the `overlong` reward (tokens before max_new_tokens)
     checkpoint_every: int = Field(ge=0)  # 0: no checkpoints
     log_every: int = Field(gt=0)
@@ -206,6 +214,7 @@ class EvalConfig(Section):
     max_new_tokens: int = Field(gt=0)
     batch_size: int = Field(gt=0)
     n_table: int = Field(ge=0)
+    stop: tuple[str, ...] = ()  # as rl.stop
 
 
 class GPUConfig(Section):

@@ -24,12 +24,12 @@ def evaluate(
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     totals = {"greedy_correct": 0.0, "greedy_format": 0.0, "sampled_correct": 0.0, "sampled_format": 0.0}
     rows: list[dict[str, object]] = []
-    prompts = [e.prompt for e in examples]
+    prompts = examples  # with their system prompts, for a chat template
     votes: list[list[tuple[str | None, float]]] = [[] for _ in examples]  # per prompt: (parsed answer, correctness) per sample
     for mode, k in (("greedy", 1), ("sampled", cfg.samples_per_prompt)) if examples else ():
         # `batch_size` prompts at a time (bounded memory); greedy decoding draws no random numbers from `generator`
         samples, texts = generate(model, tokenizer, prompts, cfg.max_new_tokens, group_size=k, temperature=cfg.temperature,
-                                  greedy=mode == "greedy", generator=generator, chunk=cfg.batch_size)
+                                  greedy=mode == "greedy", generator=generator, chunk=cfg.batch_size, stop=cfg.stop)
         finished = samples.finished.tolist()
         for i, text in enumerate(texts):
             example = examples[i // k]

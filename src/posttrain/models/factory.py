@@ -26,6 +26,8 @@ from transformers import (
 
 from posttrain.config import HUB_ID, LoraConfig, ModelConfig
 from posttrain.errors import UserError
+from posttrain.models.chat import PromptFormat, configure_prompts
+from posttrain.models.precision import apply_precision
 
 _ARCH = {"qwen2": Qwen2Config, "llama": LlamaConfig}
 
@@ -145,6 +147,20 @@ def maybe_lora(model: PreTrainedModel, cfg: LoraConfig) -> PreTrainedModel:
         r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=list(cfg.target_modules), task_type="CAUSAL_LM"
     )
     return get_peft_model(model, peft_cfg)
+
+
+def prepare_model(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, cfg: ModelConfig, device: torch.device, *, train: bool = True
+) -> PreTrainedModel:
+    """What `model.*` says about a loaded (or freshly built) model, in one place: the prompt format on the
+    tokenizer (models/chat.py), the device, LoRA adapters and activation checkpointing when it trains, and
+    autocast (models/precision.py). Returns the model to use (LoRA-wrapped when `model.lora.r > 0`)."""
+    configure_prompts(tokenizer, PromptFormat(cfg.chat_template, cfg.system_prompt, cfg.max_prompt_tokens))
+    model = model.to(device)
+    if train:
+        model = maybe_lora(model, cfg.lora)
+    apply_precision(model, cfg.autocast, cfg.gradient_checkpointing and train, device)
+    return model
 
 
 def save_pretrained(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out: Path) -> None:

@@ -15,6 +15,7 @@ from torch import Tensor
 from transformers import PreTrainedModel
 
 from posttrain.models.decoders import FastLlamaDecoder, positions_from_mask, shared_prompts
+from posttrain.models.precision import autocast, checkpointing
 
 
 @dataclass(frozen=True)
@@ -31,12 +32,15 @@ def completion_forward(
 ) -> CompletionOutputs:
     """One forward pass over `prompt + completion` (with gradient if the caller has it on). When G consecutive
     rows share a prompt and the model is Llama-family, the prompt is encoded once (FastLlamaDecoder); hidden
-    states come from `model.forward`."""
-    shared = None if hidden or not FastLlamaDecoder.supports(model) else shared_prompts(prompt_ids, prompt_mask)
+    states come from `model.forward`, and so does everything under activation checkpointing (which wraps the
+    decoder layers the shared-prompt path goes around)."""
+    fast = not hidden and not checkpointing(model) and FastLlamaDecoder.supports(model)
+    shared = shared_prompts(prompt_ids, prompt_mask) if fast else None
     states = None
     if shared is not None:
         starts, counts = shared
-        logits = FastLlamaDecoder(model).completion_logits(prompt_ids[starts], prompt_mask[starts], completion_ids, counts)
+        with autocast(model):
+            logits = FastLlamaDecoder(model).completion_logits(prompt_ids[starts], prompt_mask[starts], completion_ids, counts)
     else:
         ids = torch.cat([prompt_ids, completion_ids], dim=1)
         mask = torch.cat([prompt_mask, attention_mask.to(prompt_mask.dtype)], dim=1)

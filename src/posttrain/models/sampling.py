@@ -3,17 +3,25 @@
 The log-prob of each sampled token under the (temperature-scaled) sampling distribution is recorded
 while sampling, so an on-policy update needs no second forward pass to get `old_logp`. `generate` is the
 one encode -> sample -> decode helper every loop uses (rollouts, teachers' traces, evaluation, reward models).
+Prompts are encoded by models/chat.py (chat template or raw text). Stop strings (`rl.stop`, `eval.stop`) end a
+row like EOS does, on the token that completes one; its text is cut before the stop string.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from posttrain.models.chat import encode_prompts
 from posttrain.models.decoders import decoder_for
+from posttrain.models.precision import autocast
+
+__all__ = ["Samples", "StopStrings", "categorical", "concat_samples", "decode_completions", "encode_prompts", "generate", "sample"]
 
 
 @dataclass(frozen=True)
@@ -43,38 +51,64 @@ def sample(
     temperature: float = 1.0,
     greedy: bool = False,
     generator: torch.Generator | None = None,
+    stop: Callable[[Tensor], Tensor] | None = None,
 ) -> Samples:
-    """Sample `group_size` completions for each prompt row of `prompt_ids` (left-padded)."""
+    """Sample `group_size` completions for each prompt row of `prompt_ids` (left-padded). A row ends at EOS or
+    when `stop(tokens so far)` [N, t] -> [N] bool (a `StopStrings`) says its text now holds a stop string."""
     was_training = model.training
     model.eval()
     decoder = decoder_for(model)
-    logits = decoder.prefill(prompt_ids, prompt_mask, group_size, max_new_tokens)
+    with autocast(model):
+        logits = decoder.prefill(prompt_ids, prompt_mask, group_size, max_new_tokens)
     n = logits.shape[0]
     device = prompt_ids.device
     tokens = torch.empty(n, max_new_tokens, dtype=torch.long, device=device)
     logps = torch.empty(n, max_new_tokens, dtype=torch.float32, device=device)
     ended = torch.zeros(n, dtype=torch.bool, device=device)
+    last = torch.full((n,), max_new_tokens, dtype=torch.long, device=device)  # index of each row's last produced token
     steps = 0
-    # the loop only samples and records; masking after EOS happens once, at the end
+    # the loop only samples and records; masking after the end happens once, at the end
     for t in range(max_new_tokens):
         logp_all = torch.log_softmax(logits if temperature == 1.0 else logits / temperature, dim=-1)
         token = logp_all.argmax(-1) if greedy else categorical(logp_all, generator)
         tokens[:, t] = token
         logps[:, t] = logp_all.gather(-1, token[:, None]).squeeze(-1)
         steps = t + 1
-        ended |= token == eos_id
+        hit = token == eos_id
+        if stop is not None:
+            hit |= stop(tokens[:, :steps])
+        last = torch.where(hit & ~ended, t, last)
+        ended |= hit
         if steps == max_new_tokens or bool(ended.all()):
             break
-        logits = decoder.step(token)
+        with autocast(model):
+            logits = decoder.step(token)
     model.train(was_training)
     tokens, logps = tokens[:, :steps], logps[:, :steps]
-    # produced = up to and including the first EOS
-    produced = torch.ones_like(tokens, dtype=torch.bool)
-    produced[:, 1:] = (tokens[:, :-1] != eos_id).cumprod(-1).bool()
-    finished = ((tokens == eos_id) & produced).any(-1)
+    produced = torch.arange(steps, device=device)[None, :] <= last[:, None]  # up to and including the end
     tokens = tokens.masked_fill(~produced, pad_id)
     logps = logps.masked_fill(~produced, 0.0)
-    return Samples(tokens, produced.long(), logps, finished)
+    return Samples(tokens, produced.long(), logps, ended)
+
+
+class StopStrings:
+    """`stop` strings as a sampler's stop test: a row stops on the token after which its decoded text holds one
+    (each step decodes only the last few tokens of every row); `cut` removes a stop string and what follows."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: Sequence[str]):
+        self.tokenizer, self.stop = tokenizer, tuple(s for s in stop if s)
+        self.window = max((len(s.encode()) for s in self.stop), default=0) + 1  # a token holds at least one byte
+
+    def __bool__(self) -> bool:
+        return bool(self.stop)
+
+    def __call__(self, tokens: Tensor) -> Tensor:
+        tails = self.tokenizer.batch_decode(tokens[:, -self.window :].cpu(), skip_special_tokens=True)
+        return torch.tensor([any(s in tail for s in self.stop) for tail in tails], device=tokens.device)
+
+    def cut(self, text: str) -> str:
+        ends = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+        return text[: min(ends)] if ends else text
 
 
 def categorical(logp: Tensor, generator: torch.Generator | None = None) -> Tensor:
@@ -85,27 +119,26 @@ def categorical(logp: Tensor, generator: torch.Generator | None = None) -> Tenso
     return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=logp.shape[-1] - 1)
 
 
-def decode_completions(tokenizer: PreTrainedTokenizerBase, samples: Samples) -> list[str]:
-    """The produced text of each completion, without EOS, padding or environment observations."""
+def decode_completions(tokenizer: PreTrainedTokenizerBase, samples: Samples, stop: StopStrings | None = None) -> list[str]:
+    """The produced text of each completion, without EOS, padding or environment observations (and cut before
+    a stop string)."""
     ids = samples.completion_ids.masked_fill(samples.completion_mask == 0, tokenizer.pad_token_id)
-    return tokenizer.batch_decode(ids.cpu(), skip_special_tokens=True)
-
-
-def encode_prompts(tokenizer: PreTrainedTokenizerBase, prompts: list[str], device: torch.device) -> tuple[Tensor, Tensor]:
-    """Left-padded prompt ids and attention mask."""
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    return enc.input_ids.to(device), enc.attention_mask.to(device)
+    texts = tokenizer.batch_decode(ids.cpu(), skip_special_tokens=True)
+    return [stop.cut(t) for t in texts] if stop else texts
 
 
 @torch.no_grad()
 def generate(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[str], max_new_tokens: int, *, group_size: int = 1,
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: Sequence, max_new_tokens: int, *, group_size: int = 1,
     temperature: float = 1.0, greedy: bool = False, generator: torch.Generator | None = None, sampler=None, chunk: int = 0,
+    stop: Sequence[str] = (),
 ) -> tuple[Samples, list[str]]:
-    """`group_size` completions of each prompt text (rows prompt-major: prompt i's samples are rows i*G .. i*G+G-1)
-    and their decoded texts. `sampler` replaces `sample` (a multi-turn environment's episode sampler); `chunk` > 0
-    generates at most that many prompts at a time (bounded memory), concatenating the results."""
-    draw = sampler or sample
+    """`group_size` completions of each prompt (a text or an example; rows prompt-major: prompt i's samples are rows
+    i*G .. i*G+G-1) and their decoded texts. `sampler` replaces `sample` (a multi-turn environment's episode
+    sampler); `chunk` > 0 generates at most that many prompts at a time (bounded memory), concatenating the
+    results; `stop` strings end a completion (`sample` only)."""
+    stops = StopStrings(tokenizer, stop)
+    draw = sampler or (partial(sample, stop=stops) if stops else sample)
     device = next(model.parameters()).device
     step = chunk if chunk > 0 else max(len(prompts), 1)
     parts = []
@@ -116,7 +149,7 @@ def generate(
             pad_id=tokenizer.pad_token_id, temperature=temperature, greedy=greedy, generator=generator,
         ))
     samples = parts[0] if len(parts) == 1 else concat_samples(parts, tokenizer.pad_token_id)
-    return samples, decode_completions(tokenizer, samples)
+    return samples, decode_completions(tokenizer, samples, stops)
 
 
 def concat_samples(parts: list[Samples], pad_id: int) -> Samples:

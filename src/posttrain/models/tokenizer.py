@@ -4,6 +4,10 @@ Tiny task models need no subword vocabulary: one token per character keeps the s
 every answer digit its own decision. The result is a `PreTrainedTokenizerFast` that round-trips through
 `save_pretrained` / `models.load_tokenizer` (see there why not plain `AutoTokenizer` next to a model).
 
+`train_bpe_tokenizer` is the real-shaped alternative: a byte-level BPE vocabulary with Qwen2's special tokens and
+a Qwen2-style chat template whose assistant turns are `{% generation %}` blocks (so assistant masks work), for
+small checkpoints that go through every path a real instruct model does (models/chat.py).
+
 `check_vocabulary` is the one check that text fits a tokenizer: a character or word outside the vocabulary is
 encoded as `<unk>` without complaint, and a model would then train on (and be scored against) a token that
 stands for anything.
@@ -31,6 +35,32 @@ def train_char_tokenizer(corpus: Iterable[str]) -> PreTrainedTokenizerFast:
     # prompts are left-padded so every completion starts at the same column; passed to the constructor
     # (not set afterwards) so that save_pretrained records it and the reload keeps it
     return PreTrainedTokenizerFast(tokenizer_object=core, pad_token=PAD, eos_token=EOS, unk_token=UNK, padding_side="left")
+
+
+ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+# Qwen2's layout (`<|im_start|>role\n...<|im_end|>\n`), with the assistant's content and end of turn in a
+# `{% generation %}` block: the tokens a model produces, and learns, in an assistant turn
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'assistant' %}"
+    "{{- '<|im_start|>assistant\n' }}{% generation %}{{- message['content'] + '<|im_end|>' }}{% endgeneration %}{{- '\n' }}"
+    "{%- else %}{{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
+)
+
+
+def train_bpe_tokenizer(corpus: Iterable[str], vocab_size: int = 512, chat_template: str | None = CHAT_TEMPLATE) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer learnt from `corpus` (any text encodes: every byte is in the vocabulary), with
+    Qwen2's special tokens (`<|endoftext|>` pads, `<|im_end|>` ends a turn and is EOS) and `chat_template`."""
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[ENDOFTEXT, IM_START, IM_END],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    core.train_from_iterator(corpus, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token=ENDOFTEXT, eos_token=IM_END, extra_special_tokens=[IM_START],
+                                   padding_side="left", chat_template=chat_template)
 
 
 def word_tokenizer(words: Iterable[str]) -> PreTrainedTokenizerFast:

@@ -20,13 +20,13 @@ from posttrain.tasks import build_task
 )
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     from posttrain.eval.harness import evaluate
-    from posttrain.models import load_pretrained, select_device
+    from posttrain.models import load_pretrained, prepare_model, select_device
 
     heldout = inputs["data"] / "heldout.jsonl"
     examples = read_examples(heldout)
     model, tokenizer = load_pretrained(inputs["model"] / "model", cfg.model.dtype)
     check_examples(heldout, examples, model, tokenizer, cfg.eval.max_new_tokens, "eval.max_new_tokens")
-    model = model.to(select_device(cfg.pipeline.device))
+    model = prepare_model(model, tokenizer, cfg.model, select_device(cfg.pipeline.device), train=False)
     metrics, rows = evaluate(model, tokenizer, build_task(cfg.task), examples, cfg.eval, cfg.pipeline.seed)
     with (out_dir / "samples.jsonl").open("w") as f:
         for row in rows:

@@ -42,7 +42,7 @@ def load_pairs(cfg: Config, section, task, train_examples, heldout_examples, pol
 )
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     from posttrain.eval.harness import evaluate
-    from posttrain.models import load_pretrained, maybe_lora, save_pretrained, select_device
+    from posttrain.models import load_pretrained, prepare_model, save_pretrained, select_device
     from posttrain.runtime import seed_everything
     from posttrain.trainers.loop import TrainLoop
     from posttrain.trainers.preference import train_preference
@@ -55,10 +55,10 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     seed_everything(cfg.pipeline.seed)
     policy, tokenizer = load_pretrained(inputs["policy"] / "model", cfg.model.dtype)
     check_examples(inputs["data"] / "heldout.jsonl", heldout_examples, policy, tokenizer, cfg.eval.max_new_tokens, "eval.max_new_tokens")
-    policy = policy.to(select_device(cfg.pipeline.device))
+    policy = prepare_model(policy, tokenizer, cfg.model, select_device(cfg.pipeline.device), train=False)
     if samples_policy:
         train, heldout = load_pairs(cfg, cfg.preference, task, train_examples, heldout_examples, (policy, tokenizer))
-    policy = maybe_lora(policy, cfg.model.lora)
+    policy = prepare_model(policy, tokenizer, cfg.model, select_device(cfg.pipeline.device))
     before, _ = evaluate(policy, tokenizer, task, heldout_examples, cfg.eval, cfg.pipeline.seed)
     loop = TrainLoop.for_stage(cfg.training, out_dir, cfg.section_hash("pipeline", "task", "model", "preference"),
                                cfg.preference.checkpoint_every, resume, "preference")

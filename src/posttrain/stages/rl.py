@@ -45,7 +45,7 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
 def train_and_save(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool, load_models=None) -> dict[str, float]:
     """Online RL under `cfg.rl` from `inputs["policy"]`; `load_models(tokenizer, device) -> {role: model}`
     supplies the frozen models of the roles the objective's extras read (the `distill` stage's teacher / base)."""
-    from posttrain.models import load_pretrained, maybe_lora, save_pretrained, select_device
+    from posttrain.models import load_pretrained, prepare_model, save_pretrained, select_device
     from posttrain.runtime import seed_everything
     from posttrain.trainers.online_rl import RLRun, train_online_rl
 
@@ -55,7 +55,7 @@ def train_and_save(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker,
     device = select_device(cfg.pipeline.device)
     policy, tokenizer = load_pretrained(inputs["policy"] / "model", cfg.model.dtype)
     check_examples(train, examples, policy, tokenizer, cfg.rl.max_new_tokens, "rl.max_new_tokens")
-    policy = maybe_lora(policy.to(device), cfg.model.lora)
+    policy = prepare_model(policy, tokenizer, cfg.model, device)  # chat template, LoRA, checkpointing, autocast
     rl_run = RLRun(
         policy=policy, tokenizer=tokenizer, task=build_task(cfg.task), examples=examples, cfg=cfg.rl, seed=cfg.pipeline.seed,
         checkpoint_dir=out_dir / "checkpoints", config_hash=cfg.section_hash("pipeline", "task", "model", "rl"),

@@ -21,7 +21,7 @@ from posttrain.tasks import build_task
 
 @stages.register("sft", inputs={"data": "outputs/data"}, requires={"data": ["train.jsonl"]}, resumable=True)
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
-    from posttrain.models import build_tiny, load_pretrained, maybe_lora, save_pretrained, select_device, train_char_tokenizer
+    from posttrain.models import build_tiny, load_pretrained, prepare_model, save_pretrained, select_device, train_char_tokenizer
     from posttrain.runtime import seed_everything
     from posttrain.trainers.loop import TrainLoop
     from posttrain.trainers.sft import train_sft
@@ -37,7 +37,7 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
         model, tokenizer = load_pretrained(cfg.model.path, cfg.model.dtype)
     check_examples(train, examples, model, tokenizer, 1, "EOS", columns=("prompt", "completion"))
     examples = examples[: cfg.sft.n_examples or None]
-    model = maybe_lora(model.to(device), cfg.model.lora)
+    model = prepare_model(model, tokenizer, cfg.model, device)  # chat template, LoRA, checkpointing, autocast
     loop = TrainLoop.for_stage(cfg.training, out_dir, cfg.section_hash("pipeline", "task", "model", "sft"), cfg.sft.checkpoint_every, resume, "sft")
     metrics = train_sft(model, tokenizer, examples, cfg.sft, cfg.pipeline.seed, on_log=lambda step, m: tracker.log_metrics(m, step), loop=loop)
     save_pretrained(model, tokenizer, out_dir / "model")

@@ -22,6 +22,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from posttrain.config import RLConfig
 from posttrain.errors import UserError
 from posttrain.registry import Registry, update_section
 from posttrain.models.logprobs import completion_forward, sequence_logprobs
-from posttrain.models.sampling import decode_completions, encode_prompts, sample
+from posttrain.models.sampling import StopStrings, decode_completions, encode_prompts, sample
 from posttrain.objectives import aggregations, advantages, auxiliaries, losses, needs_of, policy_reads
 from posttrain.objectives.presets import presets
 from posttrain.objectives.aggregation import aggregate
@@ -193,15 +194,16 @@ class OnlineRL:
     def rollout(self, prompts: list[Example]) -> tuple[RolloutBatch, list[str], dict[str, float]]:
         """Sample, decode and score one batch of prompts; returns the batch, the texts and rollout metrics."""
         cfg, tok, run = self.cfg, self.run.tokenizer, self.run
-        prompt_ids, prompt_mask = encode_prompts(tok, [e.prompt for e in prompts], self.device)
+        prompt_ids, prompt_mask = encode_prompts(tok, prompts, self.device)  # the chat template's, when there is one
         start = time.perf_counter()
-        sampler = run.task.sampler(tok) if hasattr(run.task, "sampler") else sample  # multi-turn envs sample whole episodes
+        stop = StopStrings(tok, cfg.stop)  # multi-turn envs sample whole episodes, by their own rules
+        sampler = run.task.sampler(tok) if hasattr(run.task, "sampler") else partial(sample, stop=stop or None)
         samples = sampler(
             run.policy, prompt_ids, prompt_mask, group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
             eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, temperature=cfg.temperature, generator=self.generator,
         )
         seconds = time.perf_counter() - start
-        texts = decode_completions(tok, samples)
+        texts = decode_completions(tok, samples, stop)
         expanded = [e for e in prompts for _ in range(cfg.group_size)]
         rewards, names, weights = reward_matrix(cfg.rewards, run.task, expanded, texts, samples.finished.tolist(), **reward_context(cfg, samples))
         batch = RolloutBatch(

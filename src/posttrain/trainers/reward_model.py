@@ -68,6 +68,7 @@ def train_bt(cfg, policy_dir: Path, train, heldout, out_dir: Path, seed: int, on
     from transformers.utils import logging as hf_logging
 
     from posttrain.models import load_tokenizer, select_device
+    from posttrain.models.precision import apply_precision
 
     rm_cfg, device = cfg.reward_model, select_device(cfg.pipeline.device)
     tokenizer = load_tokenizer(policy_dir)
@@ -78,6 +79,7 @@ def train_bt(cfg, policy_dir: Path, train, heldout, out_dir: Path, seed: int, on
         model = AutoModelForSequenceClassification.from_pretrained(policy_dir, num_labels=1, dtype=getattr(torch, cfg.model.dtype)).to(device)
     finally:
         hf_logging.set_verbosity(level)
+    apply_precision(model, cfg.model.autocast, cfg.model.gradient_checkpointing, device)
 
     def encode(pairs):  # rows 2i / 2i+1: chosen / rejected of pair i
         prompts = [p.prompt for p in pairs for _ in range(2)]

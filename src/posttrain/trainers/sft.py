@@ -11,6 +11,7 @@ from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.config import SFTConfig
+from posttrain.models.chat import encode_supervised
 from posttrain.tasks import Example
 from posttrain.trainers import distributed
 from posttrain.runtime import progress
@@ -19,22 +20,9 @@ from posttrain.trainers.loop import TrainLoop
 
 
 def encode_pairs(tokenizer: PreTrainedTokenizerBase, examples: list[Example]) -> tuple[Tensor, Tensor, Tensor]:
-    """Right-padded `prompt + completion + EOS` ids, attention mask, and labels (-100 outside the completion)."""
-    rows, targets = [], []
-    for e in examples:
-        prompt = tokenizer.encode(e.prompt, add_special_tokens=False)
-        completion = tokenizer.encode(e.completion, add_special_tokens=False) + [tokenizer.eos_token_id]
-        rows.append(prompt + completion)
-        targets.append([-100] * len(prompt) + completion)
-    width = max(map(len, rows))
-    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
-    labels = torch.full((len(rows), width), -100, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, (row, target) in enumerate(zip(rows, targets)):
-        ids[i, : len(row)] = torch.tensor(row)
-        labels[i, : len(row)] = torch.tensor(target)
-        mask[i, : len(row)] = 1
-    return ids, mask, labels
+    """Right-padded ids, attention mask and labels: prompt -> completion + end of turn, or an example's messages
+    with loss on its assistant turns (models/chat.py: the chat template's, when the tokenizer has one)."""
+    return encode_supervised(tokenizer, examples)
 
 
 def train_sft(

@@ -1,0 +1,44 @@
+"""A user's own checkpoint through the pipeline: tiny Qwen2 and Llama saved with a BPE tokenizer and a chat template,
+given as `model.path`, run data -> sft -> rl -> eval through the CLI, with the real-model settings on."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helpers import CHAT_SYSTEM, micro_params, posttrain_in_process
+
+FEW = {
+    "task": {"n_train": 40, "n_heldout": 8},
+    "sft": {"steps": 3, "batch_size": 8, "log_every": 1, "warmup_steps": 0},
+    "rl": {"steps": 2, "prompts_per_step": 2, "group_size": 2, "checkpoint_every": 0, "max_new_tokens": 6, "stop": ["9="]},
+    "eval": {"n_prompts": 8, "batch_size": 8, "n_table": 2, "max_new_tokens": 6, "stop": ["9="]},
+    "tracking": {"enabled": False},
+}
+SETTINGS = {  # one arch per combination, so both paths run without doubling the time
+    "qwen2": {"autocast": "bf16", "gradient_checkpointing": False, "lora": {"r": 4}},
+    "llama": {"autocast": "none", "gradient_checkpointing": True, "max_prompt_tokens": 24},
+}
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_own_checkpoint_runs_sft_rl_eval(arch, chat_checkpoints, tmp_path, monkeypatch):
+    from posttrain.models import load_pretrained
+
+    lora = {"r": 0, "alpha": 16, "dropout": 0.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
+    model = {**SETTINGS[arch], "path": str(chat_checkpoints[arch]), "system_prompt": CHAT_SYSTEM, "lora": {**lora, **SETTINGS[arch].get("lora", {})}}
+    micro_params(tmp_path, **FEW, model=model)
+    monkeypatch.chdir(tmp_path)
+    for stage in ("data", "sft", "rl", "eval"):
+        posttrain_in_process(stage)
+    outputs = tmp_path / "outputs"
+    tuned, tokenizer = load_pretrained(outputs / "rl" / "model")
+    assert tuned.config.model_type == arch and tokenizer.chat_template and tokenizer.eos_token == "<|im_end|>"
+    assert not any("lora" in name for name, _ in tuned.named_parameters())  # adapters merged on save
+    metrics = json.loads((outputs / "eval" / "metrics.json").read_text())
+    assert metrics["n_prompts"] == 8 and 0.0 <= metrics["greedy_accuracy"] <= 1.0
+    history = json.loads((outputs / "rl" / "history.json").read_text())
+    assert len(history) == 2 and all(h["loss"] == h["loss"] for h in history)
+    for line in (outputs / "eval" / "samples.jsonl").read_text().splitlines():
+        assert "9=" not in json.loads(line)["completion"]  # cut at the stop string
