@@ -38,7 +38,6 @@ TINY = {
     "distill": {"steps": 2, "prompts_per_step": 2},
 }
 
-<<<<<<< HEAD
 # micro sections of the other stages (merged over params.yaml's by micro_params, one level deep); reward_model, preference:
 MICRO_PAIRS = {"n_pairs": 40, "n_heldout_pairs": 12, "steps": 3, "batch_size": 8, "log_every": 1, "warmup_steps": 0}
 MICRO_TRM = {"pairwise_reward": "pd_grpo", "warmup_rubric": "preferred", "rl_steps": 2, "pairs_per_step": 2, "group_size": 2,
@@ -59,7 +58,6 @@ MICRO_IMAGE = {
     "flow_eval": {"sampling_steps": 3, "n_prompts": 3, "samples_per_prompt": 1, "n_grid": 2},
 }
 
-=======
 
 CHAT_ARCHS = ("qwen2", "llama")
 CHAT_SYSTEM = "You add numbers."
