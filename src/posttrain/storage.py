@@ -147,7 +147,7 @@ def local_data(location: str) -> Path:
     import botocore.exceptions
 
     bucket, _, key = location.removeprefix("s3://").partition("/")
-    client = _s3_client()
+    client = s3_client()
     try:
         etag = client.head_object(Bucket=bucket, Key=key)["ETag"] if key and not key.endswith("/") else None
     except botocore.exceptions.ClientError:

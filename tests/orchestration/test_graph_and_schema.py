@@ -24,7 +24,7 @@ def test_tasks_follow_dvc_yaml_in_topological_order():
         assert all(order.index(u) < order.index(task.id) for u in task.after), task.id
     by_id = {t.id: t for t in tasks}
     assert by_id["eval@rl"].inputs == {"data": "data", "model": "rl"} and by_id["eval@sft"].inputs["model"] == "sft"
-    assert by_id["rl"].resume and not by_id["sft"].resume
+    assert by_id["rl"].resume and by_id["sft"].resume and not by_id["eval@sft"].resume  # every training stage resumes
     assert not by_id["data"].gpu and by_id["sft"].gpu
     assert [t.id for t in load_pipelines(REPO)["text"].tasks] == order
 
