@@ -162,7 +162,7 @@ class SFTConfig(Section):
 
 class RewardSpec(Section):
     name: Annotated[str, Registered("rewards")]
-    weight: float = 1.0
+    weight: float = Field(default=1.0, ge=0)  # finite, >= 0: 0 logs a reward without training on it; a penalty is a reward below 0
 
 
 class RLConfig(Section):
@@ -443,7 +443,7 @@ class FlowSFTConfig(Section):
 
 class ImageRewardSpec(Section):
     name: Annotated[str, Registered("image_rewards")]
-    weight: float
+    weight: float = Field(ge=0)
 
 
 class FlowRLConfig(Section):  # Flow-GRPO (arXiv 2505.05470) with the text pipeline's advantage estimators and losses

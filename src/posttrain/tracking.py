@@ -301,9 +301,12 @@ def stage_run(cfg: Config, stage: str, launcher: str, run_id: str | None = None,
 
     def start(mlflow, root_uri: str):
         experiment = mlflow.get_experiment_by_name(cfg.pipeline.name)
+        location = Path(root_uri).resolve().as_uri() if "://" not in root_uri else root_uri
         if experiment is None:
-            location = Path(root_uri).resolve().as_uri() if "://" not in root_uri else root_uri
             experiment_id = mlflow.create_experiment(cfg.pipeline.name, artifact_location=location)
+        elif experiment.artifact_location.rstrip("/") != location.rstrip("/"):  # MLflow would keep the old one, silently
+            raise UserError(f"experiment {cfg.pipeline.name!r} keeps its artifacts in {redact_uri(experiment.artifact_location)}, not "
+                            f"tracking.artifact_root {redact_uri(location)}: set that root back, or a new pipeline.name for the new one")
         else:
             experiment_id = experiment.experiment_id
         run = mlflow.start_run(run_id=run_id, experiment_id=experiment_id, run_name=None if run_id else stage, tags=tags)

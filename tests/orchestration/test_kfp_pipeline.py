@@ -140,9 +140,9 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _local_pipeline(work: Path) -> tuple[LocalPipeline, dict]:
+def _local_pipeline(work: Path, overrides: tuple[str, ...] = ()) -> tuple[LocalPipeline, dict]:
     params = tiny_params(work)
-    arguments = run_arguments(params, [], TEXT, image="")
+    arguments = run_arguments(params, list(overrides), TEXT, image="")
     return LocalPipeline.load(TEXT, work / "kfp", tool_env()), arguments
 
 
@@ -186,10 +186,12 @@ def test_a_killed_step_runs_the_exit_task_which_marks_its_mlflow_run_failed(tmp_
     def kill_once_running(process):
         deadline = time.time() + 300
         while time.time() < deadline and not _running_sft(tmp_path):
-            time.sleep(0.5)
+            time.sleep(0.2)
+        assert process.poll() is None, "sft ended before it could be killed"
         kill_group(process)  # an evicted pod: no chance to mark its own run
 
-    pipeline, arguments = _local_pipeline(tmp_path)
+    # sft long enough to be caught while it trains (it is killed as soon as its run shows RUNNING)
+    pipeline, arguments = _local_pipeline(tmp_path, ("sft.steps=3000",))
     pipeline.faults[task_name("sft")] = kill_once_running
     states = pipeline.run(arguments)
     assert states["exit-handler-1"] == "FAILED" and states[f"exit-handler-1/{task_name('sft')}"] == "FAILED"

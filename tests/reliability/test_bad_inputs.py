@@ -132,6 +132,7 @@ CASES: dict[str, Case] = {
     "params/wrong-type": Case(["rl", "--set", "rl.steps=abc"], ["rl.steps", "integer"]),
     "params/out-of-range": Case(["rl", "--set", "rl.steps=-3"], ["rl.steps", "greater than 0"]),
     "params/nan": Case(["sft", "--set", "sft.lr=.nan"], ["sft.lr", "finite"]),
+    "params/negative-reward-weight": Case(["rl", "--set", "rl.rewards=[{name: correctness, weight: -1}]"], ["rl.rewards.0.weight", "greater than or equal to 0"]),
     "params/infinite-in-file": Case(["rl"], ["rl.lr", "finite"], params_with("rl", lr=float("inf"))),
     "params/unknown-advantage": Case(["rl", "--set", "rl.advantage=grpoo"], ["rl.advantage", "grpoo", "did you mean 'grpo'"]),
     "params/unknown-loss": Case(["rl", "--set", "rl.loss=clipp"], ["rl.loss", "clipp", "clip"]),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -51,7 +52,7 @@ def test_a_killed_writers_run_is_marked_killed_on_the_next_start(tmp_path, stand
                                str(out)], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "locked"
     client = client_for(cfg)
-    experiment = client.create_experiment(cfg.pipeline.name, artifact_location=(tmp_path / "artifacts").as_uri())
+    experiment = client.create_experiment(cfg.pipeline.name, artifact_location=Path(cfg.tracking.artifact_root).resolve().as_uri())
     killed_run = client.create_run(experiment, tags={"stage": "probe"}).info.run_id
     staging = out.parent / ".probe.partial"
     staging.mkdir(parents=True)
@@ -100,3 +101,18 @@ def test_resume_reopens_its_run_and_logs_no_duplicate_metric_points(tmp_path, st
         steps = sorted(m.step for m in client.get_metric_history(first_run, key))
         assert steps == list(range(1, 9)), (key, steps)
     assert [m.value for m in client.get_metric_history(first_run, "final_loss")] == [0.125]
+
+
+def test_a_new_artifact_root_for_an_existing_experiment_is_one_line_not_silently_ignored(tmp_path, stand_in_stage):
+    """MLflow fixes an experiment's artifact location when it is created; a later run asking for another root would
+    put its artifacts in the old one without a word. The stage refuses before it runs, naming both."""
+    from posttrain import stages
+    from posttrain.errors import UserError
+
+    ran = []
+    cfg = stand_in_stage(lambda cfg, inputs, out_dir, tracker, resume=False: ran.append(1) or {})
+    stages.execute("probe", cfg, {}, tmp_path / "out")
+    moved = cfg.model_copy(update={"tracking": cfg.tracking.model_copy(update={"artifact_root": str(tmp_path / "elsewhere")})})
+    with pytest.raises(UserError, match="keeps its artifacts in .*, not tracking.artifact_root .*elsewhere") as error:
+        stages.execute("probe", moved, {}, tmp_path / "out2")
+    assert len(str(error.value).splitlines()) == 1 and ran == [1] and not (tmp_path / "out2").exists()
