@@ -269,6 +269,8 @@ def _open_run(cfg: Config, start: Callable[[Any, str], Any], root: Path | None) 
     try:
         run = start(mlflow, artifact_root)
         logged = _logged_steps(run.info.run_id)
+    except UserError:  # a setting the open run cannot honour (a moved artifact root): its own line
+        raise
     except Exception as e:  # the stores were checked moments ago; this is one failing now, before any work
         try:
             mlflow.end_run("FAILED")  # a run started before the failure (no-op when none is active)
