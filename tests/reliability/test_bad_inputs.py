@@ -168,7 +168,7 @@ CASES: dict[str, Case] = {
                           bad_data("train.jsonl", b'{"prompt": "\xff1+1=", "completion": "2", "answer": "2"}', at=3)),
     "data/empty-file": Case(SFT_BAD_DATA, ["bad/train.jsonl", "no examples"], damaged("outputs/data", "train.jsonl", emptied)),
     "data/empty-prompt": Case(RL_BAD_DATA, ["bad/train.jsonl:2", "empty prompt"], bad_data("train.jsonl", {**GOOD, "prompt": " "}, at=2)),
-    "data/overlong-prompt-sft": Case(SFT_BAD_DATA, ["bad/train.jsonl row 4", "prompt + completion", "64 positions"],
+    "data/overlong-prompt-sft": Case(SFT_BAD_DATA, ["bad/train.jsonl row 4", "the SFT row", "64 positions"],
                                      bad_data("train.jsonl", {**GOOD, "prompt": LONG + LONG}, at=4)),
     "data/overlong-prompt-rl": Case(RL_BAD_DATA, ["bad/train.jsonl row 1", "rl.max_new_tokens", "64 positions"],
                                     bad_data("train.jsonl", {**GOOD, "prompt": LONG})),

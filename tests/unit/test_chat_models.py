@@ -78,7 +78,7 @@ def test_long_prompts_are_left_truncated(loaded):
     full = tokenizer.apply_chat_template([{"role": "user", "content": "12+34+56+78+90="}], add_generation_prompt=True, tokenize=True)["input_ids"]
     assert ids[0].tolist() == full[-5:]
     row, labels = supervised_row(tokenizer, Example("12+34+56+78+90=", "270", "270"))
-    assert labels[:5] == [-100] * 5 and tokenizer.decode(labels[5:8]) == "270<|im_end|>" and len(row) == 9  # and the template's "\n"
+    assert labels[:5] == [-100] * 5 and tokenizer.decode(labels[5:9]) == "270<|im_end|>" and len(row) == 10  # one token per digit; and the template's "\n"
 
 
 def test_sft_loss_falls_on_assistant_turns_only(loaded):
@@ -174,3 +174,22 @@ def test_fp16_autocast_needs_cuda(loaded):
     model, _ = loaded
     with pytest.raises(UserError, match="fp16 needs a CUDA device"):
         apply_precision(model, "fp16", False, CPU)
+
+
+def test_the_length_check_counts_the_rendered_prompt_not_its_text(loaded, cfg, tmp_path):
+    """A prompt whose text fits but whose chat rendering (system turn, headers) does not is refused by the token
+    count the model reads, for sampling stages and SFT rows alike."""
+    from posttrain.data import check_examples
+
+    model, tokenizer = loaded
+    prepare_model(model, tokenizer, model_cfg(cfg, system_prompt="You add numbers."), CPU, train=False)
+    example = Example("12+34=", "46", "46")
+    rendered = len(encode_prompts(tokenizer, [example], CPU)[0][0])
+    text = len(tokenizer.encode(example.prompt, add_special_tokens=False))
+    assert rendered > text + 5  # the system turn and the headers
+    model = copy.deepcopy(model)
+    model.config.max_position_embeddings = text + 6  # the raw text and 6 new tokens would fit
+    with pytest.raises(UserError, match=rf"row 1: the prompt is {rendered} tokens as the model reads it; with 6 for rl.max_new_tokens"):
+        check_examples(tmp_path / "train.jsonl", [example], model, tokenizer, 6, "rl.max_new_tokens")
+    with pytest.raises(UserError, match=rf"row 1: the SFT row is {len(supervised_row(tokenizer, example)[0])} tokens"):
+        check_examples(tmp_path / "train.jsonl", [example], model, tokenizer, 0, "", supervised=True)

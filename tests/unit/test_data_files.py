@@ -116,11 +116,14 @@ class Positions:  # the part of a model check_examples reads
 
 
 def test_check_examples_refuses_what_does_not_fit_the_model(char_tokenizer, tmp_path):
-    path, sft = tmp_path / "train.jsonl", {"reserved": 1, "reserved_for": "EOS", "columns": ("prompt", "completion")}
+    path, sft = tmp_path / "train.jsonl", {"reserved": 0, "reserved_for": "", "supervised": True}
     fits = [Example("12+34=", "46", "46")]  # 6 + 2 + EOS: 9 positions
     check_examples(path, fits, Positions(), char_tokenizer, **sft)
-    too_long = r"train.jsonl row 2: prompt \+ completion is 9 tokens; with 1 for EOS that is 10, more than the model's 9 positions"
+    too_long = r"train.jsonl row 2: the SFT row is 10 tokens as the model reads it, more than the model's 9 positions"
     with pytest.raises(UserError, match=too_long):
         check_examples(path, [*fits, Example("123+456=", "5", "5")], Positions(), char_tokenizer, **sft)
+    sampling = r"row 1: the prompt is 6 tokens as the model reads it; with 4 for rl.max_new_tokens that is 10, more than"
+    with pytest.raises(UserError, match=sampling):
+        check_examples(path, fits, Positions(), char_tokenizer, 4, "rl.max_new_tokens")
     with pytest.raises(UserError, match=r"train.jsonl row 1: '12\+34=x' holds 'x'"):
         check_examples(path, [Example("12+34=x", "46", "46")], Positions(), char_tokenizer, 0, "nothing")

@@ -76,28 +76,35 @@ def read_examples(path: Path) -> list[Example]:
 
 
 def check_examples(path: Path, examples: Sequence[Example], model, tokenizer, reserved: int, reserved_for: str,
-                   columns: tuple[str, ...] = ("prompt",)) -> None:
+                   supervised: bool = False) -> None:
     """Refuse examples that do not fit the model a stage is about to use, naming file, row and problem.
 
     - Characters outside the tokenizer's vocabulary are refused, not trained on: `<unk>` would silently stand
       for all of them. This holds for the character tokenizer SFT builds from the task's alphabet (data of
       another task, or a typo, fails here) and for a pretrained tokenizer alike; a byte-level tokenizer has no
       unknown token and accepts any text.
-    - `columns` (tokenized, no special tokens) plus `reserved` positions (`reserved_for`: EOS for SFT, the
-      generation budget of a sampling stage) must fit in the model's max_position_embeddings
-      (`model.max_positions` for a tiny model): past it a rotary model does not fail, it degrades silently.
+    - The tokens the model reads plus `reserved` positions (`reserved_for`: the generation budget of a sampling
+      stage) must fit in the model's max_position_embeddings (`model.max_positions` for a tiny model): past it a
+      rotary model does not fail, it degrades silently. What the model reads is the prompt as encoded
+      (models/chat.py: the chat template with its system turn and generation prompt, `model.max_prompt_tokens`'s
+      truncation), or with `supervised` the whole SFT row (conversation or prompt + completion + EOS). The
+      tokenizer must carry the stage's prompt format already (`prepare_model` attaches it).
 
     `row` counts examples from 1: it is the line number unless the file holds blank lines."""
+    from posttrain.models.chat import prompt_ids, supervised_row
     from posttrain.models.tokenizer import check_vocabulary
 
     positions = getattr(model.config, "max_position_embeddings", None)
+    what = "the SFT row" if supervised else "the prompt"
     for row, example in enumerate(examples, start=1):
-        texts = [getattr(example, name) for name in columns]
+        texts = [example.prompt, *([example.completion] if supervised else []), *([example.system] if example.system else []),
+                 *(m["content"] for m in example.messages or ())]
         check_vocabulary(tokenizer, texts, f"{path} row {row}")
-        used = sum(len(tokenizer.encode(text, add_special_tokens=False)) for text in texts)
+        used = len(supervised_row(tokenizer, example)[0] if supervised else prompt_ids(tokenizer, [example])[0])
         if positions is not None and used + reserved > positions:
-            raise UserError(f"{path} row {row}: {' + '.join(columns)} is {used} tokens; with {reserved} for {reserved_for} that is "
-                            f"{used + reserved}, more than the model's {positions} positions")
+            budget = f"; with {reserved} for {reserved_for} that is {used + reserved}" if reserved else ""
+            raise UserError(f"{path} row {row}: {what} is {used} tokens as the model reads it{budget}, more than the model's "
+                            f"{positions} positions")
 
 
 def read_parquet(path: Path, what: str):

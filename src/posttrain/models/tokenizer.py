@@ -50,11 +50,17 @@ CHAT_TEMPLATE = (
 )
 
 
+# Qwen2's pre-tokenizer split (its tokenizer.json): words, single digits (`\p{N}` alone, so a number is learnt
+# digit by digit, as real math-capable vocabularies do), punctuation runs and whitespace
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
 def train_bpe_tokenizer(corpus: Iterable[str], vocab_size: int = 512, chat_template: str | None = CHAT_TEMPLATE) -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer learnt from `corpus` (any text encodes: every byte is in the vocabulary), with
-    Qwen2's special tokens (`<|endoftext|>` pads, `<|im_end|>` ends a turn and is EOS) and `chat_template`."""
+    Qwen2's pre-tokenizer split (one token per digit), Qwen2's special tokens (`<|endoftext|>` pads, `<|im_end|>` ends a turn and is EOS) and `chat_template`."""
     core = Tokenizer(models.BPE())
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     core.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[ENDOFTEXT, IM_START, IM_END],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)

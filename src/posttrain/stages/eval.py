@@ -25,8 +25,8 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     heldout = inputs["data"] / "heldout.jsonl"
     examples = read_examples(heldout)
     model, tokenizer = load_pretrained(inputs["model"] / "model", cfg.model.dtype)
-    check_examples(heldout, examples, model, tokenizer, cfg.eval.max_new_tokens, "eval.max_new_tokens")
     model = prepare_model(model, tokenizer, cfg.model, select_device(cfg.pipeline.device), train=False)
+    check_examples(heldout, examples, model, tokenizer, cfg.eval.max_new_tokens, "eval.max_new_tokens")
     metrics, rows = evaluate(model, tokenizer, build_task(cfg.task), examples, cfg.eval, cfg.pipeline.seed)
     with (out_dir / "samples.jsonl").open("w") as f:
         for row in rows:

@@ -54,8 +54,8 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
         train, heldout = load_pairs(cfg, cfg.preference, task, train_examples, heldout_examples)
     seed_everything(cfg.pipeline.seed)
     policy, tokenizer = load_pretrained(inputs["policy"] / "model", cfg.model.dtype)
-    check_examples(inputs["data"] / "heldout.jsonl", heldout_examples, policy, tokenizer, cfg.eval.max_new_tokens, "eval.max_new_tokens")
     policy = prepare_model(policy, tokenizer, cfg.model, select_device(cfg.pipeline.device), train=False)
+    check_examples(inputs["data"] / "heldout.jsonl", heldout_examples, policy, tokenizer, cfg.eval.max_new_tokens, "eval.max_new_tokens")
     if samples_policy:
         train, heldout = load_pairs(cfg, cfg.preference, task, train_examples, heldout_examples, (policy, tokenizer))
     policy = prepare_model(policy, tokenizer, cfg.model, select_device(cfg.pipeline.device))

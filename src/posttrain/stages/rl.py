@@ -54,8 +54,8 @@ def train_and_save(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker,
     seed_everything(cfg.pipeline.seed)
     device = select_device(cfg.pipeline.device)
     policy, tokenizer = load_pretrained(inputs["policy"] / "model", cfg.model.dtype)
-    check_examples(train, examples, policy, tokenizer, cfg.rl.max_new_tokens, "rl.max_new_tokens")
     policy = prepare_model(policy, tokenizer, cfg.model, device)  # chat template, LoRA, checkpointing, autocast
+    check_examples(train, examples, policy, tokenizer, cfg.rl.max_new_tokens, "rl.max_new_tokens")
     rl_run = RLRun(
         policy=policy, tokenizer=tokenizer, task=build_task(cfg.task), examples=examples, cfg=cfg.rl, seed=cfg.pipeline.seed,
         checkpoint_dir=out_dir / "checkpoints", config_hash=cfg.section_hash("pipeline", "task", "model", "rl"),

@@ -35,9 +35,9 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
         model = build_tiny(cfg.model, tokenizer)
     else:
         model, tokenizer = load_pretrained(cfg.model.path, cfg.model.dtype)
-    check_examples(train, examples, model, tokenizer, 1, "EOS", columns=("prompt", "completion"))
-    examples = examples[: cfg.sft.n_examples or None]
     model = prepare_model(model, tokenizer, cfg.model, device)  # chat template, LoRA, checkpointing, autocast
+    check_examples(train, examples, model, tokenizer, 0, "", supervised=True)
+    examples = examples[: cfg.sft.n_examples or None]
     loop = TrainLoop.for_stage(cfg.training, out_dir, cfg.section_hash("pipeline", "task", "model", "sft"), cfg.sft.checkpoint_every, resume, "sft")
     metrics = train_sft(model, tokenizer, examples, cfg.sft, cfg.pipeline.seed, on_log=lambda step, m: tracker.log_metrics(m, step), loop=loop)
     save_pretrained(model, tokenizer, out_dir / "model")
