@@ -4,7 +4,8 @@ question, a worked solution and the numeric answer, plus columns a reward may re
     python examples/word_problems/generate.py --out examples/word_problems/data --n-train 3000 --n-heldout 300
 
 Each problem is one of a few templates (one- or two-step addition, subtraction, multiplication, sharing),
-filled with seeded names, objects and numbers; the answer is computed, never written by hand, and the same
+filled with seeded names, objects and small numbers (sums below 50, times tables to 9 x 9: sized for a
+tiny model; widen the ranges for a real one); the answer is computed, never written by hand, and the same
 question never appears twice or in both files. Columns: `question`, `solution` ("... so the answer is 12."),
 `answer` ("12"), `kind` (the template) and `steps` (1 or 2): metadata a reward or an analysis can use.
 """
@@ -24,43 +25,43 @@ Problem = tuple[str, str, int, int]  # question, solution, answer, steps
 
 
 def _more(r: random.Random) -> Problem:
-    name, thing, a, b = r.choice(NAMES), r.choice(THINGS), r.randint(2, 60), r.randint(2, 40)
+    name, thing, a, b = r.choice(NAMES), r.choice(THINGS), r.randint(2, 30), r.randint(2, 20)
     return (f"{name} has {a} {thing} and finds {b} more. How many {thing} does {name} have now?",
             f"{name} has {a} + {b} = {a + b} {thing}, so the answer is {a + b}.", a + b, 1)
 
 
 def _less(r: random.Random) -> Problem:
     name, thing = r.choice(NAMES), r.choice(THINGS)
-    a = r.randint(10, 90)
+    a = r.randint(5, 40)
     b = r.randint(1, a - 1)
     return (f"{name} had {a} {thing} and gave away {b}. How many {thing} are left?",
             f"{a} - {b} = {a - b} {thing} are left, so the answer is {a - b}.", a - b, 1)
 
 
 def _times(r: random.Random) -> Problem:
-    thing, boxes, each = r.choice(THINGS), r.randint(2, 9), r.randint(2, 12)
-    return (f"There are {boxes} boxes with {each} {thing} in each box. How many {thing} are there in all?",
+    name, thing, boxes, each = r.choice(NAMES), r.choice(THINGS), r.randint(2, 9), r.randint(2, 9)
+    return (f"{name} has {boxes} boxes with {each} {thing} in each box. How many {thing} are there in all?",
             f"{boxes} x {each} = {boxes * each} {thing}, so the answer is {boxes * each}.", boxes * each, 1)
 
 
 def _share(r: random.Random) -> Problem:
-    thing, friends, each = r.choice(THINGS), r.randint(2, 8), r.randint(2, 12)
+    name, thing, friends, each = r.choice(NAMES), r.choice(THINGS), r.randint(2, 9), r.randint(2, 9)
     total = friends * each
-    return (f"{total} {thing} are shared equally among {friends} friends. How many {thing} does each friend get?",
+    return (f"{name} shares {total} {thing} equally among {friends} friends. How many {thing} does each friend get?",
             f"{total} / {friends} = {each} {thing} each, so the answer is {each}.", each, 1)
 
 
 def _more_then_less(r: random.Random) -> Problem:
-    name, thing, a, b = r.choice(NAMES), r.choice(THINGS), r.randint(5, 50), r.randint(2, 30)
+    name, thing, a, b = r.choice(NAMES), r.choice(THINGS), r.randint(5, 20), r.randint(2, 10)
     c = r.randint(1, a + b - 1)
     return (f"{name} has {a} {thing}, buys {b} more, then loses {c}. How many {thing} does {name} have?",
             f"{a} + {b} = {a + b}, and {a + b} - {c} = {a + b - c}, so the answer is {a + b - c}.", a + b - c, 2)
 
 
 def _times_then_more(r: random.Random) -> Problem:
-    thing, boxes, each, extra = r.choice(THINGS), r.randint(2, 9), r.randint(2, 9), r.randint(1, 20)
+    name, thing, boxes, each, extra = r.choice(NAMES), r.choice(THINGS), r.randint(2, 5), r.randint(2, 5), r.randint(1, 10)
     total = boxes * each + extra
-    return (f"There are {boxes} bags of {each} {thing} and {extra} loose {thing}. How many {thing} are there?",
+    return (f"{name} has {boxes} bags of {each} {thing} and {extra} loose {thing}. How many {thing} are there?",
             f"{boxes} x {each} = {boxes * each}, and {boxes * each} + {extra} = {total}, so the answer is {total}.", total, 2)
 
 

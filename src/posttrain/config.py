@@ -517,17 +517,10 @@ PresetExpander = Callable[[str, dict[str, Any]], dict[str, Any]]  # (preset name
 
 def load(params: Path | str, overrides: list[str] | tuple[str, ...] = (), expand_preset: PresetExpander | None = None) -> Config:
     """Read `params` (YAML), apply `section.key=value` overrides (values parsed as YAML), validate the structure.
+    A params file may start from another one (`extends: path`, relative to the file; see `read_params`).
     `expand_preset` turns `rl.preset` into its keys (below explicit overrides, above params.yaml); without it a
     preset is refused. Registry names are not checked here: `posttrain.resolve.load` does both."""
-    path = Path(params)
-    if not path.is_file():
-        raise UserError(f"params file not found: {path}")
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise UserError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
-    if not isinstance(raw, dict):
-        raise UserError(f"{path}: expected a mapping of sections at the top level")
+    raw = read_params(Path(params))
     _apply_preset(raw, overrides, expand_preset)
     for item in overrides:
         _apply_override(raw, item)
@@ -535,6 +528,39 @@ def load(params: Path | str, overrides: list[str] | tuple[str, ...] = (), expand
         return Config.model_validate(raw)
     except ValidationError as e:
         raise UserError(one_line(e)) from None
+
+
+EXTENDS = "extends"
+
+
+def read_params(path: Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The sections of a params file. With a top-level `extends: <params file>` (relative to this file) the file
+    holds only what it changes: it is merged over the file it extends, mappings key by key, any other value
+    (a list, a scalar) replacing the base's. A project keeps its own short params file on top of the defaults."""
+    if not path.is_file():
+        raise UserError(f"params file not found: {path}" + (f" (extended by {_seen[-1]})" if _seen else ""))
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise UserError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: expected a mapping of sections at the top level")
+    if EXTENDS not in raw:
+        return raw
+    base = raw.pop(EXTENDS)
+    if not isinstance(base, str) or not base:
+        raise UserError(f"{path}: {EXTENDS} must name a params file, got {base!r}")
+    base_path = (path.parent / base).resolve()
+    if base_path in _seen or base_path == path.resolve():
+        raise UserError(f"{path}: {EXTENDS} {base} leads back to itself")
+    return _merged(read_params(base_path, (*_seen, path.resolve())), raw)
+
+
+def _merged(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in update.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def _apply_preset(raw: dict[str, Any], overrides: list[str] | tuple[str, ...], expand: PresetExpander | None) -> None:

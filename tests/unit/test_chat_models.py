@@ -193,3 +193,27 @@ def test_the_length_check_counts_the_rendered_prompt_not_its_text(loaded, cfg, t
         check_examples(tmp_path / "train.jsonl", [example], model, tokenizer, 6, "rl.max_new_tokens")
     with pytest.raises(UserError, match=rf"row 1: the SFT row is {len(supervised_row(tokenizer, example)[0])} tokens"):
         check_examples(tmp_path / "train.jsonl", [example], model, tokenizer, 0, "", supervised=True)
+
+
+def test_the_reward_model_reads_prompts_as_the_policy_does(loaded, cfg, chat_checkpoints, tmp_path):
+    """The BT reward model encodes `prompt + response + EOS` with the prompt through the chat template (system turn
+    included) and the response as the assistant turn; the format it was trained with is saved next to its weights
+    and attached again when RL loads it."""
+    import json
+    import shutil
+
+    from posttrain.models.chat import prompt_format
+    from posttrain.rewards.bradley_terry import POOLING_FILE, encode_texts, load_bt
+
+    model, tokenizer = loaded
+    prepare_model(model, tokenizer, model_cfg(cfg, system_prompt="Be brief."), CPU, train=False)
+    ids, mask, response = encode_texts(tokenizer, [Example("12+34=", "46", "46")], ["46"], CPU)
+    prompt = encode_prompts(tokenizer, ["12+34="], CPU)[0][0].tolist()
+    assert ids[0][mask[0].bool()].tolist()[: len(prompt)] == prompt and "Be brief." in tokenizer.decode(prompt)
+    assert tokenizer.decode(ids[0][response[0].bool()]) == "46<|im_end|>"
+
+    shutil.copytree(chat_checkpoints["qwen2"], tmp_path / "model")
+    saved = {"chat_template": "auto", "system_prompt": "Be brief.", "max_prompt_tokens": 0}
+    (tmp_path / "model" / POOLING_FILE).write_text(json.dumps({"pooling": "last", "range": [0, 1], "prompt_format": saved}))
+    _, reward_tokenizer, _ = load_bt(str(tmp_path))
+    assert prompt_format(reward_tokenizer).system_prompt == "Be brief."

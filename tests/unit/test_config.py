@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import yaml
 from pydantic import ValidationError
 
-from posttrain.config import Config
+from posttrain.config import Config, read_params
 
 from posttrain.resolve import load
 from posttrain.errors import UserError
@@ -182,3 +184,23 @@ def test_top_level_not_a_mapping(tmp_path):
 def test_non_finite_numbers_are_refused_naming_the_key(params_path, override, key):
     message = load_error(params_path, override)
     assert message.startswith(f"{key}: Input should be a finite number"), message
+
+
+def test_a_params_file_extends_another_and_holds_only_its_changes(tmp_path, params_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "params.yaml").write_text(
+        f"extends: {os.path.relpath(params_path, project)}\n"
+        "task:\n  n_train: 123\n  options:\n    dataset:\n      fields:\n        metadata: [level]\n"
+        "rl:\n  rewards:\n    - {name: correctness, weight: 1.0}\n")
+    base, mine = load(params_path), load(project / "params.yaml", ["sft.steps=7"])
+    assert (mine.task.n_train, mine.task.digits, mine.sft.steps, mine.model) == (123, base.task.digits, 7, base.model)
+    dataset = read_params(project / "params.yaml")["task"]["options"]["dataset"]
+    assert dataset["fields"] == {**yaml.safe_load(params_path.read_text())["task"]["options"]["dataset"]["fields"], "metadata": ["level"]}
+    assert [r.name for r in mine.rl.rewards] == ["correctness"]  # a list replaces the base's list
+    (project / "loop.yaml").write_text("extends: loop.yaml\n")
+    with pytest.raises(UserError, match="leads back to itself"):
+        load(project / "loop.yaml")
+    (project / "lost.yaml").write_text("extends: nowhere.yaml\n")
+    with pytest.raises(UserError, match=r"params file not found: .*nowhere.yaml \(extended by .*lost.yaml\)"):
+        load(project / "lost.yaml")

@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel
 
 from posttrain import resolve
-from posttrain.config import Config, OptionsOf, _marker
+from posttrain.config import Config, OptionsOf, _marker, read_params
 from posttrain.errors import UserError
 from posttrain.orchestration.schema import values_to_raw
 from posttrain.tracking import check_stores
@@ -25,7 +25,7 @@ from posttrain.tracking import check_stores
 
 def resolve_config(params: Path, values_json: list[str], overrides: list[str]) -> Config:
     """params.yaml (or, when `values_json` carries every section, those values alone) + values + overrides."""
-    raw: dict[str, Any] = yaml.safe_load(params.read_text()) if params.is_file() else {}
+    raw: dict[str, Any] = read_params(params) if params.is_file() else {}
     for text in values_json:
         try:
             values = json.loads(text)

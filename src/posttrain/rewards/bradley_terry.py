@@ -2,7 +2,9 @@
 2022, "Training language models to follow instructions with human feedback", arXiv 2203.02155, eq. 1) as an RL reward.
 
 A value head on the language model reads the hidden states of `prompt + response + EOS` and returns a scalar
-r(x, y) (`reward_model.options.bt.pooling`: the value at the last token, or summed over the response tokens); the
+r(x, y) (the prompt encoded as the policy reads it, models/chat.py: through the chat template when the tokenizer has
+one, with `model.system_prompt`; that format is saved with the weights so RL scores prompts the way the model was
+trained on them) (`reward_model.options.bt.pooling`: the value at the last token, or summed over the response tokens); the
 `reward_model` stage trains it on preference pairs (trainers/reward_model.py) and saves it with how it pools and the
 range it gave the held-out pairs.
 
@@ -24,6 +26,7 @@ import torch
 from torch import Tensor
 
 from posttrain.config import Section
+from posttrain.models.chat import Prompted, PromptFormat, configure_prompts, prompt_ids
 from posttrain.models.decoders import positions_from_mask
 from posttrain.rewards import rewards
 from posttrain.rewards.trained import load_trained
@@ -37,10 +40,12 @@ class BTOptions(Section):  # rl.options.bt
     clip: bool  # clamp r(x, y) to its range on the held-out pairs
 
 
-def encode_texts(tokenizer, prompts: Sequence[str], responses: Sequence[str], device) -> tuple[Tensor, Tensor, Tensor]:
-    """Left-padded ids, attention mask and response mask (response tokens + EOS) of `prompt + response + EOS`
-    (an unfinished response is judged as the text it is, the way pairs present it in training)."""
-    heads = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+def encode_texts(tokenizer, prompts: Sequence[str | Prompted], responses: Sequence[str], device) -> tuple[Tensor, Tensor, Tensor]:
+    """Left-padded ids, attention mask and response mask (response tokens + EOS) of `prompt + response + EOS`:
+    the prompt as the policy reads it (`prompt_ids`: the tokenizer's prompt format, its chat template and system
+    turn), the response as the assistant's turn (EOS is the template's end of turn). An unfinished response is
+    judged as the text it is, the way pairs present it in training."""
+    heads = prompt_ids(tokenizer, prompts)
     tails = [tokenizer.encode(r, add_special_tokens=False) + [tokenizer.eos_token_id] for r in responses]
     width = max(len(h) + len(t) for h, t in zip(heads, tails))
     ids = torch.full((len(heads), width), tokenizer.pad_token_id, dtype=torch.long)
@@ -75,7 +80,9 @@ def _build(path: str):
     from posttrain.models import load_tokenizer, select_device
 
     model = AutoModelForSequenceClassification.from_pretrained(path).to(select_device("auto")).eval().requires_grad_(False)
-    return model, load_tokenizer(path), json.loads((Path(path) / POOLING_FILE).read_text())
+    tokenizer, settings = load_tokenizer(path), json.loads((Path(path) / POOLING_FILE).read_text())
+    configure_prompts(tokenizer, PromptFormat(**settings.get("prompt_format", {})))  # as in training (older files: the defaults)
+    return model, tokenizer, settings
 
 
 def load_bt(directory: str):
@@ -94,7 +101,7 @@ def bt_reward(task, examples, completions, finished, *, rl) -> Tensor:
     device = next(model.parameters()).device
     out = []
     for s in range(0, len(completions), SCORE_CHUNK):
-        ids, mask, response = encode_texts(tokenizer, [e.prompt for e in examples[s : s + SCORE_CHUNK]], completions[s : s + SCORE_CHUNK], device)
+        ids, mask, response = encode_texts(tokenizer, examples[s : s + SCORE_CHUNK], completions[s : s + SCORE_CHUNK], device)
         out.append(scores(model, ids, mask, response, pooling).cpu())
     r = torch.cat(out)
     return r.clamp(*settings["range"]) if options.clip else r

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Literal
 
@@ -27,6 +28,7 @@ from pydantic import Field
 from torch import Tensor
 
 from posttrain.config import Section
+from posttrain.models.chat import PromptFormat, configure_prompts
 from posttrain.models.tokenizer import check_vocabulary
 from posttrain.rewards import reward_models
 from posttrain.rewards.bradley_terry import POOLING_FILE, SCORE_CHUNK, encode_texts, hidden_states, pool, scores
@@ -73,6 +75,8 @@ def train_bt(cfg, policy_dir: Path, train, heldout, out_dir: Path, seed: int, on
     rm_cfg, device = cfg.reward_model, select_device(cfg.pipeline.device)
     tokenizer = load_tokenizer(policy_dir)
     check_vocabulary(tokenizer, [t for p in [*train, *heldout] for t in (p.prompt, p.chosen, p.rejected)], "the preference data")
+    prompt_format = PromptFormat(cfg.model.chat_template, cfg.model.system_prompt, cfg.model.max_prompt_tokens)
+    configure_prompts(tokenizer, prompt_format)  # prompts as the policy reads them; saved with the weights for RL
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the fresh value head is expected: do not print transformers' "newly initialized" report
     try:
@@ -141,7 +145,8 @@ def train_bt(cfg, policy_dir: Path, train, heldout, out_dir: Path, seed: int, on
     model.save_pretrained(out_dir / "model")
     tokenizer.save_pretrained(out_dir / "model")
     r = heldout_scores()
-    (out_dir / "model" / POOLING_FILE).write_text(json.dumps({"pooling": pooling, "range": [float(r.min()), float(r[0::2].max())]}))
+    (out_dir / "model" / POOLING_FILE).write_text(json.dumps({"pooling": pooling, "range": [float(r.min()), float(r[0::2].max())],
+                                                                 "prompt_format": asdict(prompt_format)}))
     return {**before, **heldout_metrics(), **loop.metrics()}
 
 
