@@ -42,3 +42,21 @@ def test_own_checkpoint_runs_sft_rl_eval(arch, chat_checkpoints, tmp_path, monke
     assert len(history) == 2 and all(h["loss"] == h["loss"] for h in history)
     for line in (outputs / "eval" / "samples.jsonl").read_text().splitlines():
         assert "9=" not in json.loads(line)["completion"]  # cut at the stop string
+
+
+def test_own_checkpoint_learns_and_edits_facts_through_its_chat_template(chat_checkpoints, tmp_path, monkeypatch):
+    """knowledge (SFT on the fact set) and edit start from `model.path` with the model settings applied: the fact
+    prompts go through the chat template with the system turn (the saved model keeps the template)."""
+    from helpers import MICRO_EDIT
+
+    from posttrain.models import load_pretrained
+
+    model = {"path": str(chat_checkpoints["qwen2"]), "system_prompt": CHAT_SYSTEM, "autocast": "bf16"}
+    micro_params(tmp_path, tracking={"enabled": False}, model=model, edit=MICRO_EDIT)
+    monkeypatch.chdir(tmp_path)
+    posttrain_in_process("knowledge")
+    posttrain_in_process("edit")
+    knowledge = json.loads((tmp_path / "outputs" / "knowledge" / "metrics.json").read_text())
+    assert knowledge["n_facts"] > 0 and all(0.0 <= v <= 1.0 for k, v in knowledge.items() if k.endswith("template_accuracy"))
+    edited, tokenizer = load_pretrained(tmp_path / "outputs" / "edit" / "model")
+    assert edited.config.model_type == "qwen2" and tokenizer.chat_template and tokenizer.eos_token == "<|im_end|>"

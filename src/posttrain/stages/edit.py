@@ -21,7 +21,7 @@ from posttrain.stages import stages
 @stages.register("edit", inputs={"base": "outputs/knowledge"}, requires={"base": ["model/config.json", "facts.json"]}, resumable=True)
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     from posttrain.data.facts import FactSet, edit_stream, read_edits, write_edits
-    from posttrain.models import load_pretrained, save_pretrained, select_device
+    from posttrain.models import load_pretrained, prepare_model, save_pretrained, select_device
     from posttrain.runtime import seed_everything
     from posttrain.trainers.editing import apply_edits
     from posttrain.trainers.loop import TrainLoop
@@ -30,7 +30,9 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     edits = read_edits(Path(cfg.edit.edits), facts) if cfg.edit.edits else edit_stream(facts, cfg.edit.n_edits, cfg.pipeline.seed)
     seed_everything(cfg.pipeline.seed)
     model, tokenizer = load_pretrained(inputs["base"] / "model", cfg.model.dtype)
-    model = model.to(select_device(cfg.pipeline.device))
+    # the prompt format and autocast of model.*; no LoRA or activation checkpointing: an edit method changes the
+    # model's own weights, which adapters would hide
+    model = prepare_model(model, tokenizer, cfg.model, select_device(cfg.pipeline.device), train=False)
     log = lambda index, m: tracker.log_metrics(m, index)  # noqa: E731
     loop = TrainLoop.for_stage(cfg.training, out_dir, cfg.section_hash("pipeline", "model", "edit"), cfg.edit.checkpoint_every, resume,
                                "edit")

@@ -16,7 +16,7 @@ from posttrain.stages import stages
 @stages.register("knowledge", inputs={}, resumable=True)
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     from posttrain.data.facts import ROLES, build_fact_set
-    from posttrain.models import (build_tiny, check_vocabulary, load_pretrained, maybe_lora, save_pretrained, select_device,
+    from posttrain.models import (build_tiny, check_vocabulary, load_pretrained, prepare_model, save_pretrained, select_device,
                                   train_char_tokenizer)
     from posttrain.runtime import seed_everything
     from posttrain.trainers.editing import accuracy
@@ -32,7 +32,7 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     else:
         model, tokenizer = load_pretrained(cfg.model.path, cfg.model.dtype)
         check_vocabulary(tokenizer, [facts.alphabet()], "the fact set")
-    model = maybe_lora(model.to(select_device(cfg.pipeline.device)), cfg.model.lora)
+    model = prepare_model(model, tokenizer, cfg.model, select_device(cfg.pipeline.device))  # chat template, LoRA, checkpointing, autocast
     loop = TrainLoop.for_stage(cfg.training, out_dir, cfg.section_hash("pipeline", "model", "edit"), cfg.edit.pretrain.checkpoint_every, resume,
                                "edit.pretrain")
     metrics = train_sft(model, tokenizer, examples[: cfg.edit.pretrain.n_examples or None], cfg.edit.pretrain, cfg.pipeline.seed,
