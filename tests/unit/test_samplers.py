@@ -309,3 +309,21 @@ def test_every_sampler_is_registered_with_its_options_and_kind():
     stochastic = {e.name for e in samplers if e.meta["stochastic"]}
     assert stochastic == {"temperature", "power", "ppt"}
     assert samplers.entry("ppt").meta["options"] is PPTOptions
+
+
+def test_eval_reports_the_chosen_sampler_next_to_greedy_and_sampled(tiny_lm, cfg):
+    from posttrain import resolve
+    from posttrain.eval.harness import evaluate
+    from posttrain.tasks import build_task
+
+    model, tok = tiny_lm
+    task = build_task(cfg.task)
+    held = task.splits(0)["heldout"][:4]
+    eval_cfg = resolve.updated(cfg.eval, "eval", sampler="ppt", n_prompts=4, batch_size=4, samples_per_prompt=2, n_table=1,
+                               options={"ppt": {"mcmc_steps": 1, "replicas": 2}})
+    metrics, rows = evaluate(model, tok, task, held, eval_cfg, seed=0)
+    assert {"greedy_accuracy", "sampled_accuracy", "pass_at_2", "sampler_accuracy", "sampler_pass_at_2", "sampler_swap_acceptance"} <= set(metrics)
+    assert metrics["sampler_forward_tokens_per_answer"] == pytest.approx(
+        metrics["sampler_forward_tokens_prompt_per_answer"] + metrics["sampler_forward_tokens_generated_per_answer"])
+    assert metrics["sampler_forward_tokens_per_answer"] > 2 * metrics["greedy_forward_tokens_per_answer"] > 0
+    assert len(rows) == 1
