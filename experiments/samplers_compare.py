@@ -19,6 +19,7 @@ answer for all samplers, is logged to MLflow and written to docs/samplers_accura
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time
@@ -65,7 +66,6 @@ def arms(args) -> list[tuple[str, str, object, int]]:
         ("temperature", "temperature", None, args.k),
         ("beam", "beam", BeamOptions(width=args.width, length_penalty=1.0), 1),
         ("power", "power", power(args.mcmc, False), 1),
-        ("power_full", "power", power(args.mcmc * args.replicas, True), 1),  # PPT's MH moves on one chain (>= its compute)
         ("ppt", "ppt", PPTOptions(alpha=args.alpha, replicas=args.replicas, blocks=args.blocks, mcmc_steps=args.mcmc, swap="deo",
                                   swap_every=1, full_tail=True), 1),
         ("ttsd", "ttsd", TTSDOptions(width=args.width, top_k=args.top_k, beta=args.beta, length_penalty=1.0,
@@ -91,13 +91,32 @@ def run_seed(args, seed: int) -> dict:
                     **{k[2:]: v for k, v in m.items() if k.startswith(("m_majority", "m_pass"))}, **sampled.stats}
         print(f"seed {seed} {arm:12s} acc {m['m_accuracy']:.3f} fwd/answer {m['m_forward_tokens_per_answer']:.1f} "
               f"({time.time() - start:.0f}s) {sampled.stats}", flush=True)
-    # majority vote of temperature samples at TTSD's compute
-    per_sample = out["temperature"]["forward_tokens"]
-    votes = max(1, min(args.k, round(out["ttsd"]["forward_tokens"] / per_sample)))
-    request = SampleRequest(cfg.eval.max_new_tokens, votes, cfg.eval.temperature, (), args.chunk)
-    sampled = draw("temperature", model, tok, held, request, None, torch.Generator().manual_seed(seed + 100))
+    # single-chain power sampling with full scoring and at least PPT's forward tokens: more MH moves per block
+    # until its compute reaches PPT's
+    steps = args.mcmc * args.replicas
+    for _ in range(8):
+        options = PowerOptions(alpha=args.alpha, blocks=args.blocks, mcmc_steps=steps, full_tail=True)
+        request = SampleRequest(cfg.eval.max_new_tokens, 1, cfg.eval.temperature, (), args.chunk)
+        sampled = draw("power", model, tok, held, request, options, torch.Generator().manual_seed(seed))
+        m = answer_metrics("m", sampled, task, held)
+        if m["m_forward_tokens_per_answer"] >= out["ppt"]["forward_tokens"]:
+            break
+        steps = math.ceil(steps * 1.5)
+    out["power_matched"] = {"accuracy": m["m_accuracy"], "forward_tokens": m["m_forward_tokens_per_answer"], "mcmc_steps": steps,
+                            **sampled.stats}
+    print(f"seed {seed} power_matched acc {m['m_accuracy']:.3f} fwd/answer {m['m_forward_tokens_per_answer']:.1f} mcmc {steps}", flush=True)
+    # majority vote of temperature samples at TTSD's compute (the prompt's keys are shared by the votes)
+    votes = 1
+    while True:
+        request = SampleRequest(cfg.eval.max_new_tokens, votes, cfg.eval.temperature, (), args.chunk)
+        sampled = draw("temperature", model, tok, held, request, None, torch.Generator().manual_seed(seed + 100))
+        per_prompt = sampled.total_forward_tokens / len(held)
+        if per_prompt >= out["ttsd"]["forward_tokens"] or votes >= 256:
+            break
+        votes *= 2
     m = answer_metrics("m", sampled, task, held, votes=True)
-    out["temperature_vote"] = {"accuracy": m[f"m_majority_at_{votes}"], "forward_tokens": per_sample * votes, "votes": votes}
+    out["temperature_vote"] = {"accuracy": m[f"m_majority_at_{votes}"], "forward_tokens": per_prompt, "votes": votes}
+    print(f"seed {seed} temperature_vote acc {out['temperature_vote']['accuracy']:.3f} fwd/prompt {per_prompt:.1f} votes {votes}", flush=True)
     # how far each context moves greedy accuracy
     for context, prefix in (("plain", ""), ("positive", "expert, verified: "), ("negative", "careless: ")):
         shown = [with_context(e, prefix) for e in held]
@@ -116,7 +135,7 @@ def claims(per_seed: list[dict]) -> dict:
     acc = lambda arm: [s[arm]["accuracy"] for s in per_seed]  # noqa: E731
     diff = lambda a, b: [x - y for x, y in zip(acc(a), acc(b))]  # noqa: E731
     out = {
-        "ppt_vs_power_full (matched MH moves, power >= PPT's compute)": verdict(diff("ppt", "power_full")),
+        "ppt_vs_power_matched (full scoring, power >= PPT's compute)": verdict(diff("ppt", "power_matched")),
         "ppt_vs_power (the paper's sampler)": verdict(diff("ppt", "power")),
         "ttsd_vs_temperature (one sample)": verdict(diff("ttsd", "temperature")),
         "ttsd_vs_temperature_vote (majority at TTSD's compute)": verdict(diff("ttsd", "temperature_vote")),
@@ -132,25 +151,41 @@ def claims(per_seed: list[dict]) -> dict:
 
 
 def figure(per_seed: list[dict], names: list[str]):
+    """Left: accuracy (mean over seeds, each seed a faint dot) against forward tokens per answer. Right: accuracy
+    minus greedy accuracy on the same seed, mean and 95% t-interval (what the seeds' spread in SFT quality hides)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for arm in names:
-        if not all(arm in s for s in per_seed):
-            continue
-        a, f = summary([s[arm]["accuracy"] for s in per_seed]), summary([s[arm]["forward_tokens"] for s in per_seed])
-        err = [[a["mean"] - a["lo"]], [a["hi"] - a["mean"]]] if len(per_seed) > 1 else None
-        ax.errorbar([f["mean"]], [a["mean"]], yerr=err, fmt="o", capsize=3, label=arm)
-    ax.set_xscale("log")
-    ax.set_xlabel("forward tokens per answer (prompt + generated, all contexts)")
-    ax.set_ylabel("held-out accuracy")
-    ax.set_title(f"samplers on 2-digit addition, quality-tagged SFT ({len(per_seed)} seeds, 95% t-interval)")
-    ax.legend(fontsize=7, loc="lower right")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
+    for i, arm in enumerate(n for n in names if all(n in s for s in per_seed)):
+        color = f"C{i % 10}"
+        acc = [s[arm]["accuracy"] for s in per_seed]
+        tokens = summary([s[arm]["forward_tokens"] for s in per_seed])["mean"]
+        left.scatter([tokens] * len(acc), acc, color=color, alpha=0.3, s=12)
+        left.scatter([tokens], [sum(acc) / len(acc)], color=color, s=40, label=arm)
+        gain = summary([a - s["greedy"]["accuracy"] for a, s in zip(acc, per_seed)])
+        err = [[gain["mean"] - gain["lo"]], [gain["hi"] - gain["mean"]]] if len(per_seed) > 1 else None
+        right.errorbar([tokens], [gain["mean"]], yerr=err, fmt="o", capsize=3, color=color)
+    for ax in (left, right):
+        ax.set_xscale("log")
+        ax.set_xlabel("forward tokens per answer (prompt + generated, all contexts)")
+    right.axhline(0.0, color="grey", lw=0.8)
+    left.set_ylabel("held-out accuracy (dots: seeds)")
+    right.set_ylabel("accuracy - greedy accuracy (same seed), 95% CI")
+    left.legend(fontsize=7, loc="best")
+    fig.suptitle(f"samplers on 2-digit addition, quality-tagged SFT, {len(per_seed)} seeds", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+NAMES = ["greedy", "temperature", "temperature_vote", "beam", "beam_wide", "power", "power_matched", "ppt", "ttsd", "rl_greedy"]
+
+
+def replot(results_json: Path, figure_path: Path) -> None:
+    """Redraw the figure of a finished run from its --json results."""
+    figure(json.loads(results_json.read_text())["per_seed"], NAMES).savefig(figure_path, dpi=120)
 
 
 def main() -> None:
@@ -159,12 +194,12 @@ def main() -> None:
         ("--blocks", int, 3, "blocks"), ("--mcmc", int, 2, "MH moves per block (power; per replica for PPT)"),
         ("--replicas", int, 4, "PPT replicas"), ("--width", int, 4, "beam / TTSD width"), ("--top-k", int, 8, "TTSD expansion"),
         ("--beta", float, 1.0, "TTSD beta"), ("--k", int, 8, "temperature samples per prompt"), ("--chunk", int, 50, "prompts per batch"),
-        ("--seeds", str, "0,1,2", "comma-separated seeds"),
+        ("--seeds", str, "0,1,2", "comma-separated seeds"), ("--figure", Path, FIGURE, "where the figure goes (docs/)"),
     ])
     seeds = [int(s) for s in args.seeds.split(",")]
     per_seed = [run_seed(args, s) for s in seeds]
     results = {"seeds": seeds, "per_seed": per_seed, "claims": claims(per_seed), "command": " ".join(sys.argv)}
-    names = ["greedy", "temperature", "temperature_vote", "beam", "beam_wide", "power", "power_full", "ppt", "ttsd", "rl_greedy"]
+    names = NAMES
     rows = []
     for arm in names:
         if all(arm in s for s in per_seed):
@@ -176,9 +211,9 @@ def main() -> None:
         line = f"{claim}: {v['mean']:+.3f} [{v['lo']:+.3f}, {v['hi']:+.3f}] per seed {[round(x, 3) for x in v['values']]} -> {v['verdict']}"
         text += "\n" + line
         print(line, flush=True)
-    fig = figure(per_seed, [n for n in names if n != "temperature_vote"])
+    fig = figure(per_seed, names)
     if not args.micro:
-        fig.savefig(FIGURE, dpi=120)
+        fig.savefig(args.figure, dpi=120)
     if not args.no_mlflow:
         cfg = C.load_config(args, TAGS)
         with C.stage_run(cfg, "samplers_compare", launcher="experiments") as tracker:

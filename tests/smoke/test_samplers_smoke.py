@@ -1,10 +1,10 @@
-"""experiments/samplers_compare.py end to end on a micro budget: every sampler arm, the contexts, the RL arm, the
-claims with verdicts, the figure and the MLflow run."""
+"""experiments/samplers_compare.py end to end on a micro budget, in process: every sampler arm, the contexts, the RL
+arm, the claims with verdicts, the figure and the MLflow run."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import subprocess
 import sys
 
 import mlflow
@@ -12,21 +12,27 @@ import mlflow
 from helpers import REPO
 
 
-def test_samplers_experiment_runs_every_arm_and_reports_claims(tmp_path):
+def test_samplers_experiment_runs_every_arm_and_reports_claims(tmp_path, monkeypatch):
+    sys.path.insert(0, str(REPO / "experiments"))
+    try:
+        spec = importlib.util.spec_from_file_location("samplers_compare", REPO / "experiments" / "samplers_compare.py")
+        experiment = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(experiment)
+    finally:
+        sys.path.remove(str(REPO / "experiments"))
+    monkeypatch.setattr(experiment.C, "CACHE", tmp_path / "cache")
+    monkeypatch.chdir(tmp_path)
     out, uri = tmp_path / "out.json", f"sqlite:///{tmp_path / 'mlflow.db'}"
-    env = {"POSTTRAIN_EXP_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1", "PATH": "/usr/bin:/bin",
-           "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [sys.executable, str(REPO / "experiments" / "samplers_compare.py"), "--micro", "--steps", "1", "--seeds", "0", "--prompts", "6",
-         "--k", "2", "--json", str(out), "--tracking-uri", uri],
-        cwd=tmp_path, capture_output=True, text=True, timeout=180, env=env,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    monkeypatch.setattr(sys, "argv", ["samplers_compare.py", "--micro", "--steps", "1", "--seeds", "0", "--prompts", "6", "--k", "2",
+                                      "--chunk", "6", "--json", str(out), "--tracking-uri", uri])
+    experiment.main()
     data = json.loads(out.read_text())
     seed = data["per_seed"][0]
-    for arm in ("greedy", "temperature", "beam", "power", "power_full", "ppt", "ttsd", "beam_wide", "temperature_vote", "rl_greedy"):
+    for arm in ("greedy", "temperature", "beam", "power", "power_matched", "ppt", "ttsd", "beam_wide", "temperature_vote", "rl_greedy"):
         assert 0.0 <= seed[arm]["accuracy"] <= 1.0 and seed[arm]["forward_tokens"] > 0, arm
     assert seed["ppt"]["forward_tokens"] > seed["greedy"]["forward_tokens"] and seed["ppt"]["swaps"] > 0
+    assert seed["power_matched"]["forward_tokens"] >= seed["ppt"]["forward_tokens"]  # matched compute
+    assert seed["temperature_vote"]["forward_tokens"] >= seed["ttsd"]["forward_tokens"] or seed["temperature_vote"]["votes"] == 256
     assert {"context_plain", "context_positive", "context_negative"} <= set(seed)
     assert all(c["verdict"] in {"reproduced", "contradicted", "inconclusive"} for c in data["claims"].values())
     mlflow.set_tracking_uri(uri)

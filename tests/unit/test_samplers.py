@@ -327,3 +327,30 @@ def test_eval_reports_the_chosen_sampler_next_to_greedy_and_sampled(tiny_lm, cfg
         metrics["sampler_forward_tokens_prompt_per_answer"] + metrics["sampler_forward_tokens_generated_per_answer"])
     assert metrics["sampler_forward_tokens_per_answer"] > 2 * metrics["greedy_forward_tokens_per_answer"] > 0
     assert len(rows) == 1
+
+
+def test_quality_tags_mark_correct_and_planted_error_solutions(cfg):
+    import random
+
+    from posttrain import resolve
+    from posttrain.tasks import build_task
+    from posttrain.tasks.arithmetic import planted_error
+
+    task_cfg = resolve.updated(cfg.task, "task", n_train=400, n_heldout=50,
+                               options={"arithmetic": {"quality_tags": True, "careless_fraction": 0.3, "tagged_fraction": 0.5}})
+    task = build_task(task_cfg)
+    splits = task.splits(0)
+    expert, careless = task.options.expert_tag, task.options.careless_tag
+    tagged = [e for e in splits["train"] if e.prompt.startswith((expert, careless))]
+    wrong = [e for e in splits["train"] if e.completion != e.answer]
+    assert 0.35 < len(tagged) / 400 < 0.65 and 0.2 < len(wrong) / 400 < 0.4
+    assert all(e.completion != e.answer for e in tagged if e.prompt.startswith(careless))
+    assert all(e.completion == e.answer for e in tagged if e.prompt.startswith(expert))
+    assert all(task.parse(e.completion) is not None for e in wrong)  # a planted error is still a well-formed answer
+    assert not any(e.prompt.startswith((expert, careless)) or e.completion != e.answer for e in splits["heldout"])
+    assert set(expert + careless) <= set(task.alphabet())
+    rng = random.Random(0)
+    errors = [(a, planted_error(a, rng)) for a in ["7", "10", "158", "99", "-12"] * 20]
+    assert all(e != a and len(e) == len(a) and task.parse(e) is not None for a, e in errors)  # never a leading zero
+    plain = build_task(cfg.task)  # the default: no tags, every solution correct
+    assert all(e.completion == e.answer for e in plain.splits(0)["train"][:200])
