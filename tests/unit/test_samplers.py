@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -354,3 +355,22 @@ def test_quality_tags_mark_correct_and_planted_error_solutions(cfg):
     assert all(e != a and len(e) == len(a) and task.parse(e) is not None for a, e in errors)  # never a leading zero
     plain = build_task(cfg.task)  # the default: no tags, every solution correct
     assert all(e.completion == e.answer for e in plain.splits(0)["train"][:200])
+
+
+def test_chunked_draws_add_their_counts_and_weight_their_rates(monkeypatch):
+    from posttrain.models.sampling import Samples
+    from posttrain.registry import Entry
+    from posttrain.rollout.samplers import Sampled
+
+    def fake(model, tokenizer, prompts, request, options, generator):  # 2 moves per prompt, all accepted for the first
+        n = len(prompts)
+        samples = Samples(torch.ones(n, 1, dtype=torch.long), torch.ones(n, 1), torch.zeros(n, 1), torch.ones(n, dtype=torch.bool))
+        rate = 1.0 if prompts[0] == "a" else 0.0
+        return Sampled(samples, list(prompts), 1, {"prompt": n, "generated": 2 * n},
+                       {"mh_moves": 2.0 * n, "mh_acceptance": rate, "mean_score": 1.0 if rate else 3.0})
+
+    monkeypatch.setitem(samplers._entries, "fake", Entry("fake", fake, {"stochastic": True}))
+    out = draw("fake", None, SimpleNamespace(pad_token_id=0), ["a", "b", "c"], SampleRequest(max_new_tokens=1, chunk=1))
+    assert out.texts == ["a", "b", "c"] and out.forward_tokens == {"prompt": 3, "generated": 6}
+    assert out.stats["mh_moves"] == 6.0 and out.stats["mh_acceptance"] == pytest.approx(1 / 3)
+    assert out.stats["mean_score"] == pytest.approx(7 / 3)

@@ -32,6 +32,7 @@ from posttrain.registry import Registry
 from posttrain.rollout.power import PowerOptions, PPTOptions, geometric_ladder, run_chains
 
 samplers: Registry = Registry("sampler")
+_RATE_OF = {"mh_acceptance": "mh_moves", "swap_acceptance": "swaps"}  # a diagnostic rate -> the count it is over
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,16 @@ def draw(name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
     for part in parts:
         for key, value in part.forward_tokens.items():
             totals[key] = totals.get(key, 0) + value
-    stats = {key: sum(p.stats.get(key, 0.0) for p in parts) / len(parts) for key in parts[0].stats}
+    stats = {}
+    for key in parts[0].stats:  # counts add up, a rate is weighted by its count, anything else is averaged
+        count = _RATE_OF.get(key)
+        if key in _RATE_OF.values():
+            stats[key] = sum(p.stats[key] for p in parts)
+        elif count is not None:
+            total = sum(p.stats[count] for p in parts)
+            stats[key] = sum(p.stats[key] * p.stats[count] for p in parts) / total if total else 0.0
+        else:
+            stats[key] = sum(p.stats[key] for p in parts) / len(parts)
     return Sampled(concat_samples([p.samples for p in parts], tokenizer.pad_token_id), [t for p in parts for t in p.texts],
                    parts[0].per_prompt, totals, stats)
 
