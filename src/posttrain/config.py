@@ -215,6 +215,9 @@ class EvalConfig(Section):
     batch_size: int = Field(gt=0)
     n_table: int = Field(ge=0)
     stop: tuple[str, ...] = ()  # as rl.stop
+    # inference-time sampler (rollout/samplers.py) reported as sampler_* next to greedy_* and sampled_*
+    sampler: Annotated[str, Registered("samplers")] = "greedy"
+    options: Annotated[Options, OptionsOf("samplers")] = {}  # per-sampler settings: eval.options.<sampler>.<key>
 
 
 class GPUConfig(Section):

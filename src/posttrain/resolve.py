@@ -40,6 +40,7 @@ def all_registries() -> dict[str, Registry]:
     from posttrain.objectives.presets import presets
     from posttrain.rewards.care_reward import care_weight_sources
     from posttrain.rewards.image import image_rewards
+    from posttrain.rollout.samplers import samplers
     from posttrain.trainers.extras import extras
 
     import posttrain.models.flux  # noqa: F401  (registers the flux kind)
@@ -66,6 +67,7 @@ def all_registries() -> dict[str, Registry]:
         "change_classifiers": change_classifiers,
         "instruction_writers": instruction_writers,
         "flow_backends": flow_backends,
+        "samplers": samplers,
     }
     plugins.load(registries)  # the installed plugins' parts (entry points `posttrain.plugins`), once per process
     return registries

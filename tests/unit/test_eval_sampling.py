@@ -12,6 +12,7 @@ import torch
 
 from posttrain.eval import harness
 from posttrain.eval.sampling import ks_for, majority_correct, pass_at_k, sample_metrics
+from posttrain.rollout.samplers import Sampled
 from posttrain.tasks import Example
 
 
@@ -42,10 +43,13 @@ def test_majority_takes_the_most_common_parsed_answer_ties_to_the_first():
 def test_the_evaluation_reports_pass_at_k_and_majority_over_its_samples(monkeypatch):
     texts = {1: ["7", "9"], 4: ["7", "1", "1", "x", "2", "2", "9", "9"]}  # greedy, then 4 samples for each of 2 prompts
 
-    def fake_generate(model, tokenizer, prompts, max_new_tokens, group_size, **kwargs):
-        return SimpleNamespace(finished=torch.ones(len(texts[group_size]), dtype=torch.bool)), texts[group_size]
+    def fake_draw(name, model, tokenizer, prompts, request, options=None, generator=None):
+        k = 1 if name == "greedy" else request.n
+        n = len(texts[k])
+        samples = SimpleNamespace(finished=torch.ones(n, dtype=torch.bool), completion_mask=torch.ones(n, 2))
+        return Sampled(samples, texts[k], k, {"prompt": 2 * len(prompts), "generated": 2 * n})
 
-    monkeypatch.setattr(harness, "generate", fake_generate)
+    monkeypatch.setattr(harness, "draw", fake_draw)
     task = SimpleNamespace(
         correctness_reward=lambda text, finished, example: float(text == example.answer),
         format_reward=lambda text, finished: float(text.isdigit()),
@@ -53,10 +57,14 @@ def test_the_evaluation_reports_pass_at_k_and_majority_over_its_samples(monkeypa
         sample_metrics=lambda text, example: {},
     )
     model = torch.nn.Linear(1, 1)
-    cfg = SimpleNamespace(n_prompts=2, samples_per_prompt=4, temperature=1.0, max_new_tokens=2, batch_size=2, n_table=0, stop=())
+    cfg = SimpleNamespace(n_prompts=2, samples_per_prompt=4, temperature=1.0, max_new_tokens=2, batch_size=2, n_table=0, stop=(),
+                          sampler="temperature")
     metrics, _ = harness.evaluate(model, None, task, [Example("a", "7", "7"), Example("b", "9", "9")], cfg, seed=0)
     # prompt a: 1 of 4 correct, majority "1" (wrong); prompt b: 2 of 4 correct, majority "2" first of a 2-2 tie (wrong)
     assert metrics["pass_at_1"] == pytest.approx(metrics["sampled_accuracy"]) == pytest.approx((1 / 4 + 2 / 4) / 2)
     assert metrics["pass_at_2"] == pytest.approx((pass_at_k(4, 1, 2) + pass_at_k(4, 2, 2)) / 2)
     assert metrics["pass_at_4"] == 1.0 and metrics["majority_at_4"] == 0.0
+    # the chosen sampler (here the sampled pass itself) with its compute per answer: 2 prompt + 2 generated tokens
+    assert metrics["sampler_pass_at_4"] == metrics["pass_at_4"] and metrics["sampler_forward_tokens_per_answer"] == pytest.approx(2.5)
+    assert metrics["greedy_forward_tokens_per_answer"] == pytest.approx(4.0) and metrics["sampler_tokens_per_answer"] == 2.0
     assert sample_metrics([]) == {}

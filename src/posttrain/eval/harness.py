@@ -1,5 +1,8 @@
 """Held-out evaluation: greedy accuracy, sampled accuracy (k samples per prompt), format rate, and over the k
-samples pass@1, pass@k and majority@k (eval/sampling.py)."""
+samples pass@1, pass@k and majority@k (eval/sampling.py); then the inference-time sampler `eval.sampler`
+(rollout/samplers.py) as `sampler_*`: accuracy, format rate, pass@k over its answers where it draws several,
+tokens per answer and forward tokens per answer (all, prompt, generated and per context), so samplers compare
+at matched compute. Greedy and sampled passes report their forward tokens per answer too."""
 
 from __future__ import annotations
 
@@ -10,11 +13,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.config import EvalConfig
 from posttrain.eval.sampling import sample_metrics as over_samples
-from posttrain.models.sampling import generate
+from posttrain.rollout.samplers import Sampled, SampleRequest, draw, samplers
 from posttrain.tasks import Example, Task
-
-
-_COUNTED = ("greedy_correct", "greedy_format", "sampled_correct", "sampled_format")
 
 
 def evaluate(
@@ -22,35 +22,61 @@ def evaluate(
 ) -> tuple[dict[str, float], list[dict[str, object]]]:
     examples = list(examples)[: cfg.n_prompts]
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
-    totals = {"greedy_correct": 0.0, "greedy_format": 0.0, "sampled_correct": 0.0, "sampled_format": 0.0}
+    request = SampleRequest(cfg.max_new_tokens, cfg.samples_per_prompt, cfg.temperature, tuple(cfg.stop), cfg.batch_size)
+    metrics: dict[str, float] = {"n_prompts": float(len(examples))}
     rows: list[dict[str, object]] = []
-    prompts = examples  # with their system prompts, for a chat template
-    votes: list[list[tuple[str | None, float]]] = [[] for _ in examples]  # per prompt: (parsed answer, correctness) per sample
-    for mode, k in (("greedy", 1), ("sampled", cfg.samples_per_prompt)) if examples else ():
-        # `batch_size` prompts at a time (bounded memory); greedy decoding draws no random numbers from `generator`
-        samples, texts = generate(model, tokenizer, prompts, cfg.max_new_tokens, group_size=k, temperature=cfg.temperature,
-                                  greedy=mode == "greedy", generator=generator, chunk=cfg.batch_size, stop=cfg.stop)
-        finished = samples.finished.tolist()
-        for i, text in enumerate(texts):
-            example = examples[i // k]
-            correct = task.correctness_reward(text, finished[i], example)
-            totals[f"{mode}_correct"] += correct / k
-            totals[f"{mode}_format"] += task.format_reward(text, finished[i]) / k
-            if mode == "sampled":
-                votes[i // k].append((task.parse(text), correct))
-            if mode == "greedy":
-                for key, value in task.sample_metrics(text, example).items():
-                    totals[f"greedy_{key}"] = totals.get(f"greedy_{key}", 0.0) + value
-            if mode == "greedy" and len(rows) < cfg.n_table:
-                rows.append({"prompt": example.prompt, "answer": example.answer, "completion": text, "correct": correct})
-    n = max(len(examples), 1)
-    metrics = {
-        "greedy_accuracy": totals["greedy_correct"] / n,
-        "sampled_accuracy": totals["sampled_correct"] / n,
-        "greedy_format_rate": totals["greedy_format"] / n,
-        "sampled_format_rate": totals["sampled_format"] / n,
-        "n_prompts": float(len(examples)),
-        **{key: value / n for key, value in totals.items() if key not in _COUNTED},
-        **over_samples(votes),
-    }
+    if not examples:
+        return {"greedy_accuracy": 0.0, "sampled_accuracy": 0.0, "greedy_format_rate": 0.0, "sampled_format_rate": 0.0,
+                "n_prompts": 0.0}, rows
+    # greedy decoding draws no random numbers from `generator`
+    greedy = draw("greedy", model, tokenizer, examples, request, None, generator)
+    metrics.update(answer_metrics("greedy", greedy, task, examples, with_task_metrics=True))
+    rows = [{"prompt": examples[i].prompt, "answer": examples[i].answer, "completion": text,
+             "correct": task.correctness_reward(text, bool(greedy.samples.finished[i]), examples[i])}
+            for i, text in enumerate(greedy.texts[: cfg.n_table])]
+    sampled = draw("temperature", model, tokenizer, examples, request, None, generator)
+    sampled_metrics = answer_metrics("sampled", sampled, task, examples, votes=True)
+    metrics.update({k: v for k, v in sampled_metrics.items() if not k.startswith(("sampled_pass_at", "sampled_majority_at"))})
+    metrics.update({k.removeprefix("sampled_"): v for k, v in sampled_metrics.items() if k.startswith(("sampled_pass_at", "sampled_majority_at"))})
+    if cfg.sampler in ("greedy", "temperature"):  # the pass above is that sampler's
+        chosen = greedy if cfg.sampler == "greedy" else sampled
+    else:
+        chosen = draw(cfg.sampler, model, tokenizer, examples, request, cfg.options_for(cfg.sampler), generator)
+    metrics.update(answer_metrics("sampler", chosen, task, examples))
+    metrics.update({f"sampler_{k}": float(v) for k, v in chosen.stats.items()})
     return metrics, rows
+
+
+def answer_metrics(prefix: str, sampled: Sampled, task: Task, examples: Sequence[Example], with_task_metrics: bool = False,
+                   votes: bool = False) -> dict[str, float]:
+    """`<prefix>_accuracy`, `_format_rate`, `_tokens_per_answer`, `_forward_tokens_per_answer` (and one per kind
+    of forward token), and with several answers per prompt (or `votes`) `_pass_at_<k>`, `_majority_at_<n>`."""
+    k = sampled.per_prompt
+    answers = len(sampled.texts)
+    finished = sampled.samples.finished.tolist()
+    correct = fmt = 0.0
+    extra: dict[str, float] = {}
+    ballots: list[list[tuple[str | None, float]]] = [[] for _ in examples]
+    for i, text in enumerate(sampled.texts):
+        example = examples[i // k]
+        score = task.correctness_reward(text, finished[i], example)
+        correct += score
+        fmt += task.format_reward(text, finished[i])
+        ballots[i // k].append((task.parse(text), score))
+        if with_task_metrics:
+            for key, value in task.sample_metrics(text, example).items():
+                extra[f"{prefix}_{key}"] = extra.get(f"{prefix}_{key}", 0.0) + value / answers
+    out = {
+        f"{prefix}_accuracy": correct / answers,
+        f"{prefix}_format_rate": fmt / answers,
+        f"{prefix}_tokens_per_answer": float(sampled.samples.completion_mask.sum()) / answers,
+        f"{prefix}_forward_tokens_per_answer": sampled.total_forward_tokens / answers,
+        **{f"{prefix}_forward_tokens_{kind}_per_answer": value / answers for kind, value in sampled.forward_tokens.items()},
+        **extra,
+    }
+    if k > 1 or votes:
+        out.update({f"{prefix}_{key}": value for key, value in over_samples(ballots).items()})
+    return out
+
+
+__all__ = ["answer_metrics", "evaluate", "samplers"]
