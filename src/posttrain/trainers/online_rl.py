@@ -39,7 +39,7 @@ from posttrain.config import RLConfig
 from posttrain.errors import UserError
 from posttrain.registry import Registry, update_section
 from posttrain.models.logprobs import completion_forward, sequence_logprobs
-from posttrain.models.value import critic_from_policy, load_critic, token_values
+from posttrain.models.value import critic_from_policy, load_critic, save_critic, token_values
 from posttrain.models.sampling import StopStrings, decode_completions, encode_prompts, sample
 from posttrain.objectives import aggregations, advantages, auxiliaries, losses, needs_of, policy_reads, trains_critic
 from posttrain.objectives.presets import presets
@@ -116,6 +116,7 @@ class RLRun:
     max_nonfinite_steps: int = 3  # training.max_nonfinite_steps (trainers/loop.py)
     keep_checkpoints: int = 2  # training.keep_checkpoints
     checkpoint_section: str = "rl"  # the section whose checkpoint_every set cfg.checkpoint_every (named in the divergence line)
+    critic_out: Path | None = None  # where a trained critic is saved at the end (models/value.save_critic)
 
 
 @dataclass(frozen=True)
@@ -278,7 +279,7 @@ class OnlineRL:
 
     def critic_warmup(self) -> bool:
         """Whether this update is one of the first rl.critic.warmup_steps, in which only the critic learns."""
-        return self.critic is not None and self.step_index <= self.cfg.critic.warmup_steps
+        return self.critic is not None and 0 < self.step_index <= self.cfg.critic.warmup_steps
 
     def policy_forward(self, batch: RolloutBatch) -> PolicyOutputs:
         """The one policy forward of an update pass: only what the configured parts read (none during the
@@ -390,6 +391,9 @@ def train_online_rl(
         loop.checkpoint(step, cfg.steps, policy, parts, {"history": history})
     bar.close()
     distributed.check_in_sync(policy, ctx)
+    if run.critic_out is not None and trainer.critic is not None and ctx.is_main:
+        save_critic(trainer.critic, run.critic_out)
+        run.tokenizer.save_pretrained(run.critic_out)
     if start_step == cfg.steps:  # resumed a finished run: nothing was sampled in this process
         return history, []
     batch = result.batch
