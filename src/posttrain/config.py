@@ -216,6 +216,21 @@ class RLConfig(Section):
         return v
 
 
+class CriticStageConfig(Section):
+    """Stage `critic`: RFPO's success critic, pretrained on the SFT policy's verifier-labelled rollouts."""
+
+    n_prompts: int = Field(gt=0)  # training prompts the SFT policy samples (rl.max_new_tokens, rl.temperature)
+    samples_per_prompt: int = Field(gt=0)
+    n_heldout_prompts: int = Field(gt=0)  # held-out prompts for the calibration figures
+    steps: int = Field(gt=0)
+    batch_size: int = Field(gt=0)  # rollouts per step (every state of each is regressed on its label)
+    lr: float = Field(gt=0)
+    warmup_steps: int = Field(ge=0)
+    max_grad_norm: float = Field(gt=0)
+    log_every: int = Field(gt=0)
+    checkpoint_every: int = Field(ge=0)  # 0: no checkpoints
+
+
 class EvalConfig(Section):
     n_prompts: int = Field(gt=0)
     samples_per_prompt: int = Field(gt=0)
@@ -501,6 +516,7 @@ class Config(Section):
     model: ModelConfig
     sft: SFTConfig
     rl: RLConfig
+    critic: CriticStageConfig
     distill: DistillConfig
     eval: EvalConfig
     reward_model: RewardModelConfig

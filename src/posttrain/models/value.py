@@ -53,13 +53,21 @@ def critic_from_policy(policy: PreTrainedModel) -> PreTrainedModel:
     return _zero_head(critic).to(device=parameter.device, dtype=parameter.dtype)
 
 
+def critic_dir(path: str | Path) -> Path:
+    """The model directory `path` names: itself, or its `model/` (the `critic` stage's output); UserError if neither."""
+    local = Path(path)
+    for candidate in (local, local / "model"):
+        if (candidate / "config.json").is_file():
+            return candidate
+    raise UserError(f"rl.critic.path: no model directory (config.json) at {path} or {local / 'model'}")
+
+
 def load_critic(path: str | Path, device, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
-    """The critic saved at `path` (save_critic), or a fresh zero head on the backbone of the causal LM there."""
+    """The critic saved at `path` (save_critic; or the `critic` stage's output holding model/), or a fresh zero head
+    on the backbone of the causal LM there."""
     from transformers.utils import logging as hf_logging
 
-    local = Path(path)
-    if not (local / "config.json").is_file():
-        raise UserError(f"rl.critic.path: no model directory (config.json) at {path}")
+    local = critic_dir(path)
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
@@ -76,10 +84,21 @@ def save_critic(critic: PreTrainedModel, out: Path) -> None:
     (out / HEAD_FILE).write_text('{"head": "trained"}\n')
 
 
-def token_values(critic: PreTrainedModel, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, attention_mask: Tensor) -> Tensor:
-    """[B, T] V(s_t) for each completion token y_t (float32; with gradient when the caller has it on)."""
+def state_values(critic: PreTrainedModel, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """[B, T + 1] V(s_t) for t = 0..T: s_t is the prompt and the first t completion tokens (float32; with gradient
+    when the caller has it on). A row of L real tokens ends in state s_L (`final_values`); later columns are padding."""
     ids = torch.cat([prompt_ids, completion_ids], dim=1)
     mask = torch.cat([prompt_mask, attention_mask.to(prompt_mask.dtype)], dim=1)
     hidden = critic.base_model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask)).last_hidden_state
-    start, width = prompt_ids.shape[1] - 1, completion_ids.shape[1]
-    return critic.score(hidden[:, start : start + width]).squeeze(-1).float()
+    return critic.score(hidden[:, prompt_ids.shape[1] - 1 :]).squeeze(-1).float()
+
+
+def token_values(critic: PreTrainedModel, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """[B, T] V(s_t) before each completion token y_t (the value of the state the policy acted in)."""
+    return state_values(critic, prompt_ids, prompt_mask, completion_ids, attention_mask)[:, :-1]
+
+
+def final_values(values: Tensor, attention_mask: Tensor) -> Tensor:
+    """[B] V(s_L) of each row's last state, from `state_values` [B, T + 1] (L = the row's real completion tokens)."""
+    lengths = attention_mask.sum(-1).long()
+    return values.gather(1, lengths[:, None]).squeeze(1)
