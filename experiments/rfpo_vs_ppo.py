@@ -1,4 +1,4 @@
-"""Claim (RFPO, spec §14): a frozen critic pretrained with labels can replace the verifier during RL: RFPO's binarised,
+"""Claim (RFPO): a frozen critic pretrained with labels can replace the verifier during RL: RFPO's binarised,
 length-debiased critic reward improves held-out accuracy from the SFT start without any verifier call in the
 training step, comparably to supervised PPO (verifier reward), while the raw (non-binarised) critic score is open
 to the critic's length bias.

@@ -1,4 +1,4 @@
-"""RFPO (spec §14): the reward-free reward from a frozen critic, its invariants on hand-made values, and an API-level
+"""RFPO (Reward-Free Policy Optimization, 2026): the reward-free reward from a frozen critic, its invariants on hand-made values, and an API-level
 check that an RL step under preset `rfpo` reads no ground truth (no verifier call, no reference answer)."""
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ ppo:     PPO with a learned critic (Schulman et al. 2017, arXiv 1707.06347; the 
          arXiv 2203.02155): per-token GAE advantages (eq. 11-12, objectives/gae.py) from a value head on a copy of
          the policy (rl.critic), the clipped surrogate (eq. 7), the clipped value loss `value` (eq. 9) as an
          auxiliary term, token-mean aggregation.
-rfpo:    RFPO (spec §14): the frozen critic of the `critic` stage (rl.critic.path, default outputs/critic) as the
+rfpo:    RFPO (Reward-Free Policy Optimization, 2026): the frozen critic of the `critic` stage (rl.critic.path, default outputs/critic) as the
          only reward (`rfpo`: binarised, length-debiased V(s_L)) and as the GAE baseline; no value loss, no verifier.
 """
 

@@ -1,4 +1,4 @@
-"""`rfpo`: RFPO's reward-free reward (Reward-Free Policy Optimization, 2026; derived from its abstract, spec §14):
+"""`rfpo`: RFPO's reward-free reward (Reward-Free Policy Optimization, 2026; derived from its abstract):
 a frozen critic, pretrained with labels to predict eventual success from a prefix (the `critic` stage), scores each
 rollout's last state; no verifier and no reference answer is read.
 

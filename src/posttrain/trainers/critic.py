@@ -1,4 +1,4 @@
-"""Pretraining a success critic for RFPO (spec §14): V_psi(s_t) ~ P(success | x, y_<=t) from labelled rollouts.
+"""Pretraining a success critic for RFPO (Reward-Free Policy Optimization, 2026): V_psi(s_t) ~ P(success | x, y_<=t) from labelled rollouts.
 
 The SFT policy samples `critic.samples_per_prompt` completions of each of `critic.n_prompts` training prompts (the
 rl budget and temperature, so the critic sees the rollouts RL will start from); the task's verifier labels each
