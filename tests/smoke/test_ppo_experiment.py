@@ -1,5 +1,6 @@
-"""experiments/ppo_vs_grpo.py and rfpo_vs_ppo.py run end to end on a micro budget (2 seeds, 1 step) and write their JSON
-(means, 95% intervals, verdicts) and MLflow runs."""
+"""experiments/ppo_vs_grpo.py runs end to end on a micro budget (2 seeds, 1 step) and writes its JSON (means, 95%
+intervals, verdicts) and MLflow runs. rfpo_vs_ppo.py shares its statistics and arms (its arm settings are checked in
+tests/unit/test_rfpo.py); its end-to-end run stays out of the suite's time budget."""
 
 from __future__ import annotations
 
@@ -14,15 +15,14 @@ from helpers import REPO
 
 import pytest
 
-CLAIMS = {"ppo_vs_grpo": ({"grpo_gain", "ppo_gain", "ppo_minus_grpo"}, {"grpo", "ppo"}),
-          "rfpo_vs_ppo": ({"ppo_gain", "rfpo_gain", "rfpo_raw_gain", "rfpo_minus_ppo", "rfpo_minus_rfpo_raw"}, {"ppo", "rfpo", "rfpo_raw"})}
+CLAIMS = {"ppo_vs_grpo": ({"grpo_gain", "ppo_gain", "ppo_minus_grpo"}, {"grpo", "ppo"})}
 
 
 @pytest.mark.parametrize("name", sorted(CLAIMS))
 def test_claim_runs_and_reports_intervals(name, tmp_path):
     out, uri = tmp_path / "out.json", f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {"POSTTRAIN_EXP_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1", "PATH": "/usr/bin:/bin",
-           "OMP_NUM_THREADS": "1"}
+           "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "src")}
     result = subprocess.run(
         [sys.executable, str(REPO / "experiments" / f"{name}.py"), "--steps", "1", "--seeds", "2", "--micro", "--json", str(out),
          "--tracking-uri", uri], cwd=tmp_path, capture_output=True, text=True, timeout=180, env=env,

@@ -133,3 +133,35 @@ def test_a_saved_critic_loads_by_path_and_a_frozen_critic_is_not_trained(micro, 
     assert moved(before, frozen.models["critic"]) == 0.0 and "value/loss" not in metrics
     with pytest.raises(UserError, match="rl.critic.path"):
         trainer_for(micro, critic=CriticConfig(path=str(tmp_path / "nowhere"), lr=5e-3, warmup_steps=0))
+
+
+def test_a_ppo_run_resumed_from_a_checkpoint_ends_as_the_uninterrupted_run(micro, tmp_path):
+    """Through the real checkpoint files (trainers/checkpoint.py) and `train_online_rl`: run 3 updates with a
+    checkpoint after each; resume a fresh process-like start (starting weights) from the step-1 checkpoint alone.
+    The kill itself (SIGKILL between checkpoints) is the generic rl kill test's (tests/integration/test_resume.py)."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from posttrain.trainers.online_rl import train_online_rl
+
+    cfg, task, examples, tokenizer, state, model = micro
+    rl = resolve.updated(cfg.rl, "rl", steps=3, checkpoint_every=1, critic=CriticConfig(path=None, lr=5e-3, warmup_steps=1))
+
+    def run(directory, resume: bool):
+        model.load_state_dict(state)
+        run = RLRun(model, tokenizer, task, examples, rl, seed=0, checkpoint_dir=directory / "checkpoints", config_hash="x",
+                    critic_out=directory / "critic")
+        history, _ = train_online_rl(run, resume, on_log=lambda step, m: None)
+        return history, weights(model)
+
+    straight_history, straight_policy = run(tmp_path / "a", resume=False)
+    shutil.copytree(tmp_path / "a" / "checkpoints" / "step-000001", tmp_path / "b" / "checkpoints" / "step-000001")
+    resumed_history, resumed_policy = run(tmp_path / "b", resume=True)
+    assert all(torch.equal(straight_policy[k], resumed_policy[k]) for k in straight_policy)
+    a, b = load_file(tmp_path / "a" / "critic" / "model.safetensors"), load_file(tmp_path / "b" / "critic" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    drop = {"tokens_per_s"}
+    assert [{k: v for k, v in h.items() if k not in drop} for h in straight_history] == \
+           [{k: v for k, v in h.items() if k not in drop} for h in resumed_history]
+    assert [h["critic_warmup"] for h in straight_history] == [1.0, 0.0, 0.0]

@@ -115,3 +115,23 @@ def test_the_rfpo_preset_trains_with_no_ground_truth_in_the_step(rfpo_micro):
     # the frozen critic: the GAE baseline, outside the optimiser, unchanged by the step
     assert trainer.critic is None and not any(p.requires_grad for p in trainer.models["critic"].parameters())
     assert "value/loss" not in result.metrics
+
+
+def test_the_rfpo_experiment_arms_resolve_to_the_methods_they_name(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(REPO / "experiments"))
+    import ppo_vs_grpo
+    import rfpo_vs_ppo
+
+    cfg = resolve.load(micro_params(tmp_path), [])
+    arms = {arm: resolve.updated(cfg.rl, "rl", **rfpo_vs_ppo.arm_settings(cfg, arm, tmp_path / "critic")) for arm in rfpo_vs_ppo.ARMS}
+    assert (arms["ppo"].advantage, arms["ppo"].aux, arms["ppo"].critic.path) == ("gae", ("value",), None)
+    for arm, binary in (("rfpo", True), ("rfpo_raw", False)):
+        rl = arms[arm]
+        assert ([r.name for r in rl.rewards], rl.aux, rl.critic.path) == (["rfpo"], (), str(tmp_path / "critic"))
+        assert rl.options_for("rfpo").binarize is binary
+    mean, low, high = ppo_vs_grpo.interval([0.1, 0.2, 0.3])  # t(0.975, 2) = 4.303, sd 0.1
+    assert mean == pytest.approx(0.2) and high - mean == pytest.approx(4.303 * 0.1 / 3 ** 0.5)
+    assert ppo_vs_grpo.verdict_positive(low, high) == "inconclusive" and ppo_vs_grpo.verdict_positive(0.01, 0.3) == "reproduced"
+    assert ppo_vs_grpo.verdict_match(-0.05, 0.05) == "reproduced" and ppo_vs_grpo.verdict_match(0.01, 0.05) == "contradicted"
