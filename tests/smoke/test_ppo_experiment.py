@@ -24,7 +24,8 @@ def test_claim_runs_and_reports_intervals(name, tmp_path):
     env = {"POSTTRAIN_EXP_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1", "PATH": "/usr/bin:/bin",
            "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "src")}
     result = subprocess.run(
-        [sys.executable, str(REPO / "experiments" / f"{name}.py"), "--steps", "1", "--seeds", "2", "--micro", "--json", str(out),
+        [sys.executable, str(REPO / "experiments" / f"{name}.py"), "--steps", "1", "--seeds", "2", "--micro", "--set", "sft.steps=4", "--set", "eval.n_prompts=8",
+         "--set", "eval.batch_size=8", "--json", str(out),
          "--tracking-uri", uri], cwd=tmp_path, capture_output=True, text=True, timeout=180, env=env,
     )
     assert result.returncode == 0, result.stderr[-3000:]
