@@ -165,6 +165,14 @@ class RewardSpec(Section):
     weight: float = Field(default=1.0, ge=0)  # finite, >= 0: 0 logs a reward without training on it; a penalty is a reward below 0
 
 
+class CriticConfig(Section):
+    """The value model of critic-based estimators (`gae`): built and trained by the rl trainer (models/value.py)."""
+
+    path: str | None  # null: a value head on a copy of the starting policy; else a saved critic / causal-LM directory
+    lr: float = Field(gt=0)  # the critic's learning rate (its own parameter group; the policy keeps rl.lr)
+    warmup_steps: int = Field(ge=0)  # updates in which only the critic learns (the policy does not move)
+
+
 class RLConfig(Section):
     preset: Annotated[str | None, Registered("presets")]  # a named method (objectives/presets.py), expanded below explicit overrides
     advantage: Annotated[str, Registered("advantages")]
@@ -192,6 +200,7 @@ class RLConfig(Section):
     overlong_buffer: int = Field(gt=0)  # DAPO's L_cache for the `overlong` reward (tokens before max_new_tokens)
     checkpoint_every: int = Field(ge=0)  # 0: no checkpoints
     log_every: int = Field(gt=0)
+    critic: CriticConfig  # the value model, when the objective reads one (`gae` advantage, `value` term)
     # per-method settings, keyed by the registered name of the estimator / loss / reward that declares them
     # (`options=<Section model>` in its registry entry); e.g. `options: {qglas: {gamma_max: 0.5}}`
     options: Annotated[Options, OptionsOf("advantages", "losses", "rewards", "auxiliaries")]
@@ -205,6 +214,21 @@ class RLConfig(Section):
         if len(set(names)) != len(names):
             raise ValueError(f"reward listed twice: {names}")
         return v
+
+
+class CriticStageConfig(Section):
+    """Stage `critic`: RFPO's success critic, pretrained on the SFT policy's verifier-labelled rollouts."""
+
+    n_prompts: int = Field(gt=0)  # training prompts the SFT policy samples (rl.max_new_tokens, rl.temperature)
+    samples_per_prompt: int = Field(gt=0)
+    n_heldout_prompts: int = Field(gt=0)  # held-out prompts for the calibration figures
+    steps: int = Field(gt=0)
+    batch_size: int = Field(gt=0)  # rollouts per step (every state of each is regressed on its label)
+    lr: float = Field(gt=0)
+    warmup_steps: int = Field(ge=0)
+    max_grad_norm: float = Field(gt=0)
+    log_every: int = Field(gt=0)
+    checkpoint_every: int = Field(ge=0)  # 0: no checkpoints
 
 
 class EvalConfig(Section):
@@ -495,6 +519,7 @@ class Config(Section):
     model: ModelConfig
     sft: SFTConfig
     rl: RLConfig
+    critic: CriticStageConfig
     distill: DistillConfig
     eval: EvalConfig
     reward_model: RewardModelConfig

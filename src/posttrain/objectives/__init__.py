@@ -8,6 +8,8 @@ Each part is registered by name with what it reads, and the trainer computes exa
 - `scores=(name, ...)`: token sequences held by an extra that the same policy forward also scores;
 - `module=factory`: a trainable side module (`factory(model_config, options) -> nn.Module`, optional attribute
   `lr_scale`) that the trainer builds, steps with the policy and checkpoints; the term receives it;
+- `critic=True`: the part trains the critic (the value loss): the trainer runs a critic forward with gradient
+  each update pass (`CriticOutputs.values`, objectives/value_loss.py) and steps the critic with the policy (trainers/online_rl.py);
 - `options=Model`: its settings (`rl.options.<name>`), parsed once by `posttrain.resolve`.
 
     AdvantageEstimator(batch, cfg) -> Tensor [B] or [B, T]
@@ -27,11 +29,12 @@ aggregations: Registry = Registry("loss aggregation")
 auxiliaries: Registry = Registry("auxiliary loss")
 
 from posttrain.objectives import (  # noqa: E402,F401  (registers)
-    aggregation, cispo, dr_grpo, gdpo, grpo, gspo, kl, policy_losses, qglas, reinforce_pp, remax, respo, rloo, witness,
+    aggregation, cispo, dr_grpo, gae, gdpo, grpo, gspo, kl, policy_losses, qglas, reinforce_pp, remax, respo, rloo, value_loss,
+    witness,
 )
 from posttrain.objectives import distill  # noqa: E402,F401  (registers the on-policy distillation family)
 
-__all__ = ["advantages", "losses", "aggregations", "auxiliaries", "needs_of", "policy_reads", "parts_of"]
+__all__ = ["advantages", "losses", "aggregations", "auxiliaries", "needs_of", "policy_reads", "parts_of", "trains_critic"]
 
 
 def parts_of(cfg) -> list:
@@ -55,3 +58,8 @@ def policy_reads(cfg) -> frozenset[str]:
     if losses.entry(cfg.loss).meta.get("reads_logp", True) or cfg.beta > 0:
         reads.add("logp")
     return frozenset(reads)
+
+
+def trains_critic(cfg) -> bool:
+    """Whether a configured part trains the critic (registry meta `critic=True`, e.g. the `value` loss)."""
+    return any(entry.meta.get("critic") for entry in parts_of(cfg))

@@ -7,6 +7,12 @@ dapo:    DAPO (Yu et al. 2025, arXiv 2503.14476): clip-higher (eps_high 0.28, eq
 dr_grpo: Dr. GRPO (arXiv 2503.20783): no std division + loss normalised by G * L_max.
 gspo:    GSPO (arXiv 2507.18071): sequence-level ratio, its clip range 3e-4 / 4e-4 (§5.1), sequence-mean loss.
 grpo:    plain GRPO: group-normalised advantage with the PPO clipped surrogate.
+ppo:     PPO with a learned critic (Schulman et al. 2017, arXiv 1707.06347; the RLHF recipe of Ouyang et al. 2022,
+         arXiv 2203.02155): per-token GAE advantages (eq. 11-12, objectives/gae.py) from a value head on a copy of
+         the policy (rl.critic), the clipped surrogate (eq. 7), the clipped value loss `value` (eq. 9) as an
+         auxiliary term, token-mean aggregation.
+rfpo:    RFPO (Reward-Free Policy Optimization, 2026): the frozen critic of the `critic` stage (rl.critic.path, default outputs/critic) as the
+         only reward (`rfpo`: binarised, length-debiased V(s_L)) and as the GAE baseline; no value loss, no verifier.
 """
 
 from __future__ import annotations
@@ -53,3 +59,17 @@ def gspo(rl: dict[str, Any]) -> dict[str, Any]:
 @presets.register("grpo")
 def grpo(rl: dict[str, Any]) -> dict[str, Any]:
     return {"advantage": "grpo", "loss": "clip"}
+
+
+@presets.register("ppo")
+def ppo(rl: dict[str, Any]) -> dict[str, Any]:
+    listed = list(rl.get("aux") or [])
+    return {"advantage": "gae", "loss": "clip", "loss_agg": "token_mean", "aux": listed if "value" in listed else [*listed, "value"]}
+
+
+@presets.register("rfpo")
+def rfpo(rl: dict[str, Any]) -> dict[str, Any]:
+    critic = dict(rl.get("critic") or {})
+    critic["path"] = critic.get("path") or "outputs/critic"
+    aux = [a for a in (rl.get("aux") or []) if a != "value"]
+    return {"advantage": "gae", "loss": "clip", "loss_agg": "token_mean", "aux": aux, "rewards": [{"name": "rfpo", "weight": 1.0}], "critic": critic}

@@ -27,7 +27,7 @@ stages: Registry = Registry("stage")
 # registry meta of a stage: inputs {name: default dir}, requires {name: [files]}, resumable; for the launchers
 # (orchestration/graph.py): gpu (default True), deterministic (default True: cacheable)
 
-from posttrain.stages import compare, data, distill, eval, preference, reward_model, rl, rl_rm, sft  # noqa: E402,F401,A004  (registers)
+from posttrain.stages import compare, critic, data, distill, eval, preference, reward_model, rl, rl_rm, sft  # noqa: E402,F401,A004  (registers)
 from posttrain.stages import edit, knowledge  # noqa: E402,F401  (registers: lifelong knowledge editing)
 from posttrain.stages import care  # noqa: E402,F401  (registers: CARE's rubric generator)
 from posttrain.stages import city, curate, flow_eval, flow_rl, flow_sft  # noqa: E402,F401  (registers: the image pipeline)

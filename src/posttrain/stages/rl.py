@@ -1,7 +1,7 @@
 """Stage `rl`: online RL (GRPO by default) from the SFT checkpoint.
 
 Inputs: `data` (train.jsonl) and `policy` (a directory with `model/`). Output: `model/`, `history.json`
-(per-step metrics), `reward_curve.png`. With `--resume` a stopped run continues from its last checkpoint.
+(per-step metrics), `reward_curve.png`, and `critic/` when the objective trains a critic (PPO). With `--resume` a stopped run continues from its last checkpoint.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ def train_and_save(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker,
         checkpoint_dir=out_dir / "checkpoints", config_hash=cfg.section_hash("pipeline", "task", "model", "rl"),
         models=load_models(tokenizer, device) if load_models else {},
         max_nonfinite_steps=cfg.training.max_nonfinite_steps, keep_checkpoints=cfg.training.keep_checkpoints,
+        critic_out=out_dir / "critic",  # written only when the objective trains a critic (rl.preset: ppo)
     )
     history, table = train_online_rl(rl_run, resume, on_log=lambda step, m: tracker.log_metrics(m, step))
     save_pretrained(policy, tokenizer, out_dir / "model")

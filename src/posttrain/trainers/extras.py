@@ -4,9 +4,9 @@ An estimator, loss or auxiliary term declares `needs=("teacher_logp", ...)`; the
 providers of those names after each rollout and puts their tensors in `batch.extras`. A provider declares
 in its registry meta:
 
-- `role`: the model it reads besides the policy (`reference`, `teacher`, `base`); a stage loads exactly the
-  roles the chosen parts need (`roles_needed`), and the trainer builds the `reference` (a frozen copy of the
-  starting policy) itself. `optional_role=True`: the provider falls back to the policy when the role is absent.
+- `role`: the model it reads besides the policy (`reference`, `teacher`, `base`, `critic`); a stage loads
+  exactly the roles the chosen parts need (`roles_needed`), and the trainer builds the `reference` (a frozen
+  copy of the starting policy) and the `critic` (rl.critic; trained when a part declares `critic=True`) itself. `optional_role=True`: the provider falls back to the policy when the role is absent.
 - `state`: a factory of the state object it keeps between updates (`state_dict` / `load_state_dict`); the
   trainer creates it, passes it as `ctx.state` and checkpoints it under the provider's name.
 
@@ -31,6 +31,7 @@ from posttrain.config import RLConfig
 from posttrain.errors import UserError, assert_no_grad
 from posttrain.models.sampling import decode_completions, encode_prompts, generate
 from posttrain.models.teacher import teacher_forward
+from posttrain.models.value import token_values
 from posttrain.objectives import advantages, auxiliaries, losses, needs_of
 from posttrain.objectives.distill.gats import GATSState, gap_weight
 from posttrain.objectives.distill.uniopsd import TrustState, step_tier
@@ -139,6 +140,21 @@ def episode_sampler(ctx: ExtraContext):
 def reference_logp(ctx: ExtraContext, prompts, batch) -> Tensor:
     """[B, T] sampled-token log-probs under the frozen reference (the starting policy)."""
     return score_as_student(ctx.model("reference", "ref_logp"), ctx, batch).logp
+
+
+@extras.register("values", role="critic")
+@torch.no_grad()
+def values(ctx: ExtraContext, prompts, batch) -> Tensor:
+    """[B, T] the critic's V(s_t) before each completion token at rollout time (0 off the loss mask): GAE's
+    baseline and the value loss's old values."""
+    critic = ctx.model("critic", "values")
+    was_training = critic.training
+    critic.eval()
+    try:
+        v = token_values(critic, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.attention_mask)
+    finally:
+        critic.train(was_training)
+    return v * batch.completion_mask.to(v.dtype)
 
 
 @extras.register("greedy_rewards")

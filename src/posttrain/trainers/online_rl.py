@@ -10,7 +10,12 @@ The objective is whatever `rl.advantage` / `rl.loss` / `rl.loss_agg` / `rl.aux` 
   sampled-token log-probs, plus full distributions, hidden states or scores of extra sequences only when a
   part declares it reads them, and no forward at all when nothing reads it;
 - the trainable side modules the terms declare (registry meta `module`), in the same optimiser as the policy;
-- the state objects the providers declare (registry meta `state`).
+- the state objects the providers declare (registry meta `state`);
+- the critic (role `critic`, rl.critic) when an extra reads it: a value head on a copy of the starting policy or
+  a saved critic. When a part declares `critic=True` (the `value` loss) it is trained: its own parameter group
+  (rl.critic.lr), clipped on its own, one critic forward with gradient per pass (`CriticOutputs.values`), and for
+  the first rl.critic.warmup_steps updates only those parts are stepped, so the policy does not move. Otherwise
+  the critic is frozen (RFPO's pretrained critic).
 
 `state_dict()` holds all of it, keyed by registry names, so a checkpoint needs no method names.
 """
@@ -18,10 +23,11 @@ The objective is whatever `rl.advantage` / `rl.loss` / `rl.loss_agg` / `rl.aux` 
 from __future__ import annotations
 
 import copy
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -33,12 +39,14 @@ from posttrain.config import RLConfig
 from posttrain.errors import UserError
 from posttrain.registry import Registry, update_section
 from posttrain.models.logprobs import completion_forward, sequence_logprobs
+from posttrain.models.value import critic_from_policy, load_critic, save_critic, token_values
 from posttrain.models.sampling import StopStrings, decode_completions, encode_prompts, sample
-from posttrain.objectives import aggregations, advantages, auxiliaries, losses, needs_of, policy_reads
+from posttrain.objectives import aggregations, advantages, auxiliaries, losses, needs_of, policy_reads, trains_critic
 from posttrain.objectives.presets import presets
 from posttrain.objectives.aggregation import aggregate
 from posttrain.objectives.diagnostics import composition_metrics
 from posttrain.objectives.kl import k3_kl
+from posttrain.objectives.value_loss import CriticOutputs
 from posttrain.rewards import reward_matrix, rewards
 from posttrain.rollout import PolicyOutputs, RolloutBatch
 from posttrain.tasks import Example, Task
@@ -108,6 +116,7 @@ class RLRun:
     max_nonfinite_steps: int = 3  # training.max_nonfinite_steps (trainers/loop.py)
     keep_checkpoints: int = 2  # training.keep_checkpoints
     checkpoint_section: str = "rl"  # the section whose checkpoint_every set cfg.checkpoint_every (named in the divergence line)
+    critic_out: Path | None = None  # where a trained critic is saved at the end (models/value.save_critic)
 
 
 @dataclass(frozen=True)
@@ -145,12 +154,20 @@ class OnlineRL:
         self.needs = needs_of(cfg)
         self.reads = policy_reads(cfg)
         self.models = dict(run.models)
-        missing = sorted(roles_needed(cfg, optional=False) - set(self.models) - {"reference"})
+        missing = sorted(roles_needed(cfg, optional=False) - set(self.models) - {"reference", "critic"})
         if missing:
             need = next(n for n in sorted(self.needs) if extras.entry(n).meta.get("role") == missing[0])
             raise role_missing(need, missing[0])
         if "reference" in roles_needed(cfg) and "reference" not in self.models:  # the starting policy, frozen
             self.models["reference"] = copy.deepcopy(policy).eval().requires_grad_(False)
+        self.critic = None  # the critic when this run trains it (else a frozen role, if any part reads one)
+        if "critic" in roles_needed(cfg) and "critic" not in self.models:  # made, like the reference, before a checkpoint loads
+            path = cfg.critic.path
+            self.models["critic"] = load_critic(path, self.device, next(policy.parameters()).dtype) if path else critic_from_policy(policy)
+        if "critic" in self.models:
+            trains = trains_critic(cfg)
+            self.models["critic"].train(trains).requires_grad_(trains)
+            self.critic = self.models["critic"] if trains else None
         self.states = {n: extras.entry(n).meta["state"]() for n in sorted(self.needs) if "state" in extras.entry(n).meta}
         self.modules = {
             name: auxiliaries.entry(name).meta["module"](policy.config, cfg.options_for(name)).to(self.device)
@@ -164,6 +181,8 @@ class OnlineRL:
         groups = [{"params": [p for p in self.run.policy.parameters() if p.requires_grad]}]
         for module in self.modules.values():
             groups.append({"params": list(module.parameters()), "lr": self.cfg.lr * getattr(module, "lr_scale", 1.0)})
+        if self.critic is not None:
+            groups.append({"params": list(self.critic.parameters()), "lr": self.cfg.critic.lr})
         return groups
 
     # -- checkpointed state ----------------------------------------------------------------------------------
@@ -173,6 +192,7 @@ class OnlineRL:
             "optimizer": self.optimizer.state_dict(), "schedule": self.schedule.state_dict(), "generator": self.generator.get_state(),
             "step_index": self.step_index, "states": {n: s.state_dict() for n, s in self.states.items()},
             "modules": {n: m.state_dict() for n, m in self.modules.items()},
+            **({"critic": self.critic.state_dict()} if self.critic is not None else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -184,6 +204,8 @@ class OnlineRL:
             self.states[name].load_state_dict(saved)
         for name, saved in state["modules"].items():
             self.modules[name].load_state_dict(saved)
+        if "critic" in state:
+            self.critic.load_state_dict(state["critic"])
 
     # -- one update ------------------------------------------------------------------------------------------
 
@@ -255,8 +277,20 @@ class OnlineRL:
         full = select_groups(batch, torch.arange(len(kept_prompts), device=batch.group.device) < n)
         return full, [t for t, r in zip(kept_texts, rows.tolist()) if r], kept_prompts[:n], metrics
 
+    def critic_warmup(self) -> bool:
+        """Whether this update is one of the first rl.critic.warmup_steps, in which only the critic learns."""
+        return self.critic is not None and 0 < self.step_index <= self.cfg.critic.warmup_steps
+
     def policy_forward(self, batch: RolloutBatch) -> PolicyOutputs:
-        """The one policy forward of an update pass: only what the configured parts read."""
+        """The one policy forward of an update pass: only what the configured parts read (none during the
+        critic's warm-up), plus the critic's values with gradient when the critic trains."""
+        outputs = self._policy_outputs(batch) if not self.critic_warmup() else PolicyOutputs(logp=None)
+        if self.critic is None:
+            return outputs
+        values = token_values(self.critic, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.attention_mask)
+        return CriticOutputs(**{f.name: getattr(outputs, f.name) for f in fields(outputs)}, values=values)
+
+    def _policy_outputs(self, batch: RolloutBatch) -> PolicyOutputs:
         policy, reads = self.run.policy, self.reads
         out = None
         if reads & {"logp", "logprobs", "hidden"}:
@@ -282,32 +316,41 @@ class OnlineRL:
         batch, texts, prompts, metrics = self.collect(prompts, more_prompts)
         batch = provide(self.needs, self.context, prompts, batch)
         adv = estimate(batch, cfg)
+        warmup = self.critic_warmup()
+        terms = [name for name in cfg.aux if not warmup or auxiliaries.entry(name).meta.get("critic")]
         for _ in range(cfg.epochs_per_batch):
             outputs = self.policy_forward(batch)
             if outputs.logp is not None:
                 loss, loss_metrics = policy_loss(outputs.logp, batch.old_logp, adv, batch.completion_mask, cfg)
             else:
                 loss, loss_metrics = torch.zeros((), device=self.device), {}
-            if cfg.beta > 0:
+            if cfg.beta > 0 and not warmup:
                 kl = aggregate(cfg, k3_kl(outputs.logp, batch.extras["ref_logp"]), batch.completion_mask)
                 loss = loss + cfg.beta * kl
                 loss_metrics["kl"] = float(kl.detach())
-            for name in cfg.aux:  # auxiliary terms (distillation, alignment) read the same forward
+            for name in terms:  # auxiliary terms (distillation, alignment, the value loss) read the same forward
                 term, term_metrics = auxiliaries.get(name)(batch, outputs, cfg, self.modules.get(name))
                 loss = loss + term
                 loss_metrics.update(term_metrics)
             if loss.requires_grad:  # `none` loss and no term: nothing to learn from this batch
                 loss.backward()
-            for model in (policy, *self.modules.values()):  # torchrun: equal prompt shares, so the mean of rank means
-                distributed.reduce_gradients(model, average=True)
+            for model in (policy, *self.modules.values(), *([self.critic] if self.critic is not None else [])):
+                distributed.reduce_gradients(model, average=True)  # torchrun: equal prompt shares, so the mean of rank means
+            guarded = loss
+            if self.critic is not None:  # clipped on its own; a non-finite critic gradient skips the whole step
+                critic_norm = float(torch.nn.utils.clip_grad_norm_(self.optimizer.param_groups[-1]["params"], cfg.max_grad_norm))
+                loss_metrics["value/grad_norm"] = critic_norm
+                guarded = loss if math.isfinite(critic_norm) else float("nan")
             grad_norm = self.loop.optimizer_step(  # clips the policy
-                self.step_index, loss, self.optimizer.param_groups[0]["params"], self.optimizer, cfg.max_grad_norm)
+                self.step_index, guarded, self.optimizer.param_groups[0]["params"], self.optimizer, cfg.max_grad_norm)
         self.schedule.step()
         metrics.update(reward_metrics(batch))
         metrics.update(composition_metrics(batch, adv, cfg.std_eps))
         metrics.update(loss_metrics)
         metrics.update(loss=float(loss.detach()), grad_norm=float(grad_norm), lr=self.schedule.get_last_lr()[0], advantage_abs_mean=float(adv.abs().mean()),
                        nonfinite_steps=float(self.loop.nonfinite_steps))
+        if self.critic is not None:
+            metrics["critic_warmup"] = float(warmup)
         if outputs.entropy is not None:
             metrics["entropy"] = float(aggregate(cfg, outputs.entropy, batch.completion_mask))
         return StepResult(batch, texts, prompts, metrics)
@@ -348,6 +391,9 @@ def train_online_rl(
         loop.checkpoint(step, cfg.steps, policy, parts, {"history": history})
     bar.close()
     distributed.check_in_sync(policy, ctx)
+    if run.critic_out is not None and trainer.critic is not None and ctx.is_main:
+        save_critic(trainer.critic, run.critic_out)
+        run.tokenizer.save_pretrained(run.critic_out)
     if start_step == cfg.steps:  # resumed a finished run: nothing was sampled in this process
         return history, []
     batch = result.batch
