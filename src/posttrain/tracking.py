@@ -288,6 +288,42 @@ def _open_run(cfg: Config, start: Callable[[Any, str], Any], root: Path | None) 
         raise UserError(f"MLflow logging failed: {tracker.failure}")
 
 
+OBJECTIVE_STAGES = ("rl", "rl_rm", "distill")  # the stages that train with the rl section's objective
+
+
+def objective_tags(cfg: Config, stage: str) -> dict[str, str]:
+    """`objective` (advantage+loss) and `arm` (the preset, else the advantage: a sweep arm's name) of a stage that
+    trains with the rl settings; none for the others (data, sft, ... of a sweep are shared by every arm)."""
+    if stage not in OBJECTIVE_STAGES:
+        return {}
+    return {"objective": f"{cfg.rl.advantage}+{cfg.rl.loss}", "arm": cfg.rl.preset or cfg.rl.advantage}
+
+
+def _inherited_objective(mlflow, tags: Mapping[str, str]) -> dict[str, str]:
+    """An evaluation of an RL model carries the objective and arm of the run that trained it (lineage tag)."""
+    made_by = tags.get("input.model.run_id")
+    if "objective" in tags or not made_by:
+        return {}
+    try:
+        source = mlflow.get_run(made_by).data.tags
+    except Exception:  # a model made under another tracking store: nothing to inherit
+        return {}
+    return {k: source[k] for k in ("objective", "arm") if k in source}
+
+
+def run_name(cfg: Config, stage: str, tags: Mapping[str, str]) -> str:
+    """What a run is, for MLflow's lists and legends: `rl grpo+clip seed 0`, `eval rl`, `sft`."""
+    if stage in OBJECTIVE_STAGES:
+        label = tags.get("objective", f"{cfg.rl.advantage}+{cfg.rl.loss}")
+        if tags.get("arm") and tags["arm"] != cfg.rl.advantage:  # a preset: its name says more than its parts
+            label = f"{tags['arm']} ({label})"
+        return f"{stage} {label} seed {cfg.pipeline.seed}"
+    evaluated = tags.get("input.model.stage")
+    if evaluated:
+        return f"{stage} {evaluated}" + (f" {tags['arm']}" if tags.get("arm") else "")
+    return stage
+
+
 @contextmanager
 def stage_run(cfg: Config, stage: str, launcher: str, run_id: str | None = None, extra_tags: Mapping[str, str] | None = None,
               root: Path | None = None) -> Iterator[Tracker]:
@@ -296,7 +332,7 @@ def stage_run(cfg: Config, stage: str, launcher: str, run_id: str | None = None,
     if not cfg.tracking.enabled:
         yield Tracker()
         return
-    tags = {"stage": stage, "objective": f"{cfg.rl.advantage}+{cfg.rl.loss}", "git_sha": git_sha(), "launcher": launcher}
+    tags = {"stage": stage, "git_sha": git_sha(), "launcher": launcher, **objective_tags(cfg, stage)}
     if os.environ.get("POSTTRAIN_PIPELINE_RUN"):  # set by Kubeflow / Airflow: lets their exit task find the runs
         tags["pipeline_run"] = os.environ["POSTTRAIN_PIPELINE_RUN"]
     tags.update(extra_tags or {})
@@ -311,7 +347,9 @@ def stage_run(cfg: Config, stage: str, launcher: str, run_id: str | None = None,
                             f"tracking.artifact_root {redact_uri(location)}: set that root back, or a new pipeline.name for the new one")
         else:
             experiment_id = experiment.experiment_id
-        run = mlflow.start_run(run_id=run_id, experiment_id=experiment_id, run_name=None if run_id else stage, tags=tags)
+        if run_id is None:
+            tags.update(_inherited_objective(mlflow, tags))
+        run = mlflow.start_run(run_id=run_id, experiment_id=experiment_id, run_name=None if run_id else run_name(cfg, stage, tags), tags=tags)
         if run_id is None:
             params = [(k, redact_uri(v) if isinstance(v, str) else v) for k, v in flatten(cfg.model_dump(mode="json")).items()]
             for i in range(0, len(params), 90):  # MLflow accepts at most 100 params per batch

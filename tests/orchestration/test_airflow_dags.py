@@ -29,7 +29,9 @@ def _airflow_env(home: Path) -> dict[str, str]:
     )
 
 
-def test_dagbag_loads_without_torch_or_posttrain_and_params_match_the_config(tmp_path):
+@pytest.fixture(scope="module")
+def dag_probe(tmp_path_factory) -> dict:
+    """What DagBag sees of the DAG files, read in a fresh interpreter (as Airflow's dag-processor does)."""
     probe = f"""
 import json, sys
 from airflow.dag_processing.dagbag import DagBag
@@ -37,12 +39,37 @@ bag = DagBag({str(DAGS)!r})
 heavy = sorted({{m.split('.')[0] for m in sys.modules if m.split('.')[0] in ('torch', 'posttrain', 'transformers')}})
 params = {{d: {{k: [p.value, p.schema] for k, p in dag.params.items()}} for d, dag in bag.dags.items()}}
 commands = {{d: {{t: getattr(op, "bash_command", "") for t, op in dag.task_dict.items()}} for d, dag in bag.dags.items()}}
+sweep, text = bag.dags["posttrain_sweep"], bag.dags["posttrain_text"]
+objectives = sweep.params.get_param("objectives")
+refused = {{}}
+for name, value in {{"twice": ["rloo", "rloo"], "unknown": ["grpo", "nope"], "none": []}}.items():
+    try:
+        objectives.resolve(value)
+    except Exception as e:
+        refused[name] = str(e)
+filters = text.user_defined_filters
+class TI:  # what the finalize template hands `pipeline_state`: the running task instance
+    dag_id, run_id, task_id = "posttrain_text", "r1", "finalize"
+    def __init__(self, states): self.states = states
+    def get_task_states(self, dag_id, run_ids): return {{"r1": self.states}} if (dag_id, run_ids) == ("posttrain_text", ["r1"]) else {{}}
+states = {{name: filters["pipeline_state"](TI(s)) for name, s in {{
+    "all_ok": {{"preflight": "success", "sft": "success", "finalize": "running"}},
+    "one_failed": {{"preflight": "success", "sft": "failed", "rl": "upstream_failed", "finalize": "running"}},
+    "marked_failed": {{"preflight": "success", "sft": "success", "rl": "skipped", "finalize": "running"}},
+    "arm_failed": {{"preflight": "success", "objective_1": "failed", "finalize": "running"}}}}.items()}}
 print(json.dumps({{"errors": {{k: str(v) for k, v in bag.import_errors.items()}}, "heavy": heavy, "params": params,
-    "tasks": {{d: sorted(dag.task_dict) for d, dag in bag.dags.items()}}, "commands": commands}}))
+    "tasks": {{d: sorted(dag.task_dict) for d, dag in bag.dags.items()}}, "commands": commands, "refused": refused,
+    "objectives": [objectives.value, objectives.schema], "states": states,
+    "conf": filters["conf_settings"]({{"rl.stepz": 5, "objectives": ["grpo"]}}), "env": text.task_dict["preflight"].env,
+    "teardown": [text.task_dict["finalize"].is_teardown, text.task_dict["finalize"].on_failure_fail_dagrun, text.task_dict["finalize"].retries]}}))
 """
-    result = subprocess.run([sys.executable, "-c", probe], env=_airflow_env(tmp_path), capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, "-c", probe], env=_airflow_env(tmp_path_factory.mktemp("dagbag")), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    found = json.loads(result.stdout.strip().splitlines()[-1])
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_dagbag_loads_without_torch_or_posttrain_and_params_match_the_config(dag_probe):
+    found = dag_probe
     assert found["errors"] == {} and found["heavy"] == []
     assert {"posttrain_text", "posttrain_sweep"} <= set(found["tasks"])
     assert {"preflight", "data", "sft", "rl", "distill", "eval_sft", "eval_rl", "finalize"} == set(found["tasks"]["posttrain_text"])
@@ -58,6 +85,29 @@ print(json.dumps({{"errors": {{k: str(v) for k, v in bag.import_errors.items()}}
     for name, spec in expected.items():
         assert text_params[name] == [spec["default"], {**spec["schema"], "section": spec["section"]}], name
     assert "gdpo" in text_params["rl.advantage"][1]["enum"]
+
+
+def test_dag_runs_refuse_unknown_conf_keys_duplicate_arms_and_end_failed_when_a_task_failed(dag_probe):
+    found = dag_probe
+    # the trigger's conf (less the sweep's arms) reaches preflight as given, so `rl.stepz` is refused by name there
+    assert found["conf"] == {"rl.stepz": 5} and found["env"]["POSTTRAIN_CONF"] == "{{ dag_run.conf | conf_settings | tojson }}"
+    for dag in ("posttrain_text", "posttrain_sweep", "posttrain_image", "posttrain_rlhf"):
+        assert '--values-json "$POSTTRAIN_CONF"' in found["commands"][dag]["preflight"], dag
+    from posttrain.orchestration.preflight import resolve_config
+    from posttrain.errors import UserError
+
+    with pytest.raises(UserError, match="unknown key 'rl.stepz'"):
+        resolve_config(REPO / "params.yaml", [json.dumps(found["conf"])], [])
+    # the arms: a multi-select of presets and advantages, each once, checked when the run is triggered
+    default, schema = found["objectives"]
+    assert default == ["grpo", "rloo", "dr_grpo"] and schema["uniqueItems"] is True and {"dapo", "gspo", "rloo", "dr_grpo"} <= set(schema["items"]["enum"])
+    assert schema["examples"] == schema["items"]["enum"]
+    assert set(found["refused"]) == {"twice", "unknown", "none"}, found["refused"]
+    assert "--sweep-arms" in found["commands"]["posttrain_sweep"]["preflight"]
+    # finalize fails its run when another task failed or was skipped (a run marked failed), and has no retries
+    assert found["states"] == {"all_ok": "ended", "one_failed": "failed", "marked_failed": "failed", "arm_failed": "failed"}
+    assert found["teardown"] == [True, True, 0]
+    assert "--state '{{ ti | pipeline_state }}' --fail-if-failed" in found["commands"]["posttrain_text"]["finalize"]
 
 
 def _dags_test(home: Path, conf: dict) -> subprocess.CompletedProcess:
@@ -125,8 +175,14 @@ from airflow.dag_processing.dagbag import DagBag
 from kubernetes.client import ApiClient
 bag = DagBag({str(DAGS)!r})
 pods = {{t: ApiClient().sanitize_for_serialization(op.build_pod_request_obj()) for t, op in bag.dags["posttrain_text"].task_dict.items()}}
-print(json.dumps({{"errors": {{k: str(v) for k, v in bag.import_errors.items()}}, "pods": pods,
-    "kinds": sorted({{type(op).__name__ for dag in bag.dags.values() for op in dag.tasks}})}}))
+sweep = bag.dags["posttrain_sweep"]
+arm = sweep.task_dict["objective"]  # a mapped operator: its class is MappedOperator, its task_type the operator's
+limits = arm.partial_kwargs["container_resources"].limits
+commands = sweep.task_dict["objective_commands"].python_callable(run_dir="/opt/runs/r1", params={{"objectives": ["dr_grpo", "rloo"]}})
+# task_type sees through mapping (type(op) of a mapped task is MappedOperator, whatever it maps)
+kinds = {{(d, t): op.task_type for d, dag in bag.dags.items() for t, op in dag.task_dict.items()}}
+print(json.dumps({{"errors": {{k: str(v) for k, v in bag.import_errors.items()}}, "pods": pods, "arm_limits": limits, "arm_commands": commands,
+    "kinds": {{f"{{d}}/{{t}}": k for (d, t), k in kinds.items()}}, "mapped": type(arm).__name__}}))
 """
     env = _airflow_env(tmp_path)
     env.pop("POSTTRAIN_RUNS_DIR")
@@ -140,7 +196,15 @@ print(json.dumps({{"errors": {{k: str(v) for k, v in bag.import_errors.items()}}
     result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     found = json.loads(result.stdout.strip().splitlines()[-1])
-    assert found["errors"] == {} and "BashOperator" not in found["kinds"] and "KubernetesPodOperator" in found["kinds"]
+    assert found["errors"] == {}
+    # every task of every DAG is a pod, the sweep's mapped arms too; only the sweep's list of arm commands runs in Airflow
+    python_tasks = {name for name, kind in found["kinds"].items() if kind != "KubernetesPodOperator"}
+    assert python_tasks == {"posttrain_sweep/objective_commands"}, python_tasks
+    assert found["mapped"] == "MappedOperator" and found["kinds"]["posttrain_sweep/objective"] == "KubernetesPodOperator"
+    assert found["arm_limits"] == {"nvidia.com/gpu": "1"}  # an arm trains: the GPU node pool
+    dr_grpo, rloo = found["arm_commands"]  # a pod's arguments: one shell command, in the image's posttrain
+    assert dr_grpo[0].startswith("posttrain preflight ") and "--sweep-arm dr_grpo" in dr_grpo[0] and "--sweep-arm rloo" in rloo[0]
+    assert "/objectives/dr_grpo/outputs/rl" in dr_grpo[0] and str(BIN) not in dr_grpo[0]
     assert "do-not-leak-7c2" not in result.stdout
     for task_id, pod in found["pods"].items():
         (container,) = pod["spec"]["containers"]

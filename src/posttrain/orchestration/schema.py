@@ -19,6 +19,7 @@ from posttrain.config import Config, Registered, registered_keys
 from posttrain.registry import IMPORT_PATH, Registry, admitted
 from posttrain.errors import UserError
 from posttrain.orchestration.graph import Task, check_overrides, load_pipelines
+from posttrain.orchestration.sweep import arm_names
 
 ORCHESTRATION_SECTION = "orchestration"  # launcher settings: compile-time, not a run parameter
 
@@ -113,6 +114,7 @@ def pipeline_spec(params_yaml: Path, repo: Path) -> dict[str, Any]:
         "params": param_specs(params_yaml),
         "pipelines": {name: [task_spec(t) for t in p.tasks] for name, p in found.items()},
         "overrides": {name: list(p.overrides) for name, p in found.items()},
+        "sweep_arms": arm_names(),  # the sweep DAG's multi-select: presets and advantage estimators
     }
 
 
