@@ -136,6 +136,12 @@ def _task_states(home: Path) -> dict[str, str]:
         return dict(db.execute("select task_id, state from task_instance"))
 
 
+def _dag_run_state(home: Path) -> str:
+    with sqlite3.connect(home / "airflow.db") as db:
+        (state,) = [s for (s,) in db.execute("select state from dag_run")]
+    return state
+
+
 def _migrate(home: Path) -> None:
     result = subprocess.run([str(BIN / "airflow"), "db", "migrate"], env=_airflow_env(home), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -146,13 +152,17 @@ def test_dags_test_runs_every_stage_and_logs_to_mlflow(tmp_path):
     _migrate(tmp_path)
     result = _dags_test(tmp_path, _conf(tmp_path))
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    assert set(_task_states(tmp_path).values()) == {"success"}
+    assert set(_task_states(tmp_path).values()) == {"success"} and _dag_run_state(tmp_path) == "success"
     runs = _runs(tmp_path)
     assert sorted(r.data.tags["stage"] for r in runs) == ["data", "distill", "eval", "eval", "rl", "sft"]
     assert {r.info.status for r in runs} == {"FINISHED"} and {r.data.tags["launcher"] for r in runs} == {"airflow"}
-    assert len({r.data.tags["pipeline_run"] for r in runs}) == 1
     (run_dir,) = (tmp_path / "runs").iterdir()
-    assert json.loads((run_dir / "outputs/eval/rl/metrics.json").read_text())["greedy_accuracy"] >= 0.0
+    assert {r.data.tags["pipeline_run"] for r in runs} == {run_dir.name}  # the Airflow run id
+    names = sorted(r.data.tags["mlflow.runName"] for r in runs)
+    assert names == ["data", "distill grpo+clip seed 0", "eval rl grpo", "eval sft", "rl grpo+clip seed 0", "sft"], names
+    assert {r.data.tags["stage"] for r in runs if "objective" in r.data.tags} == {"rl", "distill", "eval"}  # eval of rl: inherited
+    metrics = json.loads((run_dir / "outputs/eval/rl/metrics.json").read_text())
+    assert 0.0 <= metrics["greedy_accuracy"] <= 1.0 and metrics["n_prompts"] == TINY["eval"]["n_prompts"]
     assert yaml.safe_load((run_dir / "params.yaml").read_text())["sft"]["steps"] == TINY["sft"]["steps"]
 
 
@@ -161,7 +171,9 @@ def test_a_failing_stage_fails_the_run_and_leaves_its_mlflow_run_failed(tmp_path
     _migrate(tmp_path)
     _dags_test(tmp_path, _conf(tmp_path, **{"task.digits": 1}))  # valid keys, but more problems than 1-digit sums
     states = _task_states(tmp_path)
-    assert states["data"] == "failed" and states["sft"] == "upstream_failed" and states["finalize"] == "success", states
+    # finalize ran (it marked the runs) and failed on purpose, so the DAG run ends failed, not with the teardown's success
+    assert states["data"] == "failed" and states["sft"] == "upstream_failed" and states["finalize"] == "failed", states
+    assert _dag_run_state(tmp_path) == "failed"
     (run,) = _runs(tmp_path)
     assert run.data.tags["stage"] == "data" and run.info.status == "FAILED"
 
