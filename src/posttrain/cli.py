@@ -174,6 +174,7 @@ def finalize(
 ) -> None:
     """Mark the pipeline run's MLflow runs that are still RUNNING as FAILED; remove half-written outputs."""
     from posttrain.orchestration.finalize import mark_unfinished_failed, remove_leftovers
+    from posttrain.tracking import register_models
     from posttrain.orchestration.preflight import resolve_config
 
     if not pipeline_run:
@@ -187,7 +188,9 @@ def finalize(
     cfg = resolve_config(params, values_json, overrides)
     failed = mark_unfinished_failed(cfg, pipeline_run, reason)
     removed = [p for root in cleanup if root.is_dir() for p in remove_leftovers(root)]
-    typer.echo(json.dumps({"state": state, "marked_failed": failed, "removed": [str(p) for p in removed]}, sort_keys=True))
+    # a run that went through: its final models into the Model Registry (posttrain-<stage>, tagged pipeline_run)
+    registered = register_models(cfg, pipeline_run) if state.lower() in ("ended", "succeeded") and not failed else []
+    typer.echo(json.dumps({"state": state, "marked_failed": failed, "registered": registered, "removed": [str(p) for p in removed]}, sort_keys=True))
     if fail_if_failed and state.lower() == "failed":
         raise UserError(f"pipeline run {pipeline_run!r} failed: a task failed or was stopped ({len(failed)} MLflow runs marked FAILED)")
 

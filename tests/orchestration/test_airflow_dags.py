@@ -163,6 +163,19 @@ def test_dags_test_runs_every_stage_and_logs_to_mlflow(tmp_path):
     assert {r.data.tags["stage"] for r in runs if "objective" in r.data.tags} == {"rl", "distill", "eval"}  # eval of rl: inherited
     metrics = json.loads((run_dir / "outputs/eval/rl/metrics.json").read_text())
     assert 0.0 <= metrics["greedy_accuracy"] <= 1.0 and metrics["n_prompts"] == TINY["eval"]["n_prompts"]
+    # the final models are MLflow models in the Model Registry, tagged with the pipeline run, and load by name
+    import mlflow.pyfunc
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    (version,) = MlflowClient(uri).search_model_versions("name = 'posttrain-rl'")
+    rl_run = next(r for r in runs if r.data.tags["stage"] == "rl")
+    assert version.run_id == rl_run.info.run_id and version.tags["pipeline_run"] == run_dir.name and version.tags["arm"] == "grpo"
+    mlflow.set_tracking_uri(uri)
+    (completion,) = mlflow.pyfunc.load_model("models:/posttrain-rl/latest").predict(["12+7="], params={"max_new_tokens": 4})
+    assert isinstance(completion, str)
+    sft_artifacts = [a.path for a in MlflowClient(uri).list_artifacts(next(r for r in runs if r.data.tags["stage"] == "sft").info.run_id, "model")]
+    assert "model/MLmodel" in sft_artifacts and len(sft_artifacts) == len(set(sft_artifacts))
     assert yaml.safe_load((run_dir / "params.yaml").read_text())["sft"]["steps"] == TINY["sft"]["steps"]
 
 
