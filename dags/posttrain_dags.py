@@ -59,7 +59,7 @@ def pipeline_state(ti) -> str:
 
 
 def run_params(sweep: bool) -> dict[str, Param]:
-    made = {name: Param(p["default"], section=p["section"], **p["schema"]) for name, p in SPEC["params"].items()}
+    made = {name: Param(p["default"], description=p["description"], section=p["section"], **p["schema"]) for name, p in SPEC["params"].items()}
     if sweep:
         arms = SPEC["sweep_arms"]
         made["objectives"] = Param(

@@ -1,32 +1,19 @@
-"""The Airflow DAGs: they load, take the generated Params, and `airflow dags test` really runs the stages."""
+"""The Airflow DAGs as DagBag reads them: they load, take the generated Params, and render their commands and pods.
+(Runs triggered through a real api-server, scheduler and dag-processor: test_airflow_servers.py.)"""
 
 from __future__ import annotations
 
 import json
-import sqlite3
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
-from orch_helpers import TINY, BIN, tool_env
+from airflow_servers import DAGS, airflow_env
+from orch_helpers import BIN
 
 from helpers import REPO
 from posttrain.orchestration.schema import param_specs
-
-DAGS = REPO / "dags"
-
-
-def _airflow_env(home: Path) -> dict[str, str]:
-    return tool_env(
-        AIRFLOW_HOME=str(home),
-        AIRFLOW__CORE__DAGS_FOLDER=str(DAGS),
-        AIRFLOW__CORE__LOAD_EXAMPLES="False",
-        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home / 'airflow.db'}",
-        POSTTRAIN_RUNS_DIR=str(home / "runs"),
-        POSTTRAIN_AIRFLOW_RETRIES="0",  # a failing stage fails the run at once (retries wait a minute)
-    )
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +24,7 @@ import json, sys
 from airflow.dag_processing.dagbag import DagBag
 bag = DagBag({str(DAGS)!r})
 heavy = sorted({{m.split('.')[0] for m in sys.modules if m.split('.')[0] in ('torch', 'posttrain', 'transformers')}})
-params = {{d: {{k: [p.value, p.schema] for k, p in dag.params.items()}} for d, dag in bag.dags.items()}}
+params = {{d: {{k: [p.value, p.schema, p.description] for k, p in dag.params.items()}} for d, dag in bag.dags.items()}}
 commands = {{d: {{t: getattr(op, "bash_command", "") for t, op in dag.task_dict.items()}} for d, dag in bag.dags.items()}}
 sweep, text = bag.dags["posttrain_sweep"], bag.dags["posttrain_text"]
 objectives = sweep.params.get_param("objectives")
@@ -63,7 +50,7 @@ print(json.dumps({{"errors": {{k: str(v) for k, v in bag.import_errors.items()}}
     "conf": filters["conf_settings"]({{"rl.stepz": 5, "objectives": ["grpo"]}}), "env": text.task_dict["preflight"].env,
     "teardown": [text.task_dict["finalize"].is_teardown, text.task_dict["finalize"].on_failure_fail_dagrun, text.task_dict["finalize"].retries]}}))
 """
-    result = subprocess.run([sys.executable, "-c", probe], env=_airflow_env(tmp_path_factory.mktemp("dagbag")), capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, "-c", probe], env=airflow_env(tmp_path_factory.mktemp("dagbag")), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -83,8 +70,11 @@ def test_dagbag_loads_without_torch_or_posttrain_and_params_match_the_config(dag
     text_params = found["params"]["posttrain_text"]
     assert set(text_params) == set(expected)
     for name, spec in expected.items():
-        assert text_params[name] == [spec["default"], {**spec["schema"], "section": spec["section"]}], name
+        assert text_params[name] == [spec["default"], {**spec["schema"], "section": spec["section"]}, spec["description"]], name
     assert "gdpo" in text_params["rl.advantage"][1]["enum"]
+    # the form's help text is params.yaml's comment of the key (its continuation lines too), else the key and its default
+    assert text_params["rl.preset"][2] == "null | dapo | dr_grpo | gspo | grpo: sets several rl keys; --set still wins"
+    assert text_params["rl.steps"][2] == "rl.steps (params.yaml: 1000)"
 
 
 def test_dag_runs_refuse_unknown_conf_keys_duplicate_arms_and_end_failed_when_a_task_failed(dag_probe):
@@ -110,87 +100,6 @@ def test_dag_runs_refuse_unknown_conf_keys_duplicate_arms_and_end_failed_when_a_
     assert "--state '{{ ti | pipeline_state }}' --fail-if-failed" in found["commands"]["posttrain_text"]["finalize"]
 
 
-def _dags_test(home: Path, conf: dict) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(BIN / "airflow"), "dags", "test", "posttrain_text", "-c", json.dumps(conf)],
-        env=_airflow_env(home), cwd=home, capture_output=True, text=True, timeout=900,
-    )
-
-
-def _conf(home: Path, **extra) -> dict:
-    conf = {f"{section}.{key}": value for section, values in TINY.items() for key, value in values.items()}
-    conf.update({"tracking.uri": f"sqlite:///{home / 'mlflow.db'}", "tracking.artifact_root": str(home / "mlartifacts")})
-    conf.update({"model.hidden_size": 32, "model.intermediate_size": 64, "model.layers": 1}, **extra)
-    return conf
-
-
-def _runs(home: Path):
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(f"sqlite:///{home / 'mlflow.db'}")
-    return client.search_runs([client.get_experiment_by_name("posttrain").experiment_id])
-
-
-def _task_states(home: Path) -> dict[str, str]:
-    with sqlite3.connect(home / "airflow.db") as db:
-        return dict(db.execute("select task_id, state from task_instance"))
-
-
-def _dag_run_state(home: Path) -> str:
-    with sqlite3.connect(home / "airflow.db") as db:
-        (state,) = [s for (s,) in db.execute("select state from dag_run")]
-    return state
-
-
-def _migrate(home: Path) -> None:
-    result = subprocess.run([str(BIN / "airflow"), "db", "migrate"], env=_airflow_env(home), capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-
-
-@pytest.mark.slow
-def test_dags_test_runs_every_stage_and_logs_to_mlflow(tmp_path):
-    _migrate(tmp_path)
-    result = _dags_test(tmp_path, _conf(tmp_path))
-    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    assert set(_task_states(tmp_path).values()) == {"success"} and _dag_run_state(tmp_path) == "success"
-    runs = _runs(tmp_path)
-    assert sorted(r.data.tags["stage"] for r in runs) == ["data", "distill", "eval", "eval", "rl", "sft"]
-    assert {r.info.status for r in runs} == {"FINISHED"} and {r.data.tags["launcher"] for r in runs} == {"airflow"}
-    (run_dir,) = (tmp_path / "runs").iterdir()
-    assert {r.data.tags["pipeline_run"] for r in runs} == {run_dir.name}  # the Airflow run id
-    names = sorted(r.data.tags["mlflow.runName"] for r in runs)
-    assert names == ["data", "distill grpo+clip seed 0", "eval rl grpo", "eval sft", "rl grpo+clip seed 0", "sft"], names
-    assert {r.data.tags["stage"] for r in runs if "objective" in r.data.tags} == {"rl", "distill", "eval"}  # eval of rl: inherited
-    metrics = json.loads((run_dir / "outputs/eval/rl/metrics.json").read_text())
-    assert 0.0 <= metrics["greedy_accuracy"] <= 1.0 and metrics["n_prompts"] == TINY["eval"]["n_prompts"]
-    # the final models are MLflow models in the Model Registry, tagged with the pipeline run, and load by name
-    import mlflow.pyfunc
-    from mlflow.tracking import MlflowClient
-
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    (version,) = MlflowClient(uri).search_model_versions("name = 'posttrain-rl'")
-    rl_run = next(r for r in runs if r.data.tags["stage"] == "rl")
-    assert version.run_id == rl_run.info.run_id and version.tags["pipeline_run"] == run_dir.name and version.tags["arm"] == "grpo"
-    mlflow.set_tracking_uri(uri)
-    (completion,) = mlflow.pyfunc.load_model("models:/posttrain-rl/latest").predict(["12+7="], params={"max_new_tokens": 4})
-    assert isinstance(completion, str)
-    sft_artifacts = [a.path for a in MlflowClient(uri).list_artifacts(next(r for r in runs if r.data.tags["stage"] == "sft").info.run_id, "model")]
-    assert "model/MLmodel" in sft_artifacts and len(sft_artifacts) == len(set(sft_artifacts))
-    assert yaml.safe_load((run_dir / "params.yaml").read_text())["sft"]["steps"] == TINY["sft"]["steps"]
-
-
-@pytest.mark.slow
-def test_a_failing_stage_fails_the_run_and_leaves_its_mlflow_run_failed(tmp_path):
-    _migrate(tmp_path)
-    _dags_test(tmp_path, _conf(tmp_path, **{"task.digits": 1}))  # valid keys, but more problems than 1-digit sums
-    states = _task_states(tmp_path)
-    # finalize ran (it marked the runs) and failed on purpose, so the DAG run ends failed, not with the teardown's success
-    assert states["data"] == "failed" and states["sft"] == "upstream_failed" and states["finalize"] == "failed", states
-    assert _dag_run_state(tmp_path) == "failed"
-    (run,) = _runs(tmp_path)
-    assert run.data.tags["stage"] == "data" and run.info.status == "FAILED"
-
-
 def test_kubernetes_executor_makes_pods_with_secrets_from_kubernetes_gpus_and_the_runs_volume(tmp_path):
     """orchestration.airflow.executor = kubernetes: every task a KubernetesPodOperator; its pod (rendered by the
     provider, no cluster) takes credentials from secretKeyRef only, training pods request the GPU node pool."""
@@ -209,7 +118,7 @@ kinds = {{(d, t): op.task_type for d, dag in bag.dags.items() for t, op in dag.t
 print(json.dumps({{"errors": {{k: str(v) for k, v in bag.import_errors.items()}}, "pods": pods, "arm_limits": limits, "arm_commands": commands,
     "kinds": {{f"{{d}}/{{t}}": k for (d, t), k in kinds.items()}}, "mapped": type(arm).__name__}}))
 """
-    env = _airflow_env(tmp_path)
+    env = airflow_env(tmp_path)
     env.pop("POSTTRAIN_RUNS_DIR")
     kubeconfig = {  # the provider reads a cluster config to build the pod; nothing connects to it
         "apiVersion": "v1", "kind": "Config", "current-context": "test",
