@@ -368,10 +368,16 @@ def register_models(cfg: Config, pipeline_run: str) -> list[str]:
 OBJECTIVE_STAGES = ("rl", "rl_rm", "distill")  # the stages that train with the rl section's objective
 
 
+# pipeline stages that do not train with the rl section's objective: their runs carry no `objective` / `arm` (a
+# sweep's data and sft are shared by every arm; an eval inherits the tags of the model it evaluates)
+NO_RL_OBJECTIVE = ("data", "sft", "eval", "flow_eval", "compare", "reward_model", "preference", "city", "curate", "flow_sft",
+                   "flow_rl", "knowledge", "edit")
+
+
 def objective_tags(cfg: Config, stage: str) -> dict[str, str]:
-    """`objective` (advantage+loss) and `arm` (the preset, else the advantage: a sweep arm's name) of a stage that
-    trains with the rl settings; none for the others (data, sft, ... of a sweep are shared by every arm)."""
-    if stage not in OBJECTIVE_STAGES:
+    """`objective` (advantage+loss) and `arm` (the preset, else the advantage: a sweep arm's name) of a run that
+    trains with the rl settings (the OBJECTIVE_STAGES, and the experiments' arms); none for NO_RL_OBJECTIVE."""
+    if stage in NO_RL_OBJECTIVE:
         return {}
     return {"objective": f"{cfg.rl.advantage}+{cfg.rl.loss}", "arm": cfg.rl.preset or cfg.rl.advantage}
 

@@ -43,6 +43,7 @@ def test_arms_are_known_and_unique_in_params_and_at_preflight():
 def test_only_rl_trained_runs_carry_an_objective_and_names_say_what_a_run_is():
     cfg = resolve.load(PARAMS)
     assert objective_tags(cfg, "sft") == {} and objective_tags(cfg, "data") == {}  # shared by every arm of a sweep
+    assert objective_tags(cfg, "respo_vs_clip/clip") == {"objective": "grpo+clip", "arm": "grpo"}  # an experiment's arm keeps them
     tags = objective_tags(cfg, "rl")
     assert tags == {"objective": "grpo+clip", "arm": "grpo"}
     assert run_name(cfg, "rl", tags) == "rl grpo+clip seed 0"
