@@ -108,22 +108,29 @@ def _overrides(overrides: tuple[str, ...]) -> list[str]:
     return [arg for value in overrides for arg in ("--set", value)]
 
 
-def preflight_component(sections: list[str], with_objective: bool = False, overrides: tuple[str, ...] = ()) -> dsl.ContainerComponent:
+def preflight_component(sections: list[str], with_objective: bool = False, overrides: tuple[str, ...] = (),
+                        with_arms: bool = False) -> dsl.ContainerComponent:
     """CPU check of the run (config, MLflow, S3, credentials); outputs the resolved settings as `config`.
-    `overrides`: the pipeline's own settings (its dvc.yaml `--set`), applied over the parameters."""
+    `overrides`: the pipeline's own settings (its dvc.yaml `--set`), applied over the parameters.
+    `with_objective`: one sweep arm's settings (`--sweep-arm`: a preset's every rl key, or an advantage);
+    `with_arms`: the sweep's list of arms is checked (known names, none twice) before any arm starts."""
     parameters = [_param(s, dict) for s in sections]
     if with_objective:
         parameters.append(_param("objective", str))
+    if with_arms:
+        parameters.append(_param("objectives", list))
     parameters.append(_param("config", dsl.OutputPath(str)))
 
     def build(args):
         argv = ["preflight", *_values_json(sections, args)]
         if with_objective:
-            argv += ["--values-json", dsl.ConcatPlaceholder(['{"rl.advantage": "', args["objective"], '"}'])]
+            argv += ["--sweep-arm", args["objective"]]
+        if with_arms:
+            argv += ["--sweep-arms", args["objectives"]]  # a list parameter renders as its JSON text
         argv += [*_overrides(overrides), "--write-config", args["config"]]
         return dsl.ContainerSpec(image=PLACEHOLDER_IMAGE, command=["posttrain"], args=argv)
 
-    return _container_component("posttrain-preflight" + ("-objective" if with_objective else ""), parameters, build)
+    return _container_component("posttrain-preflight" + ("-objective" if with_objective else "-sweep" if with_arms else ""), parameters, build)
 
 
 def finalize_component(sections: list[str], overrides: tuple[str, ...] = ()) -> dsl.ContainerComponent:

@@ -6,8 +6,11 @@ as a Bash task in the environment Airflow runs in (the default: a laptop running
 as a Kubernetes pod on a GPU node pool when `orchestration.airflow.executor` is `kubernetes`.
 
 Params are validated against the generated JSON Schema when a run is triggered; the `preflight` task then
-validates them with the config models and checks MLflow, S3 and credentials before any training starts.
-The `finalize` teardown and every task's failure callback mark the run's unfinished MLflow runs FAILED.
+validates them with the config models (the trigger's `conf` too: a key that is no setting, `rl.stepz`, is refused
+by name) and checks MLflow, S3 and credentials before any training starts. The `finalize` teardown and every
+task's failure callback mark the run's unfinished MLflow runs FAILED; when any task failed or was skipped (a run
+marked failed), `finalize` fails too, so the DAG run ends failed rather than taking the teardown's success.
+The sweep's arms are presets or advantage estimators (`posttrain.orchestration.sweep`), each at most once.
 """
 
 from __future__ import annotations
@@ -30,8 +33,13 @@ ORCH = SPEC["orchestration"]
 RUNS = Path(os.environ.get("POSTTRAIN_RUNS_DIR", ORCH["airflow"]["runs_dir"]))
 RUN_DIR = f"{RUNS if RUNS.is_absolute() else REPO / RUNS}/{{{{ run_id }}}}"  # shell-quoted wherever it is used
 VALUES = "$POSTTRAIN_VALUES"  # the trigger form's values (validated by Airflow) as JSON, for preflight
-RUN_ENV = {"POSTTRAIN_VALUES": "{{ params | config_values | tojson }}", "POSTTRAIN_PIPELINE_RUN": "{{ run_id }}", **ORCH["env"]}
+CONF = "$POSTTRAIN_CONF"  # the trigger's own conf as given: its unknown keys reach preflight, which names them
+RUN_ENV = {
+    "POSTTRAIN_VALUES": "{{ params | config_values | tojson }}", "POSTTRAIN_CONF": "{{ dag_run.conf | conf_settings | tojson }}",
+    "POSTTRAIN_PIPELINE_RUN": "{{ run_id }}", **ORCH["env"],
+}
 CHECK = ["--params", str(REPO / "params.yaml"), "--values-json", VALUES]
+FAILED_STATES = {"failed", "upstream_failed", "skipped", "removed"}  # no task of these DAGs skips unless the run was stopped
 
 
 def config_values(params) -> dict:
@@ -39,11 +47,26 @@ def config_values(params) -> dict:
     return {name: value for name, value in dict(params).items() if name in SPEC["params"]}
 
 
+def conf_settings(conf) -> dict:
+    """The trigger's conf without the sweep's `objectives` (no config key): every other key must be a setting."""
+    return {name: value for name, value in dict(conf or {}).items() if name != "objectives"}
+
+
+def pipeline_state(ti) -> str:
+    """`failed` if any other task of this DAG run failed or was skipped (the run was marked failed), else `ended`."""
+    states = ti.get_task_states(dag_id=ti.dag_id, run_ids=[ti.run_id]).get(ti.run_id, {})
+    return "failed" if any(state in FAILED_STATES for task_id, state in states.items() if task_id != ti.task_id) else "ended"
+
+
 def run_params(sweep: bool) -> dict[str, Param]:
-    made = {name: Param(p["default"], section=p["section"], **p["schema"]) for name, p in SPEC["params"].items()}
+    made = {name: Param(p["default"], description=p["description"], section=p["section"], **p["schema"]) for name, p in SPEC["params"].items()}
     if sweep:
-        advantages = SPEC["params"]["rl.advantage"]["schema"]["enum"]
-        made["objectives"] = Param(list(ORCH["sweep"]["objectives"]), section="sweep", type="array", minItems=1, items={"enum": advantages})
+        arms = SPEC["sweep_arms"]
+        made["objectives"] = Param(
+            list(ORCH["sweep"]["objectives"]), section="sweep", type="array", minItems=1, uniqueItems=True, items={"type": "string", "enum": arms},
+            examples=arms,  # an array Param with examples is a multi-select in the trigger form
+            description="The arms: a preset (all its rl keys, e.g. dr_grpo's aggregation) or an advantage estimator; each once.",
+        )
     return made
 
 
@@ -62,7 +85,7 @@ def stage_argv(spec: dict, run_dir: str, input_dirs: dict[str, str] | None = Non
 
 
 def shell(argv: list[str]) -> str:
-    return " ".join(f'"{a}"' if a == VALUES else shlex.quote(a) for a in [POSTTRAIN, *argv])
+    return " ".join(f'"{a}"' if a in (VALUES, CONF) else shlex.quote(a) for a in [POSTTRAIN, *argv])
 
 
 def overrides_of(dag_id: str) -> list[str]:
@@ -84,41 +107,65 @@ def bash_task(task_id: str, argv: list[str], gpu: bool, **kwargs):
     return BashOperator(task_id=task_id, bash_command=shell(argv), cwd=str(REPO), env=RUN_ENV, append_env=True, **kwargs)
 
 
-def pod_task(task_id: str, argv: list[str], gpu: bool, **kwargs):
-    """The same command in the posttrain image; credentials as Kubernetes secrets (the operator's `secrets`: env
+def pod_command(command: str) -> str:
+    """A shell command of this Airflow's environment as the image runs it (its posttrain, its paths)."""
+    return command.replace(POSTTRAIN, "posttrain").replace(RUN_ROOT, POD_RUN_ROOT).replace(str(REPO), IMAGE_WORKDIR)
+
+
+def pod_settings(task_id: str, gpu: bool) -> dict:
+    """The KubernetesPodOperator settings of a task: credentials as Kubernetes secrets (the operator's `secrets`: env
     from secretKeyRef), never in the arguments. The run directory lies on the PersistentVolumeClaim
     `orchestration.airflow.volume`, mounted by every pod at the same path, so each task reads its upstream outputs."""
-    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
     from airflow.providers.cncf.kubernetes.secret import Secret
     from kubernetes.client import models as k8s
 
     secrets = [Secret("env", env, name, key) for name, keys in ORCH["secrets"].items() for env, key in keys.items()]
-    command = shell(argv).replace(POSTTRAIN, "posttrain", 1).replace(RUN_ROOT, POD_RUN_ROOT).replace(str(REPO), IMAGE_WORKDIR)
     runs = k8s.V1Volume(name="runs", persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(claim_name=ORCH["airflow"]["volume"]))
-    gpu_settings = {}
+    settings = {
+        "task_id": task_id, "name": task_id.replace("_", "-"), "namespace": ORCH["airflow"]["namespace"], "image": ORCH["image"],
+        "cmds": ["sh", "-c"], "env_vars": RUN_ENV, "secrets": secrets,
+        "volumes": [runs], "volume_mounts": [k8s.V1VolumeMount(name="runs", mount_path=POD_RUN_ROOT)],
+    }
     if gpu:
-        gpu_settings = {
-            "container_resources": k8s.V1ResourceRequirements(limits={ORCH["gpu"]["accelerator"]: str(ORCH["gpu"]["count"])}),
-            "node_selector": ORCH["gpu"]["node_selector"],
-            "tolerations": [k8s.V1Toleration(**t) for t in ORCH["gpu"]["tolerations"]],
-        }
-    return KubernetesPodOperator(
-        task_id=task_id, name=task_id.replace("_", "-"), namespace=ORCH["airflow"]["namespace"], image=ORCH["image"],
-        cmds=["sh", "-c"], arguments=[command], env_vars=RUN_ENV, secrets=secrets,
-        volumes=[runs], volume_mounts=[k8s.V1VolumeMount(name="runs", mount_path=POD_RUN_ROOT)], **gpu_settings, **kwargs,
-    )
+        settings.update(
+            container_resources=k8s.V1ResourceRequirements(limits={ORCH["gpu"]["accelerator"]: str(ORCH["gpu"]["count"])}),
+            node_selector=ORCH["gpu"]["node_selector"],
+            tolerations=[k8s.V1Toleration(**t) for t in ORCH["gpu"]["tolerations"]],
+        )
+    return settings
+
+
+def pod_task(task_id: str, argv: list[str], gpu: bool, **kwargs):
+    """The same command in the posttrain image, in its own pod (see `pod_settings`)."""
+    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+
+    return KubernetesPodOperator(arguments=[pod_command(shell(argv))], **pod_settings(task_id, gpu), **kwargs)
+
+
+def bash_mapped(task_id: str, commands, gpu: bool):
+    from airflow.providers.standard.operators.bash import BashOperator
+
+    return BashOperator.partial(task_id=task_id, cwd=str(REPO), env=RUN_ENV, append_env=True).expand(bash_command=commands)
+
+
+def pod_mapped(task_id: str, commands, gpu: bool):
+    """One pod per item of `commands` (the upstream task's `[shell command]` lists, already in the image's paths)."""
+    from airflow.providers.cncf.kubernetes.operators.pod import KubernetesPodOperator
+
+    return KubernetesPodOperator.partial(**pod_settings(task_id, gpu)).expand(arguments=commands)
 
 
 IMAGE_WORKDIR = "/opt/posttrain"  # docker/Dockerfile: the package, params.yaml and dvc.yaml
 RUN_ROOT = str(RUNS if RUNS.is_absolute() else REPO / RUNS)
 POD_RUN_ROOT = str(RUNS) if RUNS.is_absolute() else f"{IMAGE_WORKDIR}/{RUNS}"  # where the pods mount the runs volume
-launch = pod_task if os.environ.get("POSTTRAIN_AIRFLOW_EXECUTOR", ORCH["airflow"]["executor"]) == "kubernetes" else bash_task
+IN_PODS = os.environ.get("POSTTRAIN_AIRFLOW_EXECUTOR", ORCH["airflow"]["executor"]) == "kubernetes"
+launch, launch_mapped = (pod_task, pod_mapped) if IN_PODS else (bash_task, bash_mapped)
 
 
 def build(dag_id: str, tasks: list[dict], sweep: bool = False) -> DAG:
     with DAG(
         dag_id, schedule=None, catchup=False, params=run_params(sweep), tags=["posttrain"], doc_md=__doc__,
-        user_defined_filters={"config_values": config_values},
+        user_defined_filters={"config_values": config_values, "conf_settings": conf_settings, "pipeline_state": pipeline_state},
         default_args={
             "retries": int(os.environ.get("POSTTRAIN_AIRFLOW_RETRIES", ORCH["retries"])),
             "retry_delay": timedelta(seconds=float(ORCH["retry_backoff"].rstrip("s"))),
@@ -128,8 +175,13 @@ def build(dag_id: str, tasks: list[dict], sweep: bool = False) -> DAG:
         description=" -> ".join(t["id"] for t in tasks) + (" -> objectives -> compare" if sweep else ""),
     ) as dag:
         check = [*CHECK, *overrides_of(dag_id)]  # preflight writes them into the run's params.yaml
-        preflight = launch("preflight", ["preflight", *check, "--write-config", f"{RUN_DIR}/params.yaml"], gpu=False, retries=0)
-        finalize = launch("finalize", ["finalize", *check, "--pipeline-run", "{{ run_id }}", "--state", "ended", "--cleanup", RUN_DIR], gpu=False)
+        arms = ["--sweep-arms", "{{ params.objectives | tojson }}"] if sweep else []
+        preflight = launch("preflight", ["preflight", *check, "--values-json", CONF, *arms, "--write-config", f"{RUN_DIR}/params.yaml"], gpu=False, retries=0)
+        # no retries: a failed run makes it fail on purpose (its MLflow call has its own retries)
+        finalize = launch(
+            "finalize", ["finalize", *check, "--pipeline-run", "{{ run_id }}", "--state", "{{ ti | pipeline_state }}", "--fail-if-failed", "--cleanup", RUN_DIR],
+            gpu=False, retries=0,
+        )
         made = {}
         for spec in tasks:
             if spec["id"] in ORCH["imports"]:  # orchestration.imports: not run; its consumers read the URI
@@ -147,28 +199,28 @@ def build(dag_id: str, tasks: list[dict], sweep: bool = False) -> DAG:
             commands, objectives = objective_runs(SPEC["pipelines"]["text"], {t["id"] for t in tasks})
             leaves >> commands
             objectives >> compare >> finalize
-        finalize.as_teardown(setups=preflight)
+        finalize.as_teardown(setups=preflight, on_failure_fail_dagrun=True)
     return dag
 
 
 def objective_runs(text_tasks: list[dict], shared: set[str]):
-    """One mapped task per objective (`.expand`): its own preflight, then the stages that depend on `rl`."""
-    from airflow.providers.standard.operators.bash import BashOperator
-
+    """One mapped task per arm (`.expand`, a Bash task or a pod as the executor says): its own preflight, which
+    applies the arm (`--sweep-arm`: a preset's every rl key, or an advantage), then the stages that depend on `rl`."""
     per_objective = [t for t in text_tasks if t["id"] not in shared]
 
     @task
-    def objective_commands(run_dir: str, params: dict | None = None) -> list[str]:  # params: from the run context
+    def objective_commands(run_dir: str, params: dict | None = None) -> list:  # params: from the run context
         commands = []
         for objective in params["objectives"]:
             own = f"{run_dir}/objectives/{objective}"
-            steps = [["preflight", "--params", f"{run_dir}/params.yaml", "--set", f"rl.advantage={objective}", "--write-config", f"{own}/params.yaml"]]
+            steps = [["preflight", "--params", f"{run_dir}/params.yaml", "--sweep-arm", objective, "--write-config", f"{own}/params.yaml"]]
             steps += [stage_argv(t, own, {s: run_dir for s in shared}) for t in per_objective]
-            commands.append(" && ".join(shell(s) for s in steps))
+            command = " && ".join(shell(s) for s in steps)
+            commands.append([pod_command(command)] if IN_PODS else command)  # a pod's `arguments` is a list
         return commands
 
     commands = objective_commands(run_dir=RUN_DIR)
-    return commands, BashOperator.partial(task_id="objective", cwd=str(REPO), env=RUN_ENV, append_env=True).expand(bash_command=commands)
+    return commands, launch_mapped("objective", commands, gpu=any(t["gpu"] for t in per_objective))
 
 
 for _name, _tasks in SPEC["pipelines"].items():

@@ -21,6 +21,7 @@ from posttrain.config import Config, OrchestrationConfig
 from posttrain.errors import UserError
 from posttrain.orchestration.graph import Pipeline, Task, check_overrides, load_pipelines
 from posttrain.orchestration.preflight import without_nulls
+from posttrain.orchestration.sweep import check_arms
 
 SECTIONS = list(Config.model_fields)
 
@@ -99,7 +100,7 @@ def build_sweep(tasks: list[Task], cfg: Config):
     orch = cfg.orchestration
     per_objective = _downstream_of("rl", tasks)
     shared = [t for t in tasks if t.id not in {p.id for p in per_objective}]
-    preflight, finalize = preflight_component(SECTIONS), finalize_component(SECTIONS)
+    preflight, finalize = preflight_component(SECTIONS, with_arms=True), finalize_component(SECTIONS)
     objective_preflight = preflight_component(SECTIONS, with_objective=True)
 
     def body(*args):
@@ -108,7 +109,7 @@ def build_sweep(tasks: list[Task], cfg: Config):
         exit_task = finalize(**sections, pipeline_run=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
         _configure(exit_task, values["image"], orch, gpu=False, cache=False)
         with dsl.ExitHandler(exit_task, name="sweep"):
-            check = preflight(**sections)
+            check = preflight(**sections, objectives=values["objectives"])
             _configure(check, values["image"], orch, gpu=False, cache=False)
             done = _run_stages(shared, check.outputs["config"], values["image"], orch, {})
             with dsl.ParallelFor(values["objectives"], parallelism=orch.sweep.parallelism) as objective:
@@ -144,6 +145,7 @@ def build_all(params: Path, repo: Path) -> dict[str, object]:
     unknown = sorted(set(cfg.orchestration.imports) - known)
     if unknown:
         raise UserError(f"orchestration.imports names no task: {unknown} (tasks: {', '.join(sorted(known))})")
+    check_arms(cfg.orchestration.sweep.objectives, "orchestration.sweep.objectives")
     built = {name: build_pipeline(pipeline, cfg) for name, pipeline in found.items()}
     text = found.get("text")
     if text is not None and any(t.id == "rl" for t in text.tasks):

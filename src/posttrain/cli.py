@@ -134,11 +134,23 @@ def preflight(
     values_json: ValuesJson = [],  # noqa: B006
     inputs: Inputs = [],  # noqa: B006
     write_config: Annotated[Path | None, typer.Option("--write-config", help="Write the resolved settings (YAML) here.")] = None,
+    sweep_arm: Annotated[str, typer.Option("--sweep-arm", help="A sweep arm: a preset (all its rl keys) or an advantage estimator.")] = "",
+    sweep_arms: Annotated[str, typer.Option("--sweep-arms", help="A sweep's arms (JSON list): each known, none twice.")] = "",
 ) -> None:
     """Check a run before any GPU is requested: config, MLflow, S3 credentials and buckets, inputs."""
     from posttrain.orchestration.preflight import config_text, preflight as check, resolve_config
+    from posttrain.orchestration.sweep import arm_overrides, check_arms
 
-    cfg = resolve_config(params, values_json, overrides)
+    if sweep_arms:
+        try:
+            arms = json.loads(sweep_arms)
+        except json.JSONDecodeError as e:
+            raise UserError(f"--sweep-arms is not JSON: {e.msg}") from None
+        if not isinstance(arms, list) or not all(isinstance(a, str) for a in arms):
+            raise UserError("--sweep-arms must be a JSON list of names")
+        check_arms(arms)
+    arm = arm_overrides(sweep_arm) if sweep_arm else []
+    cfg = resolve_config(params, values_json, [*overrides, *arm])
     problems = check(cfg, _input_locations(inputs))
     if problems:
         raise UserError("preflight failed: " + "; ".join(problems))
@@ -158,9 +170,11 @@ def finalize(
     status_json: Annotated[str, typer.Option("--status-json", help="Kubeflow's PipelineTaskFinalStatus, as JSON.")] = "",
     state: Annotated[str, typer.Option("--state", help="The pipeline run's final state, when not given by --status-json.")] = "",
     cleanup: Annotated[list[Path], typer.Option("--cleanup", help="Remove half-written stage outputs under DIR.")] = [],  # noqa: B006
+    fail_if_failed: Annotated[bool, typer.Option("--fail-if-failed", help="Exit 1 when the state is failed (an Airflow teardown fails its run).")] = False,
 ) -> None:
     """Mark the pipeline run's MLflow runs that are still RUNNING as FAILED; remove half-written outputs."""
     from posttrain.orchestration.finalize import mark_unfinished_failed, remove_leftovers
+    from posttrain.tracking import register_models
     from posttrain.orchestration.preflight import resolve_config
 
     if not pipeline_run:
@@ -174,7 +188,11 @@ def finalize(
     cfg = resolve_config(params, values_json, overrides)
     failed = mark_unfinished_failed(cfg, pipeline_run, reason)
     removed = [p for root in cleanup if root.is_dir() for p in remove_leftovers(root)]
-    typer.echo(json.dumps({"state": state, "marked_failed": failed, "removed": [str(p) for p in removed]}, sort_keys=True))
+    # a run that went through: its final models into the Model Registry (posttrain-<stage>, tagged pipeline_run)
+    registered = register_models(cfg, pipeline_run) if state.lower() in ("ended", "succeeded") and not failed else []
+    typer.echo(json.dumps({"state": state, "marked_failed": failed, "registered": registered, "removed": [str(p) for p in removed]}, sort_keys=True))
+    if fail_if_failed and state.lower() == "failed":
+        raise UserError(f"pipeline run {pipeline_run!r} failed: a task failed or was stopped ({len(failed)} MLflow runs marked FAILED)")
 
 
 @app.command("relog")

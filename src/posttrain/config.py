@@ -252,8 +252,17 @@ class GPUConfig(Section):
 
 
 class SweepConfig(Section):
-    objectives: tuple[Annotated[str, Registered("advantages")], ...]  # advantage estimators (rl.advantage) to sweep
+    # the arms: presets or advantage estimators (names checked by posttrain.orchestration.sweep, which knows both)
+    objectives: tuple[str, ...] = Field(min_length=1)
     parallelism: int = Field(ge=1)
+
+    @field_validator("objectives")
+    @classmethod
+    def _unique(cls, arms: tuple[str, ...]) -> tuple[str, ...]:
+        twice = sorted({a for a in arms if arms.count(a) > 1})
+        if twice:
+            raise ValueError(f"{twice[0]!r} is listed twice (each arm writes its own output folder)")
+        return arms
 
 
 class AirflowConfig(Section):

@@ -179,6 +179,8 @@ class Tracker:
                              for f in sorted(Path(local_dir).rglob("*")) if f.is_file()]
             self._send(f"log_artifacts {artifact_path}", lambda: self._mlflow.log_artifacts(str(local_dir), artifact_path),
                        lambda: {"files": files()})
+            if artifact_path == MODEL_ARTIFACT and is_language_model(Path(local_dir)):
+                self.log_text(mlmodel_text(self.run_id), f"{MODEL_ARTIFACT}/MLmodel")  # the files above are its data
 
     def set_tags(self, **tags: str) -> None:
         """Set (or overwrite) tags of the run, e.g. a stage whose objective differs from the rl section's."""
@@ -288,6 +290,123 @@ def _open_run(cfg: Config, start: Callable[[Any, str], Any], root: Path | None) 
         raise UserError(f"MLflow logging failed: {tracker.failure}")
 
 
+# --- final models as MLflow models: the logged `model/` folder plus an MLmodel file (pyfunc flavour) ----------------
+
+MODEL_ARTIFACT = "model"
+REGISTERED_STAGES = ("rl", "rl_rm", "distill", "preference", "sft")  # registered as posttrain-<stage> at a pipeline run's end
+
+
+def is_language_model(model_dir: Path) -> bool:
+    """A saved transformers causal LM with its tokenizer (what `LanguageModel` loads)."""
+    return (model_dir / "config.json").is_file() and any((model_dir / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json"))
+
+
+def mlmodel_text(run_id: str | None) -> str:
+    """The MLmodel file that makes the logged `model/` folder an MLflow model: pyfunc, loaded by this module's
+    `_load_pyfunc` from the folder itself, so `mlflow.pyfunc.load_model("models:/posttrain-rl/latest")` works."""
+    from mlflow.models import Model
+    import mlflow.pyfunc
+
+    model = Model(artifact_path=MODEL_ARTIFACT, run_id=run_id)
+    mlflow.pyfunc.add_to_model(model, loader_module="posttrain.tracking", data=".")
+    return model.to_yaml()
+
+
+class LanguageModel:
+    """The pyfunc model: `predict(prompts)` -> greedy completions (params: max_new_tokens, default 16)."""
+
+    def __init__(self, path: str):
+        from posttrain.models.factory import load_pretrained
+
+        self.model, self.tokenizer = load_pretrained(path)
+        self.model.eval()
+
+    def predict(self, model_input, params: Mapping[str, Any] | None = None) -> list[str]:
+        import torch
+
+        prompts = list(model_input["prompt"]) if hasattr(model_input, "columns") else [str(p) for p in model_input]
+        completions = []
+        for prompt in prompts:
+            ids = self.tokenizer(prompt, return_tensors="pt").input_ids
+            with torch.no_grad():
+                out = self.model.generate(ids, max_new_tokens=int((params or {}).get("max_new_tokens", 16)), do_sample=False,
+                                          pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id)
+            completions.append(self.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
+        return completions
+
+
+def _load_pyfunc(data_path: str) -> LanguageModel:  # MLflow's pyfunc loader_module entry point
+    return LanguageModel(data_path)
+
+
+def register_models(cfg: Config, pipeline_run: str) -> list[str]:
+    """Register the models the finished runs of `pipeline_run` logged as `posttrain-<stage>` (a version per run),
+    tagged with the pipeline run, the stage and the arm; returns `name/version` of each."""
+    if not cfg.tracking.enabled:
+        return []
+    from mlflow.tracking import MlflowClient
+
+    mlflow = _quiet_mlflow()
+    uri = connect(cfg)[0]
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name(cfg.pipeline.name)
+    if experiment is None:
+        return []
+    runs = client.search_runs([experiment.experiment_id], f"tags.pipeline_run = '{pipeline_run}' and attributes.status = 'FINISHED'")
+    registered = []
+    for run in sorted(runs, key=lambda r: r.info.start_time):
+        if run.data.tags.get("stage") not in REGISTERED_STAGES or "MLmodel" not in {f.path.rsplit("/", 1)[-1] for f in client.list_artifacts(run.info.run_id, MODEL_ARTIFACT)}:
+            continue
+        tags = {"pipeline_run": pipeline_run, **{k: run.data.tags[k] for k in ("stage", "arm", "objective") if k in run.data.tags}}
+        version = mlflow.register_model(f"runs:/{run.info.run_id}/{MODEL_ARTIFACT}", f"posttrain-{run.data.tags['stage']}", tags=tags)
+        registered.append(f"{version.name}/{version.version}")
+    return registered
+
+
+OBJECTIVE_STAGES = ("rl", "rl_rm", "distill")  # the stages that train with the rl section's objective
+
+
+# pipeline stages that do not train with the rl section's objective: their runs carry no `objective` / `arm` (a
+# sweep's data and sft are shared by every arm; an eval inherits the tags of the model it evaluates)
+NO_RL_OBJECTIVE = ("data", "sft", "eval", "flow_eval", "compare", "reward_model", "preference", "city", "curate", "flow_sft",
+                   "flow_rl", "knowledge", "edit")
+
+
+def objective_tags(cfg: Config, stage: str) -> dict[str, str]:
+    """`objective` (advantage+loss) and `arm` (the preset, else the advantage: a sweep arm's name) of a run that
+    trains with the rl settings (the OBJECTIVE_STAGES, and the experiments' arms); none for NO_RL_OBJECTIVE."""
+    if stage in NO_RL_OBJECTIVE:
+        return {}
+    return {"objective": f"{cfg.rl.advantage}+{cfg.rl.loss}", "arm": cfg.rl.preset or cfg.rl.advantage}
+
+
+def _inherited_objective(mlflow, tags: Mapping[str, str]) -> dict[str, str]:
+    """An evaluation of an RL model carries the objective and arm of the run that trained it (lineage tag)."""
+    made_by = tags.get("input.model.run_id")
+    if "objective" in tags or not made_by:
+        return {}
+    try:
+        source = mlflow.get_run(made_by).data.tags
+    except Exception:  # a model made under another tracking store: nothing to inherit
+        return {}
+    return {k: source[k] for k in ("objective", "arm") if k in source}
+
+
+def run_name(cfg: Config, stage: str, tags: Mapping[str, str]) -> str:
+    """What a run is, for MLflow's lists and legends: `rl grpo+clip seed 0`, `eval rl`, `sft`."""
+    if stage in OBJECTIVE_STAGES:
+        label = tags.get("objective", f"{cfg.rl.advantage}+{cfg.rl.loss}")
+        if tags.get("arm") and tags["arm"] != cfg.rl.advantage:  # a preset: its name says more than its parts
+            label = f"{tags['arm']} ({label})"
+        return f"{stage} {label} seed {cfg.pipeline.seed}"
+    evaluated = tags.get("input.model.stage")
+    if evaluated:
+        return f"{stage} {evaluated}" + (f" {tags['arm']}" if tags.get("arm") else "")
+    return stage
+
+
 @contextmanager
 def stage_run(cfg: Config, stage: str, launcher: str, run_id: str | None = None, extra_tags: Mapping[str, str] | None = None,
               root: Path | None = None) -> Iterator[Tracker]:
@@ -296,7 +415,7 @@ def stage_run(cfg: Config, stage: str, launcher: str, run_id: str | None = None,
     if not cfg.tracking.enabled:
         yield Tracker()
         return
-    tags = {"stage": stage, "objective": f"{cfg.rl.advantage}+{cfg.rl.loss}", "git_sha": git_sha(), "launcher": launcher}
+    tags = {"stage": stage, "git_sha": git_sha(), "launcher": launcher, **objective_tags(cfg, stage)}
     if os.environ.get("POSTTRAIN_PIPELINE_RUN"):  # set by Kubeflow / Airflow: lets their exit task find the runs
         tags["pipeline_run"] = os.environ["POSTTRAIN_PIPELINE_RUN"]
     tags.update(extra_tags or {})
@@ -311,7 +430,9 @@ def stage_run(cfg: Config, stage: str, launcher: str, run_id: str | None = None,
                             f"tracking.artifact_root {redact_uri(location)}: set that root back, or a new pipeline.name for the new one")
         else:
             experiment_id = experiment.experiment_id
-        run = mlflow.start_run(run_id=run_id, experiment_id=experiment_id, run_name=None if run_id else stage, tags=tags)
+        if run_id is None:
+            tags.update(_inherited_objective(mlflow, tags))
+        run = mlflow.start_run(run_id=run_id, experiment_id=experiment_id, run_name=None if run_id else run_name(cfg, stage, tags), tags=tags)
         if run_id is None:
             params = [(k, redact_uri(v) if isinstance(v, str) else v) for k, v in flatten(cfg.model_dump(mode="json")).items()]
             for i in range(0, len(params), 90):  # MLflow accepts at most 100 params per batch

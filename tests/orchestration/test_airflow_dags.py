@@ -1,48 +1,62 @@
-"""The Airflow DAGs: they load, take the generated Params, and `airflow dags test` really runs the stages."""
+"""The Airflow DAGs as DagBag reads them: they load, take the generated Params, and render their commands and pods.
+(Runs triggered through a real api-server, scheduler and dag-processor: test_airflow_servers.py.)"""
 
 from __future__ import annotations
 
 import json
-import sqlite3
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
-from orch_helpers import TINY, BIN, tool_env
+from airflow_servers import DAGS, airflow_env
+from orch_helpers import BIN
 
 from helpers import REPO
 from posttrain.orchestration.schema import param_specs
 
-DAGS = REPO / "dags"
 
-
-def _airflow_env(home: Path) -> dict[str, str]:
-    return tool_env(
-        AIRFLOW_HOME=str(home),
-        AIRFLOW__CORE__DAGS_FOLDER=str(DAGS),
-        AIRFLOW__CORE__LOAD_EXAMPLES="False",
-        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home / 'airflow.db'}",
-        POSTTRAIN_RUNS_DIR=str(home / "runs"),
-        POSTTRAIN_AIRFLOW_RETRIES="0",  # a failing stage fails the run at once (retries wait a minute)
-    )
-
-
-def test_dagbag_loads_without_torch_or_posttrain_and_params_match_the_config(tmp_path):
+@pytest.fixture(scope="module")
+def dag_probe(tmp_path_factory) -> dict:
+    """What DagBag sees of the DAG files, read in a fresh interpreter (as Airflow's dag-processor does)."""
     probe = f"""
 import json, sys
 from airflow.dag_processing.dagbag import DagBag
 bag = DagBag({str(DAGS)!r})
 heavy = sorted({{m.split('.')[0] for m in sys.modules if m.split('.')[0] in ('torch', 'posttrain', 'transformers')}})
-params = {{d: {{k: [p.value, p.schema] for k, p in dag.params.items()}} for d, dag in bag.dags.items()}}
+params = {{d: {{k: [p.value, p.schema, p.description] for k, p in dag.params.items()}} for d, dag in bag.dags.items()}}
 commands = {{d: {{t: getattr(op, "bash_command", "") for t, op in dag.task_dict.items()}} for d, dag in bag.dags.items()}}
+sweep, text = bag.dags["posttrain_sweep"], bag.dags["posttrain_text"]
+objectives = sweep.params.get_param("objectives")
+refused = {{}}
+for name, value in {{"twice": ["rloo", "rloo"], "unknown": ["grpo", "nope"], "none": []}}.items():
+    try:
+        objectives.resolve(value)
+    except Exception as e:
+        refused[name] = str(e)
+filters = text.user_defined_filters
+class TI:  # what the finalize template hands `pipeline_state`: the running task instance
+    dag_id, run_id, task_id = "posttrain_text", "r1", "finalize"
+    def __init__(self, states): self.states = states
+    def get_task_states(self, dag_id, run_ids): return {{"r1": self.states}} if (dag_id, run_ids) == ("posttrain_text", ["r1"]) else {{}}
+states = {{name: filters["pipeline_state"](TI(s)) for name, s in {{
+    "all_ok": {{"preflight": "success", "sft": "success", "finalize": "running"}},
+    "one_failed": {{"preflight": "success", "sft": "failed", "rl": "upstream_failed", "finalize": "running"}},
+    "marked_failed": {{"preflight": "success", "sft": "success", "rl": "skipped", "finalize": "running"}},
+    "arm_failed": {{"preflight": "success", "objective_1": "failed", "finalize": "running"}}}}.items()}}
 print(json.dumps({{"errors": {{k: str(v) for k, v in bag.import_errors.items()}}, "heavy": heavy, "params": params,
-    "tasks": {{d: sorted(dag.task_dict) for d, dag in bag.dags.items()}}, "commands": commands}}))
+    "tasks": {{d: sorted(dag.task_dict) for d, dag in bag.dags.items()}}, "commands": commands, "refused": refused,
+    "objectives": [objectives.value, objectives.schema], "states": states,
+    "conf": filters["conf_settings"]({{"rl.stepz": 5, "objectives": ["grpo"]}}), "env": text.task_dict["preflight"].env,
+    "teardown": [text.task_dict["finalize"].is_teardown, text.task_dict["finalize"].on_failure_fail_dagrun, text.task_dict["finalize"].retries]}}))
 """
-    result = subprocess.run([sys.executable, "-c", probe], env=_airflow_env(tmp_path), capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, "-c", probe], env=airflow_env(tmp_path_factory.mktemp("dagbag")), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    found = json.loads(result.stdout.strip().splitlines()[-1])
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_dagbag_loads_without_torch_or_posttrain_and_params_match_the_config(dag_probe):
+    found = dag_probe
     assert found["errors"] == {} and found["heavy"] == []
     assert {"posttrain_text", "posttrain_sweep"} <= set(found["tasks"])
     assert {"preflight", "data", "sft", "rl", "distill", "eval_sft", "eval_rl", "finalize"} == set(found["tasks"]["posttrain_text"])
@@ -56,64 +70,34 @@ print(json.dumps({{"errors": {{k: str(v) for k, v in bag.import_errors.items()}}
     text_params = found["params"]["posttrain_text"]
     assert set(text_params) == set(expected)
     for name, spec in expected.items():
-        assert text_params[name] == [spec["default"], {**spec["schema"], "section": spec["section"]}], name
+        assert text_params[name] == [spec["default"], {**spec["schema"], "section": spec["section"]}, spec["description"]], name
     assert "gdpo" in text_params["rl.advantage"][1]["enum"]
+    # the form's help text is params.yaml's comment of the key (its continuation lines too), else the key and its default
+    assert text_params["rl.preset"][2] == "null | dapo | dr_grpo | gspo | grpo: sets several rl keys; --set still wins"
+    assert text_params["rl.steps"][2] == "rl.steps (params.yaml: 1000)"
 
 
-def _dags_test(home: Path, conf: dict) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(BIN / "airflow"), "dags", "test", "posttrain_text", "-c", json.dumps(conf)],
-        env=_airflow_env(home), cwd=home, capture_output=True, text=True, timeout=900,
-    )
+def test_dag_runs_refuse_unknown_conf_keys_duplicate_arms_and_end_failed_when_a_task_failed(dag_probe):
+    found = dag_probe
+    # the trigger's conf (less the sweep's arms) reaches preflight as given, so `rl.stepz` is refused by name there
+    assert found["conf"] == {"rl.stepz": 5} and found["env"]["POSTTRAIN_CONF"] == "{{ dag_run.conf | conf_settings | tojson }}"
+    for dag in ("posttrain_text", "posttrain_sweep", "posttrain_image", "posttrain_rlhf"):
+        assert '--values-json "$POSTTRAIN_CONF"' in found["commands"][dag]["preflight"], dag
+    from posttrain.orchestration.preflight import resolve_config
+    from posttrain.errors import UserError
 
-
-def _conf(home: Path, **extra) -> dict:
-    conf = {f"{section}.{key}": value for section, values in TINY.items() for key, value in values.items()}
-    conf.update({"tracking.uri": f"sqlite:///{home / 'mlflow.db'}", "tracking.artifact_root": str(home / "mlartifacts")})
-    conf.update({"model.hidden_size": 32, "model.intermediate_size": 64, "model.layers": 1}, **extra)
-    return conf
-
-
-def _runs(home: Path):
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(f"sqlite:///{home / 'mlflow.db'}")
-    return client.search_runs([client.get_experiment_by_name("posttrain").experiment_id])
-
-
-def _task_states(home: Path) -> dict[str, str]:
-    with sqlite3.connect(home / "airflow.db") as db:
-        return dict(db.execute("select task_id, state from task_instance"))
-
-
-def _migrate(home: Path) -> None:
-    result = subprocess.run([str(BIN / "airflow"), "db", "migrate"], env=_airflow_env(home), capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-
-
-@pytest.mark.slow
-def test_dags_test_runs_every_stage_and_logs_to_mlflow(tmp_path):
-    _migrate(tmp_path)
-    result = _dags_test(tmp_path, _conf(tmp_path))
-    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    assert set(_task_states(tmp_path).values()) == {"success"}
-    runs = _runs(tmp_path)
-    assert sorted(r.data.tags["stage"] for r in runs) == ["data", "distill", "eval", "eval", "rl", "sft"]
-    assert {r.info.status for r in runs} == {"FINISHED"} and {r.data.tags["launcher"] for r in runs} == {"airflow"}
-    assert len({r.data.tags["pipeline_run"] for r in runs}) == 1
-    (run_dir,) = (tmp_path / "runs").iterdir()
-    assert json.loads((run_dir / "outputs/eval/rl/metrics.json").read_text())["greedy_accuracy"] >= 0.0
-    assert yaml.safe_load((run_dir / "params.yaml").read_text())["sft"]["steps"] == TINY["sft"]["steps"]
-
-
-@pytest.mark.slow
-def test_a_failing_stage_fails_the_run_and_leaves_its_mlflow_run_failed(tmp_path):
-    _migrate(tmp_path)
-    _dags_test(tmp_path, _conf(tmp_path, **{"task.digits": 1}))  # valid keys, but more problems than 1-digit sums
-    states = _task_states(tmp_path)
-    assert states["data"] == "failed" and states["sft"] == "upstream_failed" and states["finalize"] == "success", states
-    (run,) = _runs(tmp_path)
-    assert run.data.tags["stage"] == "data" and run.info.status == "FAILED"
+    with pytest.raises(UserError, match="unknown key 'rl.stepz'"):
+        resolve_config(REPO / "params.yaml", [json.dumps(found["conf"])], [])
+    # the arms: a multi-select of presets and advantages, each once, checked when the run is triggered
+    default, schema = found["objectives"]
+    assert default == ["grpo", "rloo", "dr_grpo"] and schema["uniqueItems"] is True and {"dapo", "gspo", "rloo", "dr_grpo"} <= set(schema["items"]["enum"])
+    assert schema["examples"] == schema["items"]["enum"]
+    assert set(found["refused"]) == {"twice", "unknown", "none"}, found["refused"]
+    assert "--sweep-arms" in found["commands"]["posttrain_sweep"]["preflight"]
+    # finalize fails its run when another task failed or was skipped (a run marked failed), and has no retries
+    assert found["states"] == {"all_ok": "ended", "one_failed": "failed", "marked_failed": "failed", "arm_failed": "failed"}
+    assert found["teardown"] == [True, True, 0]
+    assert "--state '{{ ti | pipeline_state }}' --fail-if-failed" in found["commands"]["posttrain_text"]["finalize"]
 
 
 def test_kubernetes_executor_makes_pods_with_secrets_from_kubernetes_gpus_and_the_runs_volume(tmp_path):
@@ -125,10 +109,16 @@ from airflow.dag_processing.dagbag import DagBag
 from kubernetes.client import ApiClient
 bag = DagBag({str(DAGS)!r})
 pods = {{t: ApiClient().sanitize_for_serialization(op.build_pod_request_obj()) for t, op in bag.dags["posttrain_text"].task_dict.items()}}
-print(json.dumps({{"errors": {{k: str(v) for k, v in bag.import_errors.items()}}, "pods": pods,
-    "kinds": sorted({{type(op).__name__ for dag in bag.dags.values() for op in dag.tasks}})}}))
+sweep = bag.dags["posttrain_sweep"]
+arm = sweep.task_dict["objective"]  # a mapped operator: its class is MappedOperator, its task_type the operator's
+limits = arm.partial_kwargs["container_resources"].limits
+commands = sweep.task_dict["objective_commands"].python_callable(run_dir="/opt/runs/r1", params={{"objectives": ["dr_grpo", "rloo"]}})
+# task_type sees through mapping (type(op) of a mapped task is MappedOperator, whatever it maps)
+kinds = {{(d, t): op.task_type for d, dag in bag.dags.items() for t, op in dag.task_dict.items()}}
+print(json.dumps({{"errors": {{k: str(v) for k, v in bag.import_errors.items()}}, "pods": pods, "arm_limits": limits, "arm_commands": commands,
+    "kinds": {{f"{{d}}/{{t}}": k for (d, t), k in kinds.items()}}, "mapped": type(arm).__name__}}))
 """
-    env = _airflow_env(tmp_path)
+    env = airflow_env(tmp_path)
     env.pop("POSTTRAIN_RUNS_DIR")
     kubeconfig = {  # the provider reads a cluster config to build the pod; nothing connects to it
         "apiVersion": "v1", "kind": "Config", "current-context": "test",
@@ -140,7 +130,15 @@ print(json.dumps({{"errors": {{k: str(v) for k, v in bag.import_errors.items()}}
     result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     found = json.loads(result.stdout.strip().splitlines()[-1])
-    assert found["errors"] == {} and "BashOperator" not in found["kinds"] and "KubernetesPodOperator" in found["kinds"]
+    assert found["errors"] == {}
+    # every task of every DAG is a pod, the sweep's mapped arms too; only the sweep's list of arm commands runs in Airflow
+    python_tasks = {name for name, kind in found["kinds"].items() if kind != "KubernetesPodOperator"}
+    assert python_tasks == {"posttrain_sweep/objective_commands"}, python_tasks
+    assert found["mapped"] == "MappedOperator" and found["kinds"]["posttrain_sweep/objective"] == "KubernetesPodOperator"
+    assert found["arm_limits"] == {"nvidia.com/gpu": "1"}  # an arm trains: the GPU node pool
+    dr_grpo, rloo = found["arm_commands"]  # a pod's arguments: one shell command, in the image's posttrain
+    assert dr_grpo[0].startswith("posttrain preflight ") and "--sweep-arm dr_grpo" in dr_grpo[0] and "--sweep-arm rloo" in rloo[0]
+    assert "/objectives/dr_grpo/outputs/rl" in dr_grpo[0] and str(BIN) not in dr_grpo[0]
     assert "do-not-leak-7c2" not in result.stdout
     for task_id, pod in found["pods"].items():
         (container,) = pod["spec"]["containers"]

@@ -21,14 +21,14 @@ def test_dvc_exp_run_of_a_second_objective_then_compare_writes_table_and_plot(dv
     result = subprocess.run([str(BIN / "posttrain"), "compare", "--out", "outputs/compare"], cwd=repo, env=tool_env(), capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = json.loads((repo / "outputs/compare/comparison.json").read_text())
-    assert [r["objective"] for r in rows] == ["grpo+clip", "rloo+clip"]
+    assert [(r["arm"], r["objective"]) for r in rows] == [("grpo", "grpo+clip"), ("rloo", "rloo+clip")]
     for row in rows:
         assert 0.0 <= row["heldout_accuracy"] <= 1.0 and row["steps"] == 2 and row["wall_seconds"] > 0
     table = (repo / "outputs/compare/comparison.md").read_text()
-    assert "| rloo+clip |" in table and "| grpo+clip |" in table
+    assert "| rloo | rloo+clip |" in table and "| grpo | grpo+clip |" in table
     assert (repo / "outputs/compare/reward_curves.png").read_bytes()[:4] == b"\x89PNG"
     metrics = json.loads(result.stdout)
-    assert metrics["objectives"] == 2.0 and "rloo+clip/heldout_accuracy" in metrics
+    assert metrics["objectives"] == 2.0 and "rloo/heldout_accuracy" in metrics
 
     from mlflow.tracking import MlflowClient
 
@@ -37,5 +37,5 @@ def test_dvc_exp_run_of_a_second_objective_then_compare_writes_table_and_plot(dv
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("posttrain")
     (compare_run,) = client.search_runs([experiment.experiment_id], "tags.stage = 'compare'")
-    logged = {a.path for a in client.list_artifacts(compare_run.info.run_id)}
-    assert {"comparison.json", "reward_curves.png"} <= logged
+    logged = [a.path for a in client.list_artifacts(compare_run.info.run_id)]
+    assert sorted(logged) == ["comparison.json", "comparison.md", "reward_curves.png"]  # each once, nothing else

@@ -128,12 +128,30 @@ def test_no_credential_value_reaches_the_compiled_yaml(monkeypatch, tmp_path):
 
 def test_sweep_pipeline_loops_over_objectives_with_bounded_parallelism():
     spec, _ = compiled(COMPILED / "sweep.yaml")
-    loops = [c for c in spec["components"].values() if "dag" in c and "iteratorPolicy" in json.dumps(c) or False]
-    tasks = {n: t for c in spec["components"].values() if "dag" in c for n, t in c["dag"]["tasks"].items()}
-    (loop,) = [t for t in tasks.values() if "parameterIterator" in t]
+    dags = {n: c["dag"]["tasks"] for n, c in spec["components"].items() if "dag" in c}
+    loops = {n: t for tasks in dags.values() for n, t in tasks.items() if "parameterIterator" in t}
+    (loop,) = loops.values()  # one ParallelFor, over the `objectives` parameter, two arms at a time
+    assert loop["parameterIterator"]["items"] == {"inputParameter": "pipelinechannel--objectives"}
     assert loop["iteratorPolicy"]["parallelismLimit"] == 2
     assert spec["root"]["inputDefinitions"]["parameters"]["objectives"]["defaultValue"] == ["grpo", "rloo", "dr_grpo"]
-    assert "posttrain-compare" in tasks and loops is not None
+    # inside the loop: the arm's own preflight, then the stages below rl; outside: the shared stages and compare
+    arm_tasks = dags[loop["componentRef"]["name"]]
+    executors = spec["deploymentSpec"]["executors"]
+
+    def args_of(tasks: dict, name: str) -> list[str]:
+        return executors[spec["components"][tasks[name]["componentRef"]["name"]]["executorLabel"]]["container"]["args"]
+
+    stage_names = {t["taskInfo"]["name"] for t in arm_tasks.values()}
+    assert stage_names == {"posttrain-preflight-objective", "rl", "eval@rl", "distill"}, stage_names
+    arm_check = args_of(arm_tasks, "posttrain-preflight-objective")
+    # the arm is applied whole (a preset's every rl key), not as rl.advantage alone
+    assert arm_check[arm_check.index("--sweep-arm") + 1] == "{{$.inputs.parameters['objective']}}" and "rl.advantage" not in json.dumps(arm_check)
+    assert arm_tasks["posttrain-preflight-objective"]["inputs"]["parameters"]["objective"] == {"componentInputParameter": "pipelinechannel--objectives-loop-item"}
+    outer = dags["comp-exit-handler-1"]
+    sweep_check = args_of(outer, "posttrain-preflight-sweep")  # the list of arms is checked (known, none twice) first
+    assert sweep_check[sweep_check.index("--sweep-arms") + 1] == "{{$.inputs.parameters['objectives']}}"
+    assert set(loop["dependentTasks"]) == {"posttrain-data", "posttrain-sft"}
+    assert "for-loop-2" in outer["posttrain-compare"]["dependentTasks"] and "posttrain-compare" not in arm_tasks
 
 
 def _digest(path: Path) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from posttrain.config import Config, Registered, registered_keys
 from posttrain.registry import IMPORT_PATH, Registry, admitted
 from posttrain.errors import UserError
 from posttrain.orchestration.graph import Task, check_overrides, load_pipelines
+from posttrain.orchestration.sweep import arm_names
 
 ORCHESTRATION_SECTION = "orchestration"  # launcher settings: compile-time, not a run parameter
 
@@ -58,6 +60,7 @@ def param_specs(params_yaml: Path) -> dict[str, dict[str, Any]]:
     full = Config.model_json_schema()
     root = _inline_refs(full, full.get("$defs", {}))
     defaults = yaml.safe_load(Path(params_yaml).read_text())
+    descriptions = param_descriptions(params_yaml)
     specs: dict[str, dict[str, Any]] = {}
     for section, section_schema in root["properties"].items():
         if section == ORCHESTRATION_SECTION:
@@ -72,8 +75,44 @@ def param_specs(params_yaml: Path) -> dict[str, dict[str, Any]]:
             for field, marker in ((k.removeprefix(f"{name}[]."), m) for k, m in marked.items() if k.startswith(f"{name}[].")):
                 item = schema["items"]
                 item["properties"][field] = _with_enum(item["properties"][field], registries[marker.registry], marker)
-            specs[name] = {"default": defaults[section][key], "schema": schema, "section": section}
+            described = descriptions.get(name) or f"{name} (params.yaml: {json.dumps(defaults[section][key], default=str)[:60]})"
+            specs[name] = {"default": defaults[section][key], "schema": schema, "section": section, "description": described}
     return specs
+
+
+_SECTION_LINE = re.compile(r"^(?P<section>[A-Za-z_]\w*):")
+_KEY_LINE = re.compile(r"^  (?P<key>[A-Za-z_]\w*):(?P<rest>.*)$")
+_COMMENT_LINE = re.compile(r"^\s+#\s?(?P<text>.*)$")
+
+
+def _comment_of(rest: str) -> str:
+    """The `# ...` comment after a YAML value on its line (a `#` inside quotes is part of the value)."""
+    quote = None
+    for i, char in enumerate(rest):
+        if char in "'\"" and quote in (None, char):
+            quote = None if quote else char
+        elif char == "#" and quote is None and (i == 0 or rest[i - 1].isspace()):
+            return rest[i + 1 :].strip()
+    return ""
+
+
+def param_descriptions(params_yaml: Path) -> dict[str, str]:
+    """`section.key` -> the comment `params.yaml` gives that key (its line, plus comment-only lines right below)."""
+    found: dict[str, str] = {}
+    section, last = None, None
+    for line in Path(params_yaml).read_text().splitlines():
+        if (match := _SECTION_LINE.match(line)) is not None:
+            section, last = match["section"], None
+        elif section and (match := _KEY_LINE.match(line)) is not None:
+            last = f"{section}.{match['key']}"
+            comment = _comment_of(match["rest"])
+            if comment:
+                found[last] = comment
+        elif last and (match := _COMMENT_LINE.match(line)) is not None and last in found and len(line) - len(line.lstrip()) > 2:
+            found[last] += " " + match["text"].strip()
+        elif line.strip() and not line.startswith("   "):
+            last = None  # a nested value ends a key's comment
+    return found
 
 
 def values_to_raw(values: dict[str, Any]) -> dict[str, Any]:
@@ -113,6 +152,7 @@ def pipeline_spec(params_yaml: Path, repo: Path) -> dict[str, Any]:
         "params": param_specs(params_yaml),
         "pipelines": {name: [task_spec(t) for t in p.tasks] for name, p in found.items()},
         "overrides": {name: list(p.overrides) for name, p in found.items()},
+        "sweep_arms": arm_names(),  # the sweep DAG's multi-select: presets and advantage estimators
     }
 
 
