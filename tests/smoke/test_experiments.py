@@ -20,15 +20,23 @@ EXPECTED = {
                       {"clip", "respo"}),
     "witness_vs_grpo": ({"claim", "steps", "samples", "arms", "table", "mlflow_runs", "runtime_s", "sft_heldout"}, {"grpo", "witness_reward", "witness_raw"}),
     "qglas_vs_quality": ({"claim", "steps", "arms", "table", "mlflow_runs", "runtime_s", "sft_heldout"}, {"quality_only", "qglas"}),
+    "sdrl_strategies": ({"claim", "steps", "samples", "arms", "table", "mlflow_runs", "runtime_s", "sft_heldout"}, {"correctness", "sdrl"}),
 }
+
+
+# fewer held-out samples than the experiments' defaults (the numbers are meaningless at micro size); the MLflow
+# path is the same for every experiment (_common.log_arm), so the sdrl run skips it
+EXTRA = {"witness_vs_grpo": ["--samples", "8"], "sdrl_strategies": ["--samples", "2", "--no-mlflow"]}
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_experiment_runs_and_writes_json(name, tmp_path):
     out, uri = tmp_path / "out.json", f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {"POSTTRAIN_EXP_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1", "PATH": "/usr/bin:/bin"}
+    extra = EXTRA.get(name, [])
+    tracking = [] if "--no-mlflow" in extra else ["--tracking-uri", uri]
     result = subprocess.run(
-        [sys.executable, str(REPO / "experiments" / f"{name}.py"), "--steps", "2", "--micro", "--seeds", "2", "--json", str(out), "--tracking-uri", uri],
+        [sys.executable, str(REPO / "experiments" / f"{name}.py"), "--steps", "2", "--micro", "--seeds", "2", "--json", str(out), *tracking, *extra],
         cwd=tmp_path, capture_output=True, text=True, timeout=180, env=env,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -39,6 +47,9 @@ def test_experiment_runs_and_writes_json(name, tmp_path):
     keys, arms = EXPECTED[name]
     for data in claim["per_seed"]:
         check_one_seed(name, data, keys, arms)
+    if not tracking:
+        assert claim["mlflow_parent_run"] is None and all(data["mlflow_runs"] == {} for data in claim["per_seed"])
+        return
     mlflow.set_tracking_uri(uri)
     runs = mlflow.search_runs(experiment_names=["claims"])
     parent = runs[runs["tags.mlflow.runName"] == name]
@@ -60,6 +71,11 @@ def check_comparisons(claim: dict, n_seeds: int) -> None:
 
 def check_one_seed(name: str, data: dict, keys: set, arms: set) -> None:
     assert keys <= set(data) and set(data["arms"]) == arms and data["claim"] == name and data["steps"] == 2
+    if name == "sdrl_strategies":  # strategy use of held-out samples, before and after each arm
+        for arm in data["arms"].values():
+            assert {"heldout_success", "distinct_strategies", "strategy_entropy", "share_d", "share_g", "share_r"} <= set(arm["after"])
+            assert arm["before"] == data["arms"]["correctness"]["before"] and arm["bonus_mean"] >= 0
+        return
     for arm in data["arms"].values():
         assert "greedy_accuracy" in arm["heldout_after"]
     if name == "gdpo_vs_sum":
