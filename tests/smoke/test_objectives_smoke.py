@@ -148,6 +148,9 @@ def test_rewards_with_options_score_real_rollouts(micro):
     for metrics in history:
         assert {"reward/sdrl_mean", "reward/audit_correction_mean", "reward/sdrl_adv_share"} <= set(metrics)
         assert all(math.isfinite(v) for v in metrics.values())
+        # on arithmetic the correct answers of a prompt are one string, so the diversity bonus is 0 and sdrl is the
+        # verifier; the task it is for (tasks/optimisation.py) has a non-zero bonus (tests/unit/test_optimisation_task.py)
+        assert metrics["reward/sdrl_mean"] == pytest.approx(metrics["reward/correctness_mean"])
 
 
 def test_kgpo_reward_trains_on_the_diagnosis_task(micros):
