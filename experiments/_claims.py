@@ -195,13 +195,29 @@ def run_seeds(main: Callable[[], None], claim: str, argv: list[str] | None = Non
     finally:
         sys.argv = saved
         CURRENT.clear()
-    command = " ".join(shlex.quote(x) for x in [".venv/bin/python", f"experiments/{Path(script).name}", *argv])
+    command = " ".join(shlex.quote(x) for x in [".venv/bin/python", f"experiments/{Path(script).name}", *reproducible(argv)])
     results = {"claim": claim, "seeds": seeds, "command": command, "comparisons": rows, "mlflow_parent_run": parent, "per_seed": per_seed}
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps(results, indent=2) + "\n")
         print(f"wrote {a.json}")
     return results
+
+
+def reproducible(argv: list[str]) -> list[str]:
+    """The flags that decide the results, for the recorded command: without --tracking-uri (where it logged), and
+    with a --json path inside the checkout made relative to it."""
+    repo, out, skip = Path(__file__).resolve().parents[1], [], False
+    for i, flag in enumerate(argv):
+        if skip:
+            skip = False
+        elif flag == "--tracking-uri":
+            skip = True
+        elif i > 0 and argv[i - 1] == "--json" and Path(flag).is_absolute() and Path(flag).resolve().is_relative_to(repo):
+            out.append(str(Path(flag).resolve().relative_to(repo)))
+        else:
+            out.append(flag)
+    return out
 
 
 def parent_run(cfg) -> str | None:

@@ -79,3 +79,8 @@ def test_claims_table_is_generated_from_the_results(tmp_path):
     text = page.read_text()
     assert "| `witness_vs_grpo` | tv_after | witness_reward < grpo |" in text and text.count("**reproduced**") == 3
     assert f"`{command}`" in text and generate.update(write=False, docs=page.parent, registries={}) == []
+
+
+def test_the_recorded_command_leaves_out_where_it_logged():
+    argv = ["--steps", "60", "--tracking-uri", "sqlite:////tmp/x.db", "--seeds", "3", "--json", str(REPO / "experiments" / "results" / "a.json")]
+    assert H.reproducible(argv) == ["--steps", "60", "--seeds", "3", "--json", "experiments/results/a.json"]

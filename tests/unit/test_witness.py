@@ -108,9 +108,12 @@ def test_estimator_as_reward_or_scaled_advantage(cfg):
     b = batch(group, outcomes=out, target_probs=torch.tensor([Q] * 6))
     raw = witness_advantage(out, torch.tensor([Q] * 6), group, opts())
     rl = cfg.rl.model_copy(update={"advantage": "witness"})
-    assert rl.options_for("witness").as_reward  # params.yaml default
-    assert torch.allclose(advantages.get("witness")(b, rl), group_normalize(raw, group, rl.std_scaling, rl.std_eps))
-    scaled = resolve.updated(rl, "rl", options={"witness": {"as_reward": False, "scale": 2.0}})
+    block = rl.options_for("witness").model_dump()
+    assert not block["as_reward"] and block["scale"] == 1.0  # params.yaml default: the raw witness (docs/claims.md)
+    assert torch.allclose(advantages.get("witness")(b, rl), raw)
+    as_reward = resolve.updated(rl, "rl", options={"witness": {**block, "as_reward": True}})
+    assert torch.allclose(advantages.get("witness")(b, as_reward), group_normalize(raw, group, rl.std_scaling, rl.std_eps))
+    scaled = resolve.updated(rl, "rl", options={"witness": {**block, "scale": 2.0}})
     assert torch.allclose(advantages.get("witness")(b, scaled), 2.0 * raw)
     with pytest.raises(UserError, match="distribution-matching task"):
         advantages.get("witness")(batch(group), rl)
@@ -118,12 +121,13 @@ def test_estimator_as_reward_or_scaled_advantage(cfg):
 
 def test_registered_estimator_on_a_collapsed_group_raw_vs_as_reward(cfg):
     """Invariant 2 through the registered estimator: a group whose rollouts all land on one outcome gets q_k - 1 < 0
-    from the raw witness (as_reward false), and exactly 0 once the witness is group-normalised as a GRPO reward."""
+    from the raw witness (as_reward false, the default), and exactly 0 once the witness is group-normalised as a
+    GRPO reward (as_reward true, the default before; it zeroed that group)."""
     out, group = torch.tensor([1, 1, 1, 1, 0, 2, 2, 1]), torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
     b = batch(group, outcomes=out, target_probs=torch.tensor([Q] * 8))
     rl = cfg.rl.model_copy(update={"advantage": "witness"})
     block = rl.options_for("witness").model_dump()
-    raw = advantages.get("witness")(b, resolve.updated(rl, "rl", options={"witness": {**block, "as_reward": False, "scale": 1.0}}))
+    raw = advantages.get("witness")(b, rl)  # the default
     assert torch.allclose(raw[:4], torch.full((4,), Q[1] - 1.0)) and (raw[:4] < 0).all()
     as_reward = advantages.get("witness")(b, resolve.updated(rl, "rl", options={"witness": {**block, "as_reward": True}}))
     assert torch.equal(as_reward[:4], torch.zeros(4))  # the collapsed group's signal is gone
