@@ -50,17 +50,6 @@ def row(arm: str, column: str, key: str = "arm") -> Callable[[dict], float]:
     return lambda r: float(next(x[column] for x in r["table"] if x[key] == arm))
 
 
-def path(*keys: str) -> Callable[[dict], float]:
-    """A nested value of the results: path("arms", "gats", "heldout_after", "greedy_accuracy")."""
-
-    def get(r: dict) -> float:
-        for k in keys:
-            r = r[k]
-        return float(r)
-
-    return get
-
-
 def compare(metric: str, better: str, worse: str, column: str | None = None, lower: bool = False, key: str = "arm") -> Compare:
     """`better` vs `worse` on the results table's `column` (default: `metric`)."""
     column = column or metric
