@@ -12,11 +12,17 @@ The summary is the first paragraph of the entry's own docstring; an entry withou
 per module, described by the module's docstring) gets the line of its module's docstring that starts with its
 name (`name:` or `name` and two spaces, with the more indented lines below it), else the module docstring's first
 paragraph. Every registry must have a table on some page; a marker naming no registry is an error.
+
+The measured claims table sits between `<!-- claims -->` and `<!-- /claims -->` (docs/claims.md): one row per
+claimed difference of every `experiments/results/<claim>.json` the claims harness wrote (experiments/_claims.py),
+with each side's mean and 95% interval over the seeds, the paired difference, the verdict, and the command.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -24,6 +30,7 @@ from pathlib import Path
 DOCS = Path(__file__).resolve().parent
 BLOCK = re.compile(r"(<!-- registry:(?P<key>[\w-]+) -->\n)(?P<body>.*?)(<!-- /registry -->)", re.DOTALL)
 COMMAND = "python docs/generate.py"
+CLAIMS = re.compile(r"(<!-- claims -->\n)(?P<body>.*?)(<!-- /claims -->)", re.DOTALL)
 
 
 def load_registries() -> dict:
@@ -114,6 +121,28 @@ def rewrite(text: str, registries: dict, page: str) -> tuple[str, list[str], set
     return BLOCK.sub(table, text), errors, found
 
 
+def interval(mean: float, ci: list[float]) -> str:
+    low, high = (math.nan if v is None else v for v in ci)
+    return f"{mean:.3f}" if math.isnan(low) else f"{mean:.3f} [{low:.3f}, {high:.3f}]"
+
+
+def render_claims(results: Path) -> str:
+    """The claims table from the harness's JSON files in `results` (sorted by claim name)."""
+    lines = ["| claim | metric | claimed | mean [95% CI] | vs | mean [95% CI] | difference [95% CI] | seeds | verdict |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    commands = []
+    for path in sorted(results.glob("*.json")):
+        data = json.loads(path.read_text())
+        n = len(data["seeds"])
+        for c in data["comparisons"]:
+            side = "<" if c["direction"] == "lower" else ">"
+            lines.append(f"| `{path.stem}` | {c['metric']} | {c['better']} {side} {c['worse']} | {interval(c['better_mean'], c['better_ci'])} "
+                         f"| {c['worse']} | {interval(c['worse_mean'], c['worse_ci'])} | {interval(c['diff_mean'], c['diff_ci'])} | {n} "
+                         f"| **{c['verdict']}** |")
+        commands.append(f"- `{path.stem}`: `{data['command']}`")
+    return "\n".join(lines + ["", "Commands (each writes the JSON the rows above are generated from):", "", *commands]) + "\n"
+
+
 def pages(docs: Path = DOCS) -> list[Path]:
     return sorted(docs.glob("*.md"))
 
@@ -126,13 +155,15 @@ def update(write: bool, docs: Path = DOCS, registries: dict | None = None) -> li
     for path in pages(docs):
         old = path.read_text()
         new, errors, found = rewrite(old, registries, str(path.relative_to(docs.parent)))
+        new = CLAIMS.sub(lambda m: m[1] + render_claims(docs.parent / "experiments" / "results") + m[3], new)
         problems += errors
         covered |= found
         if new != old:
             if write:
                 path.write_text(new)
             else:
-                problems.append(f"{path.relative_to(docs.parent)} is stale: its registry tables differ from the registries")
+                problems.append(f"{path.relative_to(docs.parent)} is stale: its registry tables differ from the registries"
+                                + (" or its claims table from experiments/results/" if CLAIMS.search(old) else ""))
     for key in sorted(set(registries) - covered):
         problems.append(f"registry {key!r} has no table: add `<!-- registry:{key} -->` ... `<!-- /registry -->` to a page in docs/")
     return problems

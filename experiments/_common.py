@@ -6,10 +6,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
-import torch
+# this checkout's library first (an editable install may point at another checkout)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import torch  # noqa: E402
 
 torch.set_num_threads(1)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -24,6 +28,8 @@ from posttrain.tasks import build_task  # noqa: E402
 from posttrain.tracking import stage_run  # noqa: E402
 from posttrain.trainers.online_rl import RLRun, train_online_rl  # noqa: E402
 from posttrain.trainers.sft import train_sft  # noqa: E402
+
+from _claims import CURRENT, parent_run, run_seeds  # noqa: E402,F401  (run_seeds: each claim script's __main__)
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("POSTTRAIN_EXP_CACHE", "/tmp/posttrain_experiments"))
@@ -46,7 +52,8 @@ def parse_args(doc: str, default_steps: int, extra=()) -> argparse.Namespace:
     p.add_argument("--experiment", default="claims", help="MLflow experiment name")
     p.add_argument("--no-mlflow", action="store_true")
     p.add_argument("--micro", action="store_true", help="micro model/SFT/eval budget (smoke tests)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the first seed")
+    p.add_argument("--seeds", type=int, default=3, help="seeds --seed .. --seed + N - 1, each arm on each (claims harness)")
     p.add_argument("--set", action="append", default=[], help="extra section.key=value overrides")
     return p.parse_args()
 
@@ -117,8 +124,12 @@ def print_table(title: str, rows: list[dict]) -> str:
 
 
 def log_arm(cfg, stage: str, history, final: dict, table_rows: list[dict], table_text: str) -> str | None:
-    """One MLflow run: per-step metrics, final metrics, the results table (JSON table + text)."""
-    with stage_run(cfg, stage, launcher="experiments") as tracker:
+    """One MLflow run: per-step metrics, final metrics, the results table (JSON table + text). Under the claims
+    harness it is a child of the claim's parent run, one per arm x seed."""
+    parent, tags = parent_run(cfg), {}
+    if parent is not None:
+        stage, tags = f"{stage}/seed{CURRENT['seed']}", {"mlflow.parentRunId": parent, "claim": CURRENT["claim"], "seed": str(CURRENT["seed"])}
+    with stage_run(cfg, stage, launcher="experiments", extra_tags=tags) as tracker:
         for step, metrics in enumerate(history, 1):
             tracker.log_metrics({k.replace("/", "_"): v for k, v in metrics.items()}, step=step)
         tracker.log_metrics({k: float(v) for k, v in final.items() if isinstance(v, (int, float))})

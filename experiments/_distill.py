@@ -27,14 +27,16 @@ def rl_checkpoint(cfg, task, train, held, start, seed: int, steps: int, tag: str
     return path, C.evaluate(model, tok, task, held, cfg.eval, seed)[0]
 
 
-def sft_on(cfg, task, examples, seed: int, tag: str, steps: int | None = None):
-    """A tiny model trained from scratch on `examples` (cached by content); returns its path."""
+def sft_on(cfg, task, examples, seed: int, tag: str, steps: int | None = None, extra_chars: str = ""):
+    """A tiny model trained from scratch on `examples` (cached by content); returns its path. `extra_chars` join
+    the task's alphabet in the tokenizer (e.g. SIPO's context labels)."""
     sft = cfg.sft.model_copy(update={"steps": steps or cfg.sft.steps})
-    key = hashlib.sha256(json.dumps([[e.prompt, e.completion] for e in examples] + [sft.model_dump(), cfg.model.model_dump(mode="json")]).encode()).hexdigest()[:12]
+    extra = [extra_chars] if extra_chars else []  # (absent when empty: the caches made before it stay valid)
+    key = hashlib.sha256(json.dumps([[e.prompt, e.completion] for e in examples] + [sft.model_dump(), cfg.model.model_dump(mode="json"), *extra]).encode()).hexdigest()[:12]
     path = C.CACHE / f"{tag}_{key}_s{seed}"
     if not (path / "done").exists():
         seed_everything(seed)
-        tok = train_char_tokenizer([task.alphabet()])
+        tok = train_char_tokenizer([task.alphabet() + extra_chars])
         model = build_tiny(cfg.model, tok)
         train_sft(model, tok, list(examples), sft, seed, on_log=lambda s, m: None)
         save_pretrained(model, tok, path)

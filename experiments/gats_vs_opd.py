@@ -62,4 +62,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    C.run_seeds(main, "gats_vs_opd")

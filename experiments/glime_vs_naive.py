@@ -78,4 +78,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    C.run_seeds(main, "glime_vs_naive")

@@ -65,4 +65,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    C.run_seeds(main, "qglas_vs_quality")

@@ -29,9 +29,17 @@ ARMS = ("clip", "respo")
 DIAG: dict[str, dict] = {}  # arm -> {"on": [..], "reuse": [..]} of per-pass diagnostics
 
 
+PASSES = {"epochs": 1, "calls": defaultdict(int)}  # per run (reset by `diagnosed`): passes per batch, calls per loss
+
+
 def diagnosed(name: str, epochs: int):
-    """The registered loss `name`, recording the starvation diagnostic of every pass (counts calls per batch)."""
-    base, calls = losses.get(name), [0]
+    """The registered loss `name`, recording the starvation diagnostic of every pass (counts calls per batch).
+    Registered once per process; each run (one seed of the claims harness) starts its own counts."""
+    PASSES["epochs"], PASSES["calls"][name] = epochs, 0
+    DIAG.pop(name, None)
+    if f"{name}_diag" in losses:
+        return f"{name}_diag"
+    base = losses.get(name)
 
     def loss(logp, old_logp, adv, mask, cfg):
         with torch.no_grad():
@@ -47,8 +55,8 @@ def diagnosed(name: str, epochs: int):
             weight = ratio * (1 - zero) if name == "clip" else raw.clamp(min=opts.phi_min)
             d = {"clip_zero_frac": float((zero * pos).sum() / n_pos), "respo_floor_frac": float((floored * pos).sum() / n_pos),
                  "pos_weight_mean": float((weight * pos).sum() / n_pos)}
-        DIAG.setdefault(name, defaultdict(list))["on" if calls[0] % epochs == 0 else "reuse"].append(d)
-        calls[0] += 1
+        DIAG.setdefault(name, defaultdict(list))["on" if PASSES["calls"][name] % PASSES["epochs"] == 0 else "reuse"].append(d)
+        PASSES["calls"][name] += 1
         return base(logp, old_logp, adv, mask, cfg)
 
     meta = {k: v for k, v in losses.entry(name).meta.items() if k != "options"}  # it reads rl.options.<name>, not its own block
@@ -107,4 +115,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    C.run_seeds(main, "respo_vs_clip")

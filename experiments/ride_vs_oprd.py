@@ -54,4 +54,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    C.run_seeds(main, "ride_vs_oprd")

@@ -3,7 +3,7 @@ every rollout fails (GRPO's advantage is exactly 0 there), and so keeps improvin
 
 Setting: 2-digit multiplication, where a small SFT model solves few problems and most groups all fail.
 The start model is SFT'd on solved examples plus the same examples behind SIPO's contrastive context
-(`<ref>=<wrong>-...=<prompt>` -> `<ref>`), so the self-teacher can read the framing (the paper's model
+(`<ref>+<wrong>-...=<prompt>` -> `<ref>`), so the self-teacher can read the framing (the paper's model
 reads natural-language framing; ours must be taught this format). Arms from that start: `grpo`, `sipo`.
 Reported per arm: the share of all-fail groups, the share of those where SIPO's token advantage is
 non-zero (and GRPO's), early/late training accuracy and held-out accuracy.
@@ -44,7 +44,7 @@ def main() -> None:
     cfg = C.load_config(args, ["task.operations=['*']", "rl.rewards=[{name: correctness}]"])  # correctness only: all-fail means A = 0
     task, train, held, _, _ = C.sft_start(cfg, args.seed)
     plain = train[: cfg.sft.n_examples or None]
-    path = D.sft_on(cfg, task, plain + hinted(plain, args.seed), args.seed, "sipo_sft")
+    path = D.sft_on(cfg, task, plain + hinted(plain, args.seed), args.seed, "sipo_sft", extra_chars=contexts.LABEL_CHARS)
     model, tok = C.load_pretrained(path)
     sft = C.evaluate(model, tok, task, held, cfg.eval, args.seed)[0]
     print(f"SFT (plain + contrastive-context) held-out greedy {sft['greedy_accuracy']:.4f}", flush=True)
@@ -84,4 +84,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    C.run_seeds(main, "sipo_vs_grpo")

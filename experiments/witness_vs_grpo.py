@@ -4,7 +4,8 @@ has no reason to: any in-support outcome is equally good to it, so it drifts tow
 prefers. Metric: total-variation distance TV(p_hat, q) per held-out prompt, p_hat from `--samples` samples
 at temperature 1, averaged over prompts; before RL (the SFT start) and after each arm.
 
-Both arms start from the same SFT checkpoint with the same seed. The SFT model sees one sample of q per
+Three arms: `grpo`, `witness_reward` (the witness as GRPO reward) and `witness_raw` (the witness as the advantage);
+all start from the same SFT checkpoint with the same seed. The SFT model sees one sample of q per
 training prompt, so it starts far from q on purpose (it imitates single draws, not distributions).
 
     .venv/bin/python experiments/witness_vs_grpo.py [--steps N] [--samples M] [--json FILE] [--tracking-uri URI] [--micro]
@@ -25,7 +26,11 @@ from posttrain.tasks.distribution import total_variation
 TASK = ["task.name=distribution", "task.digits=3", "task.n_train=200", "task.n_heldout=60",
         "rl.max_new_tokens=2", "eval.max_new_tokens=2", "eval.n_prompts=60", "eval.batch_size=60"]
 MICRO_TASK = ["task.n_train=40", "task.n_heldout=10", "eval.n_prompts=10", "eval.batch_size=10"]
-ARMS = {"grpo": {"advantage": "grpo"}, "witness": {"advantage": "witness"}}
+# witness_reward: the witness as the GRPO reward, group-normalised (rl.options.witness.as_reward true); a group whose
+# rollouts share one outcome then gets 0. witness_raw: the witness itself is the advantage (as_reward false), which
+# gives that group q_k - 1 < 0. The comparison of the two chose params.yaml's default (docs/claims.md).
+ARMS = {"grpo": {"advantage": "grpo"}, "witness_reward": {"advantage": "witness", "as_reward": True},
+        "witness_raw": {"advantage": "witness", "as_reward": False}}
 
 
 @torch.no_grad()
@@ -54,6 +59,9 @@ def main() -> None:
     print(f"SFT start: TV mean {before['tv_mean']:.4f}, in-support greedy {sft['greedy_accuracy']:.4f}", flush=True)
     arms = {}
     for arm, update in ARMS.items():
+        update = dict(update)
+        if "as_reward" in update:
+            update["options"] = {"witness": {**cfg.rl.options_for("witness").model_dump(), "as_reward": update.pop("as_reward")}}
         rl_cfg = resolve.updated(cfg.rl, "rl", **update)
         measured = lambda m, t: {**C.evaluate(m, t, task, held, cfg.eval, args.seed)[0], "tv": heldout_tv(m, t, task, held, args.samples, args.seed)}  # noqa: E731
         history, after, seconds = C.run_arm(cfg, rl_cfg, task, train, held, path, args.seed, evaluate_fn=measured)
@@ -80,4 +88,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    C.run_seeds(main, "witness_vs_grpo")

@@ -501,6 +501,7 @@ class FlowRLConfig(Section):  # Flow-GRPO (arXiv 2505.05470) with the text pipel
     beta: float = Field(ge=0)  # closed-form Gaussian KL to the SFT model; 0 skips the reference
     lr: float = Field(gt=0)
     max_grad_norm: float = Field(gt=0)
+    epochs_per_batch: int = Field(gt=0)  # optimizer steps per sampled batch (Flow-GRPO's num_inner_epochs); >1: ratio != 1
     log_every: int = Field(gt=0)
     checkpoint_every: int = Field(ge=0)  # 0: no checkpoints (flow_rl --resume then starts over)
 

@@ -1,4 +1,5 @@
-"""The distillation claim experiments run end to end on a micro budget and write their JSON + MLflow runs."""
+"""The distillation claim experiments run end to end on a micro budget through the claims harness (2 seeds) and write
+their JSON + MLflow runs (a parent per claim, a child per arm x seed)."""
 
 from __future__ import annotations
 
@@ -27,19 +28,27 @@ def test_distillation_experiment_runs_and_writes_json(name, tmp_path):
     tracking = ["--tracking-uri", uri] if logged else ["--no-mlflow"]
     env = {"POSTTRAIN_EXP_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1", "PATH": "/usr/bin:/bin"}
     result = subprocess.run(
-        [sys.executable, str(REPO / "experiments" / f"{name}.py"), "--steps", "2", "--micro", "--json", str(out), *tracking, *extra],
-        cwd=tmp_path, capture_output=True, text=True, timeout=180, env=env,
+        [sys.executable, str(REPO / "experiments" / f"{name}.py"), "--steps", "2", "--micro", "--seeds", "2", "--json", str(out), *tracking, *extra],
+        cwd=tmp_path, capture_output=True, text=True, timeout=240, env=env,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    data = json.loads(out.read_text())
-    assert data["claim"] == name and set(data["arms"]) == arms and data["steps"] == 2
-    assert {row["arm"] for row in data["table"]} == arms
-    assert all(len(a["train_accuracy_curve"]) >= 1 and "sampled_accuracy" in a["heldout_after"] for a in data["arms"].values())
-    if name == "sipo_vs_grpo":
-        assert data["arms"]["sipo"]["signal"]["groups"] == 2 * 4  # 2 steps x 4 prompts (micro)
+    claim = json.loads(out.read_text())
+    assert claim["claim"] == name and claim["seeds"] == [0, 1] and claim["comparisons"]
+    for c in claim["comparisons"]:
+        assert len(c["better_values"]) == 2 and c["verdict"] in {"reproduced", "contradicted", "inconclusive"}
+    for data in claim["per_seed"]:
+        assert data["claim"] == name and set(data["arms"]) == arms and data["steps"] == 2
+        assert {row["arm"] for row in data["table"]} == arms
+        assert all(len(a["train_accuracy_curve"]) >= 1 and "sampled_accuracy" in a["heldout_after"] for a in data["arms"].values())
+        if name == "sipo_vs_grpo":
+            assert data["arms"]["sipo"]["signal"]["groups"] == 2 * 4  # 2 steps x 4 prompts (micro)
+        if not logged:
+            assert data["mlflow_runs"] == {}
     if not logged:
-        assert data["mlflow_runs"] == {}
+        assert claim["mlflow_parent_run"] is None
         return
     mlflow.set_tracking_uri(uri)
     runs = mlflow.search_runs(experiment_names=["claims"])
-    assert set(runs["tags.mlflow.runName"]) == {f"{name}/{a}" for a in arms}
+    children = runs[runs["tags.mlflow.parentRunId"] == claim["mlflow_parent_run"]]
+    assert set(runs["tags.mlflow.runName"]) == {name} | {f"{name}/{a}/seed{s}" for a in arms for s in (0, 1)}
+    assert len(children) == 2 * len(arms)

@@ -39,6 +39,7 @@ def task_for(advantage: str) -> str:
 def build_micro(root, task_name: str):
     from posttrain.models import build_tiny, train_char_tokenizer
     from posttrain.tasks import build_task
+    from posttrain.trainers.sft import train_sft
 
     overrides = ["rl.max_new_tokens=4", "rl.prompts_per_step=3", "rl.group_size=3", *TASK_SETTINGS[task_name]]  # later wins
     cfg = resolve.load(micro_params(root), overrides)
@@ -46,6 +47,9 @@ def build_micro(root, task_name: str):
     tokenizer = train_char_tokenizer([task.alphabet()])
     torch.manual_seed(0)
     model = build_tiny(cfg.model, tokenizer)
+    # a few SFT steps so that rollouts differ in reward within a group (a random model scores 0 everywhere, and
+    # then no estimator has anything to move the weights with)
+    train_sft(model, tokenizer, task.splits(0)["train"], cfg.sft, 0, on_log=lambda s, m: None)
     return cfg, task, task.splits(0)["train"][:50], tokenizer, {k: v.clone() for k, v in model.state_dict().items()}, model
 
 
@@ -66,27 +70,46 @@ def micro(micros):
     return micros("arithmetic")
 
 
+def teacher_for(model):
+    """A frozen teacher that is not the start: the start with every weight perturbed, so that the distillation
+    term (teacher log-probs minus the policy's) is not identically 0."""
+    teacher = copy.deepcopy(model).eval().requires_grad_(False)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in teacher.parameters():
+            p.add_(torch.randn(p.shape, generator=g).to(p.device, p.dtype) * 0.5 * p.std().clamp(min=0.02))
+    return teacher
+
+
 def two_steps(micro, **rl_updates):
+    return train_two_steps(micro, **rl_updates)[0]
+
+
+def train_two_steps(micro, **rl_updates):
+    """(history, whether any weight moved, max |teacher_logp - old_logp| over produced tokens, or None)."""
     cfg, task, examples, tokenizer, state, model = micro
     model.load_state_dict(state)
     rl = resolve.updated(cfg.rl, "rl", **rl_updates)
-    # estimators that distil from a separate model get a frozen copy of the start as their teacher
-    teachers = {"teacher": copy.deepcopy(model).eval().requires_grad_(False)} if "teacher_logp" in needs_of(rl) else {}
+    teachers = {"teacher": teacher_for(model)} if "teacher_logp" in needs_of(rl) else {}
     run = RLRun(model, tokenizer, task, examples, rl, seed=0, checkpoint_dir=REPO / "unused", config_hash="x", models=teachers)
     trainer, stream = OnlineRL(run, total_steps=2), PromptStream(examples, 0)  # also on a GPU (tests/gpu reuses this)
-    history = []
+    history, teacher_gap = [], None
     for _ in range(2):
         prompts = stream.take(rl.prompts_per_step)
         result = trainer.step(prompts, more_prompts=stream.take)
         batch, texts, metrics = result.batch, result.texts, result.metrics
         assert len(texts) == batch.size == len(result.prompts) * rl.group_size
+        if "teacher_logp" in batch.extras:
+            gap = (batch.extras["teacher_logp"] - batch.old_logp).abs() * batch.completion_mask
+            teacher_gap = max(teacher_gap or 0.0, float(gap.max()))
         history.append(metrics)
-    return history
+    moved = any(not torch.equal(v, state[k].to(v.device)) for k, v in model.state_dict().items())
+    return history, moved, teacher_gap
 
 
 @pytest.mark.parametrize("advantage,loss", COMBOS)
 def test_every_estimator_and_loss_takes_two_steps(micros, advantage, loss):
-    history = two_steps(micros(task_for(advantage)), advantage=advantage, loss=loss)
+    history, moved, teacher_gap = train_two_steps(micros(task_for(advantage)), advantage=advantage, loss=loss)
     for metrics in history:
         assert all(math.isfinite(v) for v in metrics.values()), metrics
         assert {"loss", "grad_norm", "reward/correctness_collapsed", "reward/format_adv_share"} <= set(metrics)
@@ -94,6 +117,11 @@ def test_every_estimator_and_loss_takes_two_steps(micros, advantage, loss):
             assert "entropy" not in metrics and metrics["loss"] == 0.0 and metrics["grad_norm"] == 0.0
         else:
             assert {"clip_fraction", "entropy"} <= set(metrics)
+    if teacher_gap is not None:  # the teacher is not the start: the distillation signal is not identically 0
+        assert teacher_gap > 1e-3
+    assert moved == (loss != "none"), "a policy loss must move the weights in two steps; `none` must not"
+    if loss != "none":
+        assert max(m["grad_norm"] for m in history) > 0
 
 
 @pytest.mark.parametrize("agg", ["token_sum_norm", "seq_mean"])
@@ -120,6 +148,9 @@ def test_rewards_with_options_score_real_rollouts(micro):
     for metrics in history:
         assert {"reward/sdrl_mean", "reward/audit_correction_mean", "reward/sdrl_adv_share"} <= set(metrics)
         assert all(math.isfinite(v) for v in metrics.values())
+        # on arithmetic the correct answers of a prompt are one string, so the diversity bonus is 0 and sdrl is the
+        # verifier; the task it is for (tasks/optimisation.py) has a non-zero bonus (tests/unit/test_optimisation_task.py)
+        assert metrics["reward/sdrl_mean"] == pytest.approx(metrics["reward/correctness_mean"])
 
 
 def test_kgpo_reward_trains_on_the_diagnosis_task(micros):

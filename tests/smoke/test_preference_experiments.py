@@ -1,4 +1,5 @@
-"""The reward-model and preference claim experiments run end to end on a micro budget and write their JSON."""
+"""The reward-model and preference claim experiments run end to end on a micro budget through the claims harness
+(2 seeds) and write their JSON."""
 
 from __future__ import annotations
 
@@ -28,13 +29,16 @@ def test_experiment_runs_and_writes_json(name, tmp_path):
     out = tmp_path / "out.json"
     env = {"POSTTRAIN_EXP_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1", "PATH": "/usr/bin:/bin"}
     result = subprocess.run(
-        [sys.executable, str(REPO / "experiments" / f"{name}.py"), "--steps", "2", "--micro", "--json", str(out), "--no-mlflow", *extra],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env,
+        [sys.executable, str(REPO / "experiments" / f"{name}.py"), "--steps", "2", "--micro", "--seeds", "2", "--json", str(out), "--no-mlflow", *extra],
+        cwd=tmp_path, capture_output=True, text=True, timeout=400, env=env,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    data = json.loads(out.read_text())
-    assert data["claim"] == name and data["steps"] == 2 and set(data["arms"]) == arms and data["table"]
-    if name == "reward_model_rl":  # each reward model's pick among 8 SFT samples, between a random pick and the oracle's
-        picks = data["best_of_n"]
-        assert {"bt_pick_accuracy", "trm_pick_accuracy"} <= set(picks)
-        assert 0 <= picks["random_pick_accuracy"] <= picks["oracle_accuracy"] <= 1 and picks["bt_pick_accuracy"] <= picks["oracle_accuracy"]
+    claim = json.loads(out.read_text())
+    assert claim["claim"] == name and claim["seeds"] == [0, 1] and claim["comparisons"]
+    assert all(len(c["worse_values"]) == 2 and c["verdict"] in {"reproduced", "contradicted", "inconclusive"} for c in claim["comparisons"])
+    for data in claim["per_seed"]:
+        assert data["claim"] == name and data["steps"] == 2 and set(data["arms"]) == arms and data["table"]
+        if name == "reward_model_rl":  # each reward model's pick among 8 SFT samples, between a random pick and the oracle's
+            picks = data["best_of_n"]
+            assert {"bt_pick_accuracy", "trm_pick_accuracy"} <= set(picks)
+            assert 0 <= picks["random_pick_accuracy"] <= picks["oracle_accuracy"] <= 1 and picks["bt_pick_accuracy"] <= picks["oracle_accuracy"]

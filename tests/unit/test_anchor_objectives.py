@@ -48,6 +48,11 @@ def estimate(name, batch, cfg=CFG):
     return advantages.get(name)(batch, cfg)
 
 
+def per_row(adv):
+    """[B] from an estimator's [B] or [B, T] advantages (make_batch's responses all have every token)."""
+    return adv[:, 0] if adv.dim() == 2 else adv
+
+
 # ---------------------------------------------------------------- registries
 
 
@@ -75,10 +80,35 @@ def test_rloo_leave_one_out_baseline():
     torch.testing.assert_close(adv, expected)  # [1 - 7/3, 0 - 8/3, 2 - 2, 5 - 1]
 
 
-def test_reinforce_pp_group_baseline_then_batch_whitening():
-    adv = estimate("reinforce_pp", make_batch([0.0, 2.0, 1.0, 7.0], [0, 0, 1, 1]))
+def reinforce_pp_cfg(whiten: str):
+    rl = resolve.updated(resolve.load(REPO / "params.yaml").rl, "rl", options={"reinforce_pp": {"whiten": whiten}})
+    return SimpleNamespace(std_scaling="group", std_eps=1e-4, options_for=rl.options_for)
+
+
+def test_reinforce_pp_group_baseline_then_batch_whitening_per_sequence():
+    adv = estimate("reinforce_pp", make_batch([0.0, 2.0, 1.0, 7.0], [0, 0, 1, 1]), reinforce_pp_cfg("sequences"))
     centred = torch.tensor([-1.0, 1.0, -3.0, 3.0])
     torch.testing.assert_close(adv, (centred - centred.mean()) / (centred.std() + 1e-4))
+
+
+def test_reinforce_pp_whitens_over_response_tokens_by_default():
+    """verl's compute_reinforce_plus_plus_baseline_outcome_advantage: masked_whiten over the response tokens, so a
+    long response weighs more in the batch mean and std than a short one."""
+    assert resolve.load(REPO / "params.yaml").rl.options_for("reinforce_pp").whiten == "tokens"
+    batch = make_batch([0.0, 2.0, 1.0, 7.0], [0, 0, 1, 1])
+    lengths = [1, 3, 3, 1]
+    mask = (torch.arange(3)[None, :] < torch.tensor(lengths)[:, None]).long()
+    batch = RolloutBatch(**{**batch.__dict__, "completion_mask": mask})
+    adv = estimate("reinforce_pp", batch)
+    centred = [-1.0, 1.0, -3.0, 3.0]
+    tokens = torch.tensor([c for c, n in zip(centred, lengths) for _ in range(n)])  # -1, 1 1 1, -3 -3 -3, 3
+    expected = (torch.tensor(centred)[:, None] - tokens.mean()) / (tokens.std() + 1e-4) * mask
+    torch.testing.assert_close(adv, expected)
+    assert adv.shape == (4, 3) and (adv[mask == 0] == 0).all()
+    per_sequence = estimate("reinforce_pp", batch, reinforce_pp_cfg("sequences"))
+    assert not torch.allclose(adv[:, 0], per_sequence)  # variable lengths: the two conventions differ
+    with pytest.raises(Exception, match="whiten"):
+        reinforce_pp_cfg("rows")
 
 
 def test_remax_baseline_is_the_greedy_reward():
@@ -118,7 +148,7 @@ def test_gdpo_constant_reward_contributes_nothing_and_scale_invariance():
 
 @pytest.mark.parametrize("name", ESTIMATORS)
 def test_singleton_groups_give_finite_advantages(name):
-    adv = estimate(name, make_batch([3.0, 1.0, 2.0], [0, 1, 1]))
+    adv = per_row(estimate(name, make_batch([3.0, 1.0, 2.0], [0, 1, 1])))
     assert torch.isfinite(adv).all()
     if name not in ("remax", "gdpo", "reinforce_pp"):  # remax: vs greedy; batch-whitened ones move the row
         assert float(adv[0]) == 0.0
@@ -128,9 +158,9 @@ def test_singleton_groups_give_finite_advantages(name):
 
 @pytest.mark.parametrize("name", [n for n in ESTIMATORS if n != "remax"])
 def test_all_equal_rewards_give_zero_advantage(name):
-    adv = estimate(name, make_batch([1.0, 1.0, 1.0, 0.3, 0.3, 0.3], [0, 0, 0, 1, 1, 1]))
+    adv = per_row(estimate(name, make_batch([1.0, 1.0, 1.0, 0.3, 0.3, 0.3], [0, 0, 0, 1, 1, 1])))
     torch.testing.assert_close(adv, torch.zeros(6), atol=1e-6, rtol=0)
-    mixed = estimate(name, make_batch([1.0, 1.0, 1.0, 0.0, 1.0, 0.5], [0, 0, 0, 1, 1, 1]))
+    mixed = per_row(estimate(name, make_batch([1.0, 1.0, 1.0, 0.0, 1.0, 0.5], [0, 0, 0, 1, 1, 1])))
     torch.testing.assert_close(mixed[:3], torch.zeros(3), atol=1e-5, rtol=0)
     assert mixed[3:].abs().max() > 0.1
 
@@ -141,7 +171,7 @@ def test_nan_rewards_are_sanitised(name):
     batch = make_batch(r, [0, 0, 0, 1, 1, 1], greedy=[NAN] * 6)
     adv = estimate(name, batch)
     assert torch.isfinite(adv).all()
-    assert float(adv[2]) == 0.0, "an unscorable row gets no advantage"
+    assert (adv[2] == 0.0).all(), "an unscorable row gets no advantage"
     assert composition_metrics(batch, adv)["reward/r1_nan"] == 2.0
 
 

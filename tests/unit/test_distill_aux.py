@@ -246,6 +246,26 @@ def test_roft_loss_mask_covers_retrospection_tokens_only(micro):
     assert ((loss_mask == 1) <= (attention == 1)).all()
 
 
+def test_roft_retrospection_reads_the_outcome_not_the_reference(micro):
+    """The retrospection prompt holds the attempt and the environment's feedback (success or failure), never the
+    reference answer: a failed attempt's prompt is the same whatever the reference."""
+    from posttrain.trainers import contexts
+    from posttrain.trainers.extras import decode_completions, retrospections
+
+    run, examples = micro
+    batch = rollouts(run, examples)  # rewards 1, 0, 0 per group
+    retro = retrospections(context(run), examples, batch)
+    width = retro.shape[2] - run.cfg.options_for("roft").max_tokens
+    texts = decode_completions(run.tokenizer, batch)
+    for i, text in enumerate(texts):
+        example = examples[i // 3]
+        prompt = run.tokenizer.decode(retro[i, 0, :width][retro[i, 1, :width] == 1])
+        label = contexts.OUTCOME_OK if i % 3 == 0 else contexts.OUTCOME_FAILED
+        assert prompt == contexts.retrospection_prompt(example, text, label)
+        if i % 3:
+            assert example.completion + contexts.SEP not in prompt.removesuffix(example.prompt)
+
+
 def test_roft_gradient_does_not_read_the_reward(micro):
     from posttrain.objectives import auxiliaries
 

@@ -138,6 +138,20 @@ def test_sipo_a_token_independent_bias_in_both_teachers_cancels():
     assert torch.allclose(redistribution((pos + bias) - (neg + bias), mask, 2.0), redistribution(pos - neg, mask, 2.0), atol=1e-6)
 
 
+def test_sipo_context_labels_differ_from_the_prompt_separator():
+    """C+ frames the reference as correct with a label that is not the separator, so "<ref><CORRECT><SEP><prompt>"
+    is not "<ref><SEP><SEP><prompt>" (the reference followed by an empty privileged segment)."""
+    from posttrain.tasks import Example
+    from posttrain.trainers import contexts
+
+    assert len({contexts.CORRECT, contexts.INCORRECT, contexts.SEP}) == 3
+    e = Example(prompt="7*8", completion="56", answer="56")
+    pos, neg = contexts.contrastive_contexts(e, ["54"])
+    assert pos == f"56{contexts.CORRECT}54{contexts.INCORRECT}{contexts.SEP}7*8" and neg == f"56{contexts.INCORRECT}54{contexts.CORRECT}{contexts.SEP}7*8"
+    assert pos.split(contexts.SEP) == [f"56{contexts.CORRECT}54{contexts.INCORRECT}", "7*8"]  # one separator: the labels are not it
+    assert len(pos) == len(neg) and sum(a != b for a, b in zip(pos, neg)) == 2
+
+
 def test_sipo_gives_signal_in_an_all_fail_group_where_grpo_gives_none():
     batch = make_batch([0.0, 0.0, 0.0, 0.0]).with_extras(contrast_logp_gap=torch.randn(4, 4))
     cfg = rl()
@@ -215,10 +229,24 @@ def test_uniopsd_trust_state_starts_at_zero_then_tracks_correlation_and_lambda_w
     assert token_lambda(0, UOPTS) == 0.5 and token_lambda(50, UOPTS) == pytest.approx(0.25) and token_lambda(100, UOPTS) == 0.0
 
 
-def test_uniopsd_estimator_runs_on_a_batch():
-    batch = make_batch([1.0, 0.0, 0.0, 1.0]).with_extras(peer_logp_gap=torch.randn(4, 4) * 0.1, uniopsd_rho=torch.tensor(0.0), train_step=torch.tensor(1.0))
-    adv = advantages.get("uniopsd")(batch, rl())
-    assert adv.shape == (4, 4) and torch.isfinite(adv).all()
+def test_uniopsd_estimator_on_a_batch_is_episode_plus_token_weighted_step_credit():
+    """The registered estimator end to end, by hand: with no trust history (rho 0, c* = 1) the step credit is the
+    environment's A^S, modulated per token by the peer teacher's gap; once the teacher is trusted (rho high) its
+    own step estimate A^O enters and the advantage changes."""
+    cfg = rl()
+    opts = cfg.options_for("uniopsd")
+    gap = torch.randn(4, 4, generator=torch.Generator().manual_seed(0)) * 0.3
+    batch = make_batch([1.0, 0.0, 0.0, 1.0]).with_extras(peer_logp_gap=gap, uniopsd_rho=torch.tensor(0.0), train_step=torch.tensor(1.0))
+    adv = advantages.get("uniopsd")(batch, cfg)
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    a_e = (r - r.mean()) / (r.std() + cfg.std_eps)
+    a_s = opts.step_advantage_w * a_e
+    w = torch.clamp(torch.exp(torch.sign(a_s)[:, None] * gap), 1 - opts.eps_w, 1 + opts.eps_w)
+    lam = opts.lam0  # first update: no warm-down yet
+    torch.testing.assert_close(adv, a_e[:, None] + a_s[:, None] * ((1 - lam) + lam * w))
+    assert (adv[:, 1:] != adv[:, :1]).any()  # the teacher's gap moves the credit between tokens
+    trusted = advantages.get("uniopsd")(batch.with_extras(uniopsd_rho=torch.tensor(0.7)), cfg)
+    assert not torch.allclose(trusted, adv)
 
 
 # --- edge cases every estimator must survive (spec Appendix B) -------------------------------------------

@@ -139,3 +139,33 @@ def test_only_reward_matrix_estimators_are_accepted_for_images(tmp_path):
     with pytest.raises(UserError, match="flow_rl.advantage.*needs token-level rollouts.*gdpo"):
         resolve.load(REPO / "params.yaml", ["flow_rl.advantage=remax"])
     assert resolve.load(REPO / "params.yaml", ["flow_rl.advantage=sum_then_normalize"]).flow_rl.advantage == "sum_then_normalize"
+
+
+def test_inner_epochs_move_the_ratio_off_one_and_the_clip_binds():
+    """Flow-GRPO's num_inner_epochs: the first pass over a sampled batch is on-policy (ratio 1, nothing clipped);
+    the later passes re-score the same transitions under the updated model, so the ratio leaves 1 and the clip
+    (Flow-GRPO's clip_range 1e-4) zeroes part of the gradient."""
+    import yaml
+
+    from helpers import REPO
+    from posttrain.config import FlowModelConfig, FlowRLConfig
+    from posttrain.data.vigor.edits import Edits
+    from posttrain.models.flow import build_flow_model
+    from posttrain.trainers.flow_rl import train_flow_rl
+
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    assert params["flow_rl"]["epochs_per_batch"] == 1
+    model_cfg = FlowModelConfig.model_validate({**params["flow"], "block_channels": [8, 16], "text_dim": 16})
+    cfg = FlowRLConfig.model_validate({**params["flow_rl"], "steps": 1, "prompts_per_step": 2, "group_size": 2, "sampling_steps": 3,
+                                       "checkpoint_every": 0, "lr": 1e-3, "epochs_per_batch": 2})
+    g = torch.Generator().manual_seed(0)
+    images = torch.rand(3, 4, 3, 8, 8, generator=g) * 2 - 1
+    mask = torch.zeros(3, 1, 8, 8)
+    mask[..., :3] = 1
+    edits = Edits(images[:, 0], images[:, 1], images[:, 1:].reshape(3, 9, 8, 8), mask, ("remove the tree",) * 3, ("vegetation",) * 3)
+    torch.manual_seed(0)
+    history = train_flow_rl(build_flow_model(model_cfg, 8), edits, cfg, seed=0, on_log=lambda s, m: None)
+    row = history[0]
+    assert row["pass1/ratio_mean"] == pytest.approx(1.0, abs=1e-6) and row["pass1/clip_fraction"] == 0.0
+    assert abs(row["pass2/ratio_mean"] - 1.0) > 1e-4  # further than the clip range: the policy moved
+    assert row["pass2/clip_fraction"] > 0 and row["clip_fraction"] == row["pass2/clip_fraction"]

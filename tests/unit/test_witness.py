@@ -108,12 +108,30 @@ def test_estimator_as_reward_or_scaled_advantage(cfg):
     b = batch(group, outcomes=out, target_probs=torch.tensor([Q] * 6))
     raw = witness_advantage(out, torch.tensor([Q] * 6), group, opts())
     rl = cfg.rl.model_copy(update={"advantage": "witness"})
-    assert rl.options_for("witness").as_reward  # params.yaml default
-    assert torch.allclose(advantages.get("witness")(b, rl), group_normalize(raw, group, rl.std_scaling, rl.std_eps))
-    scaled = resolve.updated(rl, "rl", options={"witness": {"as_reward": False, "scale": 2.0}})
+    block = rl.options_for("witness").model_dump()
+    assert not block["as_reward"] and block["scale"] == 1.0  # params.yaml default: the raw witness (docs/claims.md)
+    assert torch.allclose(advantages.get("witness")(b, rl), raw)
+    as_reward = resolve.updated(rl, "rl", options={"witness": {**block, "as_reward": True}})
+    assert torch.allclose(advantages.get("witness")(b, as_reward), group_normalize(raw, group, rl.std_scaling, rl.std_eps))
+    scaled = resolve.updated(rl, "rl", options={"witness": {**block, "scale": 2.0}})
     assert torch.allclose(advantages.get("witness")(b, scaled), 2.0 * raw)
     with pytest.raises(UserError, match="distribution-matching task"):
         advantages.get("witness")(batch(group), rl)
+
+
+def test_registered_estimator_on_a_collapsed_group_raw_vs_as_reward(cfg):
+    """Invariant 2 through the registered estimator: a group whose rollouts all land on one outcome gets q_k - 1 < 0
+    from the raw witness (as_reward false, the default), and exactly 0 once the witness is group-normalised as a
+    GRPO reward (as_reward true, the default before; it zeroed that group)."""
+    out, group = torch.tensor([1, 1, 1, 1, 0, 2, 2, 1]), torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    b = batch(group, outcomes=out, target_probs=torch.tensor([Q] * 8))
+    rl = cfg.rl.model_copy(update={"advantage": "witness"})
+    block = rl.options_for("witness").model_dump()
+    raw = advantages.get("witness")(b, rl)  # the default
+    assert torch.allclose(raw[:4], torch.full((4,), Q[1] - 1.0)) and (raw[:4] < 0).all()
+    as_reward = advantages.get("witness")(b, resolve.updated(rl, "rl", options={"witness": {**block, "as_reward": True}}))
+    assert torch.equal(as_reward[:4], torch.zeros(4))  # the collapsed group's signal is gone
+    assert as_reward[4:].abs().sum() > 0  # the mixed group keeps one
 
 
 def test_witness_on_arithmetic_is_a_user_error(cfg):
@@ -177,9 +195,14 @@ def test_witness_runs_two_steps_on_the_distribution_task(params_path):
     examples = task.splits(0)["train"]
     run = RLRun(model, tokenizer, task, examples, cfg.rl, seed=0, checkpoint_dir=params_path.parent / "unused", config_hash="x")
     trainer, stream = OnlineRL(run, total_steps=2), PromptStream(examples, 0)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    signal = 0.0
     for _ in range(2):
         result = trainer.step(stream.take(3), more_prompts=stream.take)
         assert all(math.isfinite(v) for v in result.metrics.values()), result.metrics
         found = result.batch.extras["outcomes"]
         assert found.shape == (12,) and result.batch.extras["target_probs"].shape == (12, 3)
         assert 0.0 <= total_variation([None if k < 0 else int(k) for k in found], task.target(result.prompts[0])) <= 1.0
+        signal += float(advantages.get("witness")(result.batch, cfg.rl).abs().sum())
+    assert signal > 0  # the witness fed the update something
+    assert any(not torch.equal(v, start[k]) for k, v in model.state_dict().items())  # and the two steps trained

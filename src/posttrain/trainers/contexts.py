@@ -1,8 +1,8 @@
 """Teacher contexts: the text a (self-)teacher reads in front of the student's own response.
 
 Every context is `<privileged text><SEP><prompt>`, so the teacher scores exactly the student's tokens
-after a prompt that differs only by what it was told. Built from characters every task alphabet has
-(`=` and `-`), so a character tokenizer trained on the task can encode them.
+after a prompt that differs only by what it was told. Built from `=` and `-` (and SIPO's `+` label), characters
+of the arithmetic and text-world alphabets, so a character tokenizer trained on the task can encode them.
 """
 
 from __future__ import annotations
@@ -10,7 +10,12 @@ from __future__ import annotations
 from posttrain.tasks import Example
 
 SEP = "="  # between the privileged text and the prompt
-CORRECT, INCORRECT = "=", "-"  # SIPO's labels: the two contexts differ in these characters only
+# SIPO's labels: the two contexts differ in these characters only. Neither is SEP, so a label is never read as the
+# end of the privileged text (`=` as CORRECT made "<ref>==<prompt>" look like an unlabelled reference). `+` is in the
+# default arithmetic alphabet; a task without it should add LABEL_CHARS to its tokenizer's corpus.
+CORRECT, INCORRECT = "+", "-"
+LABEL_CHARS = CORRECT + INCORRECT
+OUTCOME_OK, OUTCOME_FAILED = "=", "-"  # PR-OPD's hindsight outcome label (its SFT format; not SIPO's labels)
 
 
 def answer_context(example: Example) -> str:
@@ -37,7 +42,7 @@ def skill_context(example: Example, skill: str) -> str:
 def hindsight_prompt(example: Example, response: str, success: bool) -> str:
     """What the policy reads to write a hindsight skill for its own trajectory: the response, its outcome
     (as a label character), and the prompt."""
-    return f"{response}{CORRECT if success else INCORRECT}{example.prompt}"
+    return f"{response}{OUTCOME_OK if success else OUTCOME_FAILED}{example.prompt}"
 
 
 def retrospection_prompt(example: Example, attempt: str, feedback: str) -> str:

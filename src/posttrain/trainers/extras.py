@@ -299,11 +299,13 @@ def skill_hidden(ctx: ExtraContext, prompts, batch) -> Tensor:
 @torch.no_grad()
 def retrospections(ctx: ExtraContext, prompts, batch) -> Tensor:
     """[B, 3, W] ROFT: for each attempt, a retrospection sampled on-policy from the current model after a
-    prompt holding the attempt and the task's feedback; rows are (token ids, attention mask, loss mask),
+    prompt holding the attempt and the environment's feedback (its outcome); rows are (token ids, attention mask, loss mask),
     the loss mask being 1 on retrospection tokens only. The trainer's policy forward scores the token ids."""
     opts = ctx.cfg.options_for("roft")
     examples, texts, ok = row_examples(prompts, batch), decode_completions(ctx.tokenizer, batch), success(batch).tolist()
-    feedback = [e.completion if not s else t for e, t, s in zip(examples, texts, ok)]  # the checker's feedback: the expected output
+    # the environment's feedback only: the outcome (observations of a multi-turn episode are already in the attempt);
+    # never the reference answer, which would make ROFT hint-conditioned self-imitation
+    feedback = [contexts.OUTCOME_OK if s else contexts.OUTCOME_FAILED for s in ok]
     retro_prompts = [contexts.retrospection_prompt(e, t, f) for e, t, f in zip(examples, texts, feedback)]
     ids, mask = encode_prompts(ctx.tokenizer, retro_prompts, batch.group.device)
     retro, _ = generate(ctx.policy, ctx.tokenizer, retro_prompts, opts.max_tokens, temperature=opts.temperature, generator=ctx.generator)

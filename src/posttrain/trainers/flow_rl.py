@@ -6,8 +6,11 @@ One step: take `prompts_per_step` training edits, sample `group_size` images eac
 images with the configured rewards into a [B, K] matrix; turn it into advantages with the estimator's
 `on_rewards` core, clipped to +-adv_clip_max; then, per denoising step, re-score the recorded transition
 under the current model and apply the registered policy loss (the clipped ratio) plus beta times the
-closed-form Gaussian KL to the frozen SFT model. Gradients accumulate over the steps; one optimizer step
-per batch (so the ratio is exactly 1 on that update, as in Flow-GRPO's first inner epoch).
+closed-form Gaussian KL to the frozen SFT model. Gradients accumulate over the steps, then one optimizer step;
+this repeats `epochs_per_batch` times on the same sampled batch (Flow-GRPO's `num_inner_epochs`). On the first
+pass the ratio is exactly 1, so the clip only binds from the second pass on, once the policy has moved off the
+sampling policy; the metrics are the last pass's, with the first pass's loss and every pass's ratio and clip
+fraction as `pass<k>/...`.
 
 Everything runs in the model's latent space (pixels for the UNet, packed VAE latents for FLUX); the final
 sample is decoded to pixels for the judges. Every `checkpoint_every` steps the trainer saves the weights,
@@ -135,8 +138,15 @@ def train_flow_rl(model: ConditionalFlowModel, edits: Edits, cfg: FlowRLConfig, 
         images = model.from_latent(trajectory.final)
         rewards, names, weights = image_reward_matrix(cfg.rewards, (images + 1) / 2, batch.judged())
         adv = image_advantages(rewards, group, weights, cfg)
-        metrics = policy_update(model, reference, trajectory, conditions, text, adv, sigmas, cfg)
-        grad_norm = loop.optimizer_step(step_index, metrics["loss"], params, optimizer, cfg.max_grad_norm)
+        passes = []
+        for _ in range(cfg.epochs_per_batch):  # the same trajectory and advantages; the policy moves each pass
+            passes.append(policy_update(model, reference, trajectory, conditions, text, adv, sigmas, cfg))
+            grad_norm = loop.optimizer_step(step_index, passes[-1]["loss"], params, optimizer, cfg.max_grad_norm)
+        metrics = dict(passes[-1])
+        if len(passes) > 1:
+            metrics["first_pass_loss"] = passes[0]["loss"]
+            for k, m in enumerate(passes, 1):
+                metrics.update({f"pass{k}/ratio_mean": m["ratio_mean"], f"pass{k}/clip_fraction": m["clip_fraction"]})
         for k, name in enumerate(names):
             metrics[f"reward/{name}_mean"] = float(rewards[:, k].mean())
         metrics["reward/overall_mean"] = float(rewards.mean())

@@ -1,0 +1,237 @@
+"""The claims harness: every claim experiment runs each arm on each of `--seeds N` seeds (default 3) and reports, per
+compared quantity, each side's mean with a 95% t-interval, the per-seed values, the paired difference's interval
+and a verdict:
+
+    reproduced     the difference's 95% interval excludes 0 in the claimed direction
+    contradicted   it excludes 0 in the other direction
+    inconclusive   it contains 0 (or fewer than 2 seeds)
+
+A claim experiment's `__main__` calls `run_seeds(main, claim)`: `main` (the one-seed experiment, unchanged) runs once
+per seed `--seed .. --seed + N - 1` with its JSON to a temporary file; the per-seed results, the comparisons and the
+command go to `--json`. MLflow: one parent run per claim (named after it, summary metrics and the comparison
+table), one child run per arm x seed (the arm's per-step and final metrics; `_common.log_arm`).
+`experiments/claims.py` runs one claim or all of them into experiments/results/, from which docs/generate.py writes
+the table in docs/claims.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from scipy import stats
+
+# what the running claim is, for `_common.log_arm` (parent / child MLflow runs); empty outside the harness
+CURRENT: dict = {}
+
+
+@dataclass(frozen=True)
+class Compare:
+    """One claimed difference: `better` beats `worse` on `metric` (higher is better unless `lower`).
+    `better` / `worse` read a number from one seed's results JSON."""
+
+    metric: str
+    better: str
+    worse: str
+    get_better: Callable[[dict], float]
+    get_worse: Callable[[dict], float]
+    lower: bool = False
+
+
+def row(arm: str, column: str, key: str = "arm") -> Callable[[dict], float]:
+    """The `column` of the results table's row for `arm`."""
+    return lambda r: float(next(x[column] for x in r["table"] if x[key] == arm))
+
+
+def compare(metric: str, better: str, worse: str, column: str | None = None, lower: bool = False, key: str = "arm") -> Compare:
+    """`better` vs `worse` on the results table's `column` (default: `metric`)."""
+    column = column or metric
+    return Compare(metric, better, worse, row(better, column, key), row(worse, column, key), lower)
+
+
+HELDOUT = "heldout_greedy_after"
+# claim experiment (script stem) -> the differences it claims (see each script's docstring)
+COMPARISONS: dict[str, list[Compare]] = {
+    "witness_vs_grpo": [compare("tv_after", "witness_reward", "grpo", lower=True), compare("tv_after", "witness_raw", "grpo", lower=True),
+                        compare("tv_after", "witness_raw", "witness_reward", lower=True)],
+    "gdpo_vs_sum": [compare("d_correctness", "gdpo", "sum_then_normalize"), compare("heldout_greedy_after", "gdpo", "sum_then_normalize")],
+    "respo_vs_clip": [compare("train_acc_last", "respo", "clip"), compare(HELDOUT, "respo", "clip")],
+    "qglas_vs_quality": [compare("items_after", "qglas", "quality_only", lower=True), compare("hit1_after", "qglas", "quality_only")],
+    "gats_vs_opd": [compare("train_acc_first", "gats", "grpo"), compare(HELDOUT, "gats", "opd_const")],
+    "sipo_vs_grpo": [compare("train_acc_last", "sipo", "grpo"), compare(HELDOUT, "sipo", "grpo")],
+    "ride_vs_oprd": [compare(HELDOUT, "ride", "oprd"), compare(HELDOUT, "ride", "output_space")],
+    "pr_opd_text_world": [compare("heldout_sampled_after", "pr_opd", "grpo"), compare("train_acc_last", "pr_opd", "grpo")],
+    "reward_model_rl": [Compare(HELDOUT, "bt", "start", row("bt", HELDOUT), row("bt", "heldout_greedy_before")),
+                        Compare(HELDOUT, "trm", "start", row("trm", HELDOUT), row("trm", "heldout_greedy_before")),
+                        compare(HELDOUT, "verifier", "bt")],
+    "trm_anti_polarisation": [compare("extreme_fraction", "pd_grpo", "pairwise_margin", lower=True),
+                              compare("pair_accuracy", "pd_grpo", "pairwise_margin")],
+    "gm_dpo_flexbench": [compare("greedy_gpa", "gm_dpo", "dpo", key="objective"), compare("greedy_whr", "gm_dpo", "dpo", lower=True, key="objective")],
+    "abc_align_pseudo_labels": [compare("heldout_pair_acc", "abc_align", "pseudo_only"), compare("heldout_pair_acc", "abc_align", "gold_only")],
+    "glime_vs_naive": [compare("generalization", "glime", "naive"), compare("retention", "glime", "naive"),
+                       compare("locality", "glime", "naive")],
+    "care_dialogue": [compare("true_quality_after", "generator", "uniform", key="weights")],
+    "sdrl_strategies": [compare("distinct_strategies", "sdrl", "correctness"), compare("strategy_entropy", "sdrl", "correctness"),
+                        compare("heldout_success", "sdrl", "correctness")],
+}
+
+
+def t_interval(values: list[float], level: float = 0.95) -> tuple[float, float, float]:
+    """(mean, low, high): Student-t interval of the mean; (mean, nan, nan) with fewer than 2 values."""
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, math.nan, math.nan
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = stats.t.ppf(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def verdict(low: float, high: float, lower_is_better: bool) -> str:
+    """The difference better - worse: reproduced when its interval excludes 0 on the claimed side."""
+    if math.isnan(low):
+        return "inconclusive"
+    if lower_is_better:
+        low, high = -high, -low
+    return "reproduced" if low > 0 else "contradicted" if high < 0 else "inconclusive"
+
+
+def summarise(claim: str, per_seed: list[dict]) -> list[dict]:
+    """One row per claimed difference: each side's mean and interval, the per-seed values, the paired difference."""
+    out = []
+    for c in COMPARISONS.get(claim, []):
+        better, worse = [c.get_better(r) for r in per_seed], [c.get_worse(r) for r in per_seed]
+        diff = [b - w for b, w in zip(better, worse)]
+        mb, lb, hb = t_interval(better)
+        mw, lw, hw = t_interval(worse)
+        md, ld, hd = t_interval(diff)
+        out.append({"metric": c.metric, "better": c.better, "worse": c.worse, "direction": "lower" if c.lower else "higher",
+                    "better_mean": mb, "better_ci": [lb, hb], "better_values": better,
+                    "worse_mean": mw, "worse_ci": [lw, hw], "worse_values": worse,
+                    "diff_mean": md, "diff_ci": [ld, hd], "verdict": verdict(ld, hd, c.lower)})
+    return out
+
+
+def fmt_ci(mean: float, ci: list[float]) -> str:
+    return f"{mean:+.4f} [{ci[0]:+.4f}, {ci[1]:+.4f}]" if not math.isnan(ci[0]) else f"{mean:+.4f}"
+
+
+def print_summary(claim: str, seeds: list[int], rows: list[dict]) -> str:
+    lines = [f"\n{claim}: {len(seeds)} seeds {seeds}, 95% t-intervals"]
+    for r in rows:
+        cmp = "<" if r["direction"] == "lower" else ">"
+        lines.append(f"  {r['metric']}: claimed {r['better']} {cmp} {r['worse']}")
+        lines.append(f"    {r['better']:>16}: {fmt_ci(r['better_mean'], r['better_ci'])}  per seed {[round(v, 4) for v in r['better_values']]}")
+        lines.append(f"    {r['worse']:>16}: {fmt_ci(r['worse_mean'], r['worse_ci'])}  per seed {[round(v, 4) for v in r['worse_values']]}")
+        lines.append(f"    {'difference':>16}: {fmt_ci(r['diff_mean'], r['diff_ci'])}  -> {r['verdict']}")
+    text = "\n".join(lines)
+    print(text, flush=True)
+    return text
+
+
+@dataclass
+class _Args:
+    seeds: int
+    seed: int
+    json: Path | None
+    rest: list[str] = field(default_factory=list)
+
+
+def _split(argv: list[str]) -> _Args:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, default=None)
+    known, rest = p.parse_known_args(argv)
+    if known.seeds < 1:
+        raise SystemExit("--seeds must be >= 1")
+    return _Args(known.seeds, known.seed, known.json, rest)
+
+
+def run_seeds(main: Callable[[], None], claim: str, argv: list[str] | None = None, script: str | None = None) -> dict:
+    """Run the one-seed experiment `main` on each seed and write the claim's results (see the module docstring)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    script = script or sys.argv[0]
+    if "-h" in argv or "--help" in argv:
+        sys.argv = [script, *argv]
+        main()
+        return {}
+    a = _split(argv)
+    seeds = list(range(a.seed, a.seed + a.seeds))
+    per_seed = []
+    saved = sys.argv
+    CURRENT.clear()
+    CURRENT.update(claim=claim, parent=None, cfg=None)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for s in seeds:
+                out = Path(tmp) / f"seed{s}.json"
+                sys.argv = [script, *a.rest, "--seed", str(s), "--json", str(out)]
+                CURRENT["seed"] = s
+                print(f"=== {claim}: seed {s} ({seeds.index(s) + 1}/{len(seeds)})", flush=True)
+                main()
+                per_seed.append(json.loads(out.read_text()))
+        rows = summarise(claim, per_seed)
+        text = print_summary(claim, seeds, rows)
+        parent = _log_parent(rows, text)
+    finally:
+        sys.argv = saved
+        CURRENT.clear()
+    command = " ".join(shlex.quote(x) for x in [".venv/bin/python", f"experiments/{Path(script).name}", *reproducible(argv)])
+    results = {"claim": claim, "seeds": seeds, "command": command, "comparisons": rows, "mlflow_parent_run": parent, "per_seed": per_seed}
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"wrote {a.json}")
+    return results
+
+
+def reproducible(argv: list[str]) -> list[str]:
+    """The flags that decide the results, for the recorded command: without --tracking-uri (where it logged), and
+    with a --json path inside the checkout made relative to it."""
+    repo, out, skip = Path(__file__).resolve().parents[1], [], False
+    for i, flag in enumerate(argv):
+        if skip:
+            skip = False
+        elif flag == "--tracking-uri":
+            skip = True
+        elif i > 0 and argv[i - 1] == "--json" and Path(flag).is_absolute() and Path(flag).resolve().is_relative_to(repo):
+            out.append(str(Path(flag).resolve().relative_to(repo)))
+        else:
+            out.append(flag)
+    return out
+
+
+def parent_run(cfg) -> str | None:
+    """The claim's parent MLflow run (opened once, on the first child); None outside the harness."""
+    if not CURRENT.get("claim") or not cfg.tracking.enabled:
+        return None
+    if CURRENT["parent"] is None:
+        from posttrain.tracking import stage_run
+
+        with stage_run(cfg, CURRENT["claim"], "experiments", extra_tags={"claim": CURRENT["claim"]}) as tracker:
+            CURRENT["parent"], CURRENT["cfg"] = tracker.run_id, cfg
+    return CURRENT["parent"]
+
+
+def _log_parent(rows: list[dict], text: str) -> str | None:
+    if CURRENT.get("parent") is None:
+        return None
+    from posttrain.tracking import stage_run
+
+    with stage_run(CURRENT["cfg"], CURRENT["claim"], "experiments", run_id=CURRENT["parent"]) as tracker:
+        metrics = {}
+        for i, r in enumerate(rows):
+            tag = f"{i}_{r['metric']}_{r['better']}_vs_{r['worse']}".replace(" ", "_")
+            metrics.update({f"{tag}_diff_mean": r["diff_mean"], f"{tag}_diff_low": r["diff_ci"][0], f"{tag}_diff_high": r["diff_ci"][1]})
+        tracker.log_metrics({k: v for k, v in metrics.items() if not math.isnan(v)})
+        tracker.log_table([{k: (json.dumps(v) if isinstance(v, list) else v) for k, v in r.items()} for r in rows], "claims_table.json")
+        tracker.log_text(text, "claims_summary.txt")
+    return CURRENT["parent"]

@@ -1,0 +1,91 @@
+"""Run one claim or all of them through the claims harness (experiments/_claims.py): each arm on each of `--seeds`
+seeds, a 95% interval per arm and for the claimed difference, a verdict, one JSON per claim in `--out-dir`
+(default experiments/results/, from which `python docs/generate.py` writes the table in docs/claims.md), one MLflow
+parent run per claim with a child run per arm x seed.
+
+    .venv/bin/python experiments/claims.py --claim witness_vs_grpo [--seeds 3] [-- extra experiment flags]
+    .venv/bin/python experiments/claims.py --all [--seeds 3] [--micro] [--no-mlflow]
+    .venv/bin/python experiments/claims.py --list
+
+Each claim runs its experiment script with the flags recorded in CLAIMS below (the budget its row in
+docs/claims.md was measured at); flags after `--` are appended (a later flag wins).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import shlex
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+# claim -> (experiment script, its flags at the measured budget)
+CLAIMS: dict[str, tuple[str, list[str]]] = {
+    "witness_vs_grpo": ("witness_vs_grpo", ["--steps", "150", "--samples", "32"]),
+    "gdpo_vs_sum": ("gdpo_vs_sum", ["--steps", "60"]),
+    "respo_vs_clip": ("respo_vs_clip", ["--steps", "40"]),
+    "qglas_vs_quality": ("qglas_vs_quality", ["--steps", "60"]),
+    "gats_vs_opd": ("gats_vs_opd", ["--steps", "60", "--teacher-steps", "40"]),
+    "sipo_vs_grpo": ("sipo_vs_grpo", ["--steps", "60"]),
+    "ride_vs_oprd": ("ride_vs_oprd", ["--steps", "40", "--teacher-steps", "40"]),
+    "pr_opd_text_world": ("pr_opd_text_world", ["--steps", "60", "--warm-start", "15"]),
+    "reward_model_rl": ("reward_model_rl", ["--steps", "60", "--arms", "verifier,bt,trm"]),
+    "trm_anti_polarisation": ("trm_anti_polarisation", ["--steps", "40"]),
+    "gm_dpo_flexbench": ("gm_dpo_flexbench", ["--steps", "100"]),
+    "abc_align_pseudo_labels": ("abc_align_pseudo_labels", ["--steps", "100"]),
+    "glime_vs_naive": ("glime_vs_naive", []),
+    "care_dialogue": ("care_dialogue", ["--steps", "100"]),
+    "sdrl_strategies": ("sdrl_strategies", ["--steps", "100"]),
+}
+
+
+def load_main(script: str):
+    spec = importlib.util.spec_from_file_location(f"claim_{script}", HERE / f"{script}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+def run_claim(name: str, seeds: int, out_dir: Path, common: list[str], extra: list[str]) -> dict:
+    from _claims import run_seeds
+
+    script, flags = CLAIMS[name]
+    argv = [*flags, *common, *extra, "--seeds", str(seeds), "--json", str(out_dir / f"{name}.json")]
+    results = run_seeds(load_main(script), script, argv, script=str(HERE / f"{script}.py"))
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--claim", action="append", choices=sorted(CLAIMS), help="a claim to run (repeatable)")
+    which.add_argument("--all", action="store_true", help="every claim")
+    which.add_argument("--list", action="store_true", help="print each claim and its command")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--out-dir", type=Path, default=HERE / "results")
+    p.add_argument("--micro", action="store_true", help="micro budget (smoke tests; numbers are meaningless)")
+    p.add_argument("--no-mlflow", action="store_true")
+    p.add_argument("--tracking-uri", default=None)
+    args = p.parse_args(argv)
+    if args.list:
+        for name, (script, flags) in CLAIMS.items():
+            print(f"{name}: .venv/bin/python experiments/{script}.py {shlex.join(flags)} --seeds {args.seeds}")
+        return 0
+    common = (["--micro"] if args.micro else []) + (["--no-mlflow"] if args.no_mlflow else []) + \
+        (["--tracking-uri", args.tracking_uri] if args.tracking_uri else [])
+    verdicts = {}
+    for name in (list(CLAIMS) if args.all else args.claim):
+        results = run_claim(name, args.seeds, args.out_dir, common, extra)
+        verdicts[name] = [f"{r['metric']} {r['better']} vs {r['worse']}: {r['verdict']}" for r in results["comparisons"]]
+    print("\n" + "\n".join(f"{n}: " + "; ".join(v) for n, v in verdicts.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""The claims harness (experiments/_claims.py): t-intervals, verdicts, the per-claim summary, and the generated
+claims table of docs/claims.md (docs/generate.py) on hand-made results."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+
+import pytest
+
+from helpers import REPO
+
+
+def load(name: str, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+H = load("claims_harness", REPO / "experiments" / "_claims.py")
+
+
+def test_t_interval_by_hand():
+    mean, low, high = H.t_interval([1.0, 2.0, 3.0])
+    half = 4.302652729911275 * 1.0 / math.sqrt(3)  # t_{0.975, 2} * sd / sqrt(n)
+    assert mean == 2.0 and low == pytest.approx(2.0 - half) and high == pytest.approx(2.0 + half)
+    assert math.isnan(H.t_interval([0.5])[1])  # one seed: no interval
+
+
+@pytest.mark.parametrize("low, high, lower_is_better, expected", [
+    (0.1, 0.3, False, "reproduced"), (-0.3, -0.1, False, "contradicted"), (-0.1, 0.2, False, "inconclusive"),
+    (-0.3, -0.1, True, "reproduced"), (0.1, 0.3, True, "contradicted"), (math.nan, math.nan, False, "inconclusive"),
+])
+def test_verdict(low, high, lower_is_better, expected):
+    assert H.verdict(low, high, lower_is_better) == expected
+
+
+def seed_result(a: float, b: float) -> dict:
+    return {"table": [{"arm": "new", "score": a}, {"arm": "old", "score": b}]}
+
+
+def test_summary_pairs_the_arms_by_seed(monkeypatch):
+    monkeypatch.setitem(H.COMPARISONS, "toy", [H.compare("score", "new", "old")])
+    # a consistent +0.1 gain on top of a large seed-to-seed spread: paired, the difference is clear
+    rows = H.summarise("toy", [seed_result(0.3, 0.2), seed_result(0.7, 0.6), seed_result(0.51, 0.4)])
+    (row,) = rows
+    assert row["better_values"] == [0.3, 0.7, 0.51] and row["worse_values"] == [0.2, 0.6, 0.4]
+    assert row["diff_mean"] == pytest.approx(0.1033, abs=1e-4) and row["verdict"] == "reproduced"
+    assert row["better_ci"][0] < row["worse_mean"]  # the arms' own intervals overlap; the paired difference does not
+    monkeypatch.setitem(H.COMPARISONS, "toy", [H.compare("score", "new", "old", lower=True)])
+    assert H.summarise("toy", [seed_result(0.3, 0.2), seed_result(0.7, 0.6), seed_result(0.51, 0.4)])[0]["verdict"] == "contradicted"
+
+
+def test_every_claim_experiment_has_comparisons_and_a_claims_entry():
+    runner = load("claims_runner", REPO / "experiments" / "claims.py")
+    scripts = {p.stem for p in (REPO / "experiments").glob("*.py") if not p.stem.startswith("_")} - {"claims", "curate_geometric", "flow_gdpo_vs_sum"}
+    assert scripts <= set(H.COMPARISONS) and {script for script, _ in runner.CLAIMS.values()} == scripts
+    for script in scripts:
+        assert f'C.run_seeds(main, "{script}")' in (REPO / "experiments" / f"{script}.py").read_text()
+
+
+def test_claims_table_is_generated_from_the_results(tmp_path):
+    generate = load("docs_generate_claims", REPO / "docs" / "generate.py")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "experiments" / "results").mkdir(parents=True)
+    rows = H.summarise("witness_vs_grpo", [{"table": [{"arm": a, "tv_after": v} for a, v in zip(("grpo", "witness_reward", "witness_raw"), vs)]}
+                                           for vs in ((0.5, 0.4, 0.3), (0.6, 0.45, 0.35), (0.55, 0.42, 0.36))])
+    command = ".venv/bin/python experiments/witness_vs_grpo.py --steps 60 --seeds 3"
+    (tmp_path / "experiments" / "results" / "witness_vs_grpo.json").write_text(json.dumps({"seeds": [0, 1, 2], "command": command, "comparisons": rows}))
+    page = tmp_path / "docs" / "claims.md"
+    page.write_text("# claims\n\n<!-- claims -->\nold\n<!-- /claims -->\n")
+    assert generate.update(write=False, docs=page.parent, registries={}) == ["docs/claims.md is stale: its registry tables differ "
+                                                                              "from the registries or its claims table from experiments/results/"]
+    assert generate.update(write=True, docs=page.parent, registries={}) == []
+    text = page.read_text()
+    assert "| `witness_vs_grpo` | tv_after | witness_reward < grpo |" in text and text.count("**reproduced**") == 3
+    assert f"`{command}`" in text and generate.update(write=False, docs=page.parent, registries={}) == []
+
+
+def test_the_recorded_command_leaves_out_where_it_logged():
+    argv = ["--steps", "60", "--tracking-uri", "sqlite:////tmp/x.db", "--seeds", "3", "--json", str(REPO / "experiments" / "results" / "a.json")]
+    assert H.reproducible(argv) == ["--steps", "60", "--seeds", "3", "--json", "experiments/results/a.json"]
