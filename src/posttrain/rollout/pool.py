@@ -36,6 +36,7 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal
 
 import torch
@@ -106,6 +107,15 @@ class Group:
     def pooled_at(self) -> int:
         return max(self.v_end)
 
+    @cached_property
+    def profile(self) -> tuple[float, float, float, int]:
+        """What does not change while the group waits: (mean Gp, mean Gn, mean v_end, oldest token version).
+        The tensor functions' formulas in plain Python (a pool of thousands of groups is re-scored every draw)."""
+        n = len(self.v_end)
+        gp = sum(e - sum(vs) / len(vs) for vs, e in zip(self.token_versions, self.v_end)) / n
+        gn = sum(e - vs[0] for vs, e in zip(self.token_versions, self.v_end)) / n
+        return gp, gn, sum(self.v_end) / n, min(min(vs) for vs in self.token_versions)
+
     def tensors(self) -> tuple[Tensor, Tensor, Tensor]:
         """(token_versions [G, T] padded, mask [G, T], v_end [G])."""
         length = max(len(vs) for vs in self.token_versions)
@@ -129,12 +139,10 @@ class Staleness:
 
 
 def group_staleness(group: Group, v_now: int, beta_g: float = 1.0) -> Staleness:
-    versions, mask, v_end = group.tensors()
-    w = waiting_staleness(v_now, v_end)
-    gp = prefix_aware_generation_staleness(versions, mask, v_end)
-    gn = naive_generation_staleness(versions, mask, v_end)
-    return Staleness(float(w.mean()), float(gp.mean()), float(gn.mean()), float((w + beta_g * gp).mean()),
-                     v_now - min(min(vs) for vs in group.token_versions))
+    """The group's means of W, Gp, Gn and E (E is linear in W and Gp, so its mean is W's plus beta_g Gp's)."""
+    gp, gn, v_end, oldest = group.profile
+    w = v_now - v_end
+    return Staleness(w, gp, gn, w + beta_g * gp, v_now - oldest)
 
 
 @dataclass(frozen=True)
