@@ -11,8 +11,10 @@ the next version. Workers start staggered over one median group time. Each run l
 
 Reported per (workers, policy), over seeds 0..n-1 (mean and 95% t interval): effective staleness of the trained
 groups (mean, p95), its parts W, Gp and the naive span Gn, the share of pooled groups rejected, the mean occupancy
-at a draw, the trainer's idle share and trained groups per simulated second. Verdicts (paired by seed) on two
-simulator claims: PACE trains on less stale groups than unfiltered async, and prefix-aware Gp is below the naive Gn.
+at a draw, the trainer's idle share, trained groups per simulated second and the length bias (mean tokens per
+trained group over mean tokens per pooled group: below 1, long rollouts are rejected more often). Verdicts (paired by seed) on two
+simulator claims: PACE trains on less stale groups than unfiltered async, it keeps more of the long rollouts than the
+hard cap (its length bias nearer 1), and prefix-aware Gp is below the naive Gn.
 
     .venv/bin/python experiments/async_simulator.py [--workers 8 64] [--seeds 3] [--updates N] [--json FILE] [--micro]
 """
@@ -85,6 +87,7 @@ def simulate(model: CostModel, policy, updates: int, seed: int) -> dict[str, flo
     version, busy, idle_since, idle = 0, False, 0.0, 0.0
     trained: list = []
     pooled = rejected = 0
+    pooled_tokens = trained_tokens = 0  # completion tokens per trajectory: a hard cap's bias against long rollouts
     occupancy: list[float] = []
     now = 0.0
     while version < updates:
@@ -97,7 +100,7 @@ def simulate(model: CostModel, policy, updates: int, seed: int) -> dict[str, flo
             longest = decode_versions(start, max(lens), model.decode_step, [q + model.sync for q in published])
             rows = tuple(tuple(longest[:n]) for n in lens)  # the group decodes in lockstep: each row a prefix
             pool.add(Group(prompt, rows, tuple(r[-1] for r in rows)))
-            prompt, pooled = prompt + 1, pooled + 1
+            prompt, pooled, pooled_tokens = prompt + 1, pooled + 1, pooled_tokens + sum(lens)
             lens = lengths()
             heapq.heappush(events, (now + max(lens) * model.decode_step, 1, tie := tie + 1, (now, lens)))
         if busy or version >= updates:
@@ -108,6 +111,7 @@ def simulate(model: CostModel, policy, updates: int, seed: int) -> dict[str, flo
             continue
         occupancy.append(draw.figures["pool/occupancy"])
         trained += [group_staleness(g, version, policy.beta_g) for g in draw.batch]
+        trained_tokens += sum(len(row) for g in draw.batch for row in g.token_versions)
         idle += now - idle_since
         busy = True
         heapq.heappush(events, (now + model.update, 0, tie := tie + 1, ()))
@@ -118,6 +122,7 @@ def simulate(model: CostModel, policy, updates: int, seed: int) -> dict[str, flo
         "Gn_mean": statistics.fmean(s.naive for s in trained), "rejected_share": rejected / max(pooled, 1),
         "occupancy_mean": statistics.fmean(occupancy), "trainer_idle_share": idle / now,
         "groups_per_s": len(trained) / now,
+        "length_bias": (trained_tokens / len(trained)) / (pooled_tokens / pooled),  # < 1: long groups rejected more
         "E_hist": {str(k): v / len(effective) for k, v in sorted(_histogram(effective).items())},
     }
 
@@ -168,7 +173,7 @@ def main() -> None:
         args.updates = 6
     t0 = time.time()
     results: dict[str, dict] = {}
-    print(f"{'workers':>7} {'policy':>13} {'E mean':>20} {'E p95':>7} {'W':>6} {'Gp':>6} {'Gn':>6} {'rejected':>9} {'occup.':>7} {'idle':>6} {'grp/s':>6}")
+    print(f"{'workers':>7} {'policy':>13} {'E mean':>20} {'E p95':>7} {'W':>6} {'Gp':>6} {'Gn':>6} {'rejected':>9} {'occup.':>7} {'idle':>6} {'grp/s':>6} {'len.bias':>8}")
     for workers in args.workers:
         model = CostModel(workers, args.group_size, args.batch_groups, args.decode_step, args.median_tokens,
                           args.length_sigma, args.max_tokens, args.update, args.sync)
@@ -180,12 +185,16 @@ def main() -> None:
             e = summary["E_mean"]
             print(f"{workers:>7} {name:>13} {e['mean']:6.2f} [{e['low']:5.2f},{e['high']:5.2f}] {s['E_p95']:7.2f} {s['W_mean']:6.2f} "
                   f"{s['Gp_mean']:6.2f} {s['Gn_mean']:6.2f} {s['rejected_share']:9.3f} {s['occupancy_mean']:7.1f} "
-                  f"{s['trainer_idle_share']:6.3f} {s['groups_per_s']:6.3f}", flush=True)
+                  f"{s['trainer_idle_share']:6.3f} {s['groups_per_s']:6.3f} {s['length_bias']:8.3f}", flush=True)
     verdicts = {}
     for workers in args.workers:
         if {f"{workers}/pace", f"{workers}/none"} <= set(results):
             pace, none = results[f"{workers}/pace"]["seeds"], results[f"{workers}/none"]["seeds"]
             verdicts[f"{workers}: pace E_mean - none E_mean < 0"] = verdict_negative([a["E_mean"] - b["E_mean"] for a, b in zip(pace, none)])
+        if {f"{workers}/pace", f"{workers}/max_staleness"} <= set(results):
+            pace, cap = results[f"{workers}/pace"]["seeds"], results[f"{workers}/max_staleness"]["seeds"]
+            verdicts[f"{workers}: max_staleness length_bias - pace length_bias < 0"] = verdict_negative(
+                [b["length_bias"] - a["length_bias"] for a, b in zip(pace, cap)])
         for name in args.policies:
             runs = results[f"{workers}/{name}"]["seeds"]
             verdicts[f"{workers}/{name}: Gp_mean - Gn_mean < 0"] = verdict_negative([r["Gp_mean"] - r["Gn_mean"] for r in runs])
