@@ -104,6 +104,21 @@ def test_pace_rejects_nothing_when_the_pool_is_not_overfull_and_orders_lowest_e(
     assert draw.rejected == [] and [g.prompt for g in draw.batch] == [1, 2] and [g.prompt for g in pool.groups] == [0]
 
 
+def test_pace_partial_budget_and_hard_cap_first():
+    def pool_of_six() -> TrajectoryPool:  # at v_now = 6, group i has E = oldest lag = 6 - i
+        pool = TrajectoryPool()
+        for i in range(6):
+            pool.add(group(i, [i]))
+        return pool
+
+    half = pool_policies.get("pace")(PACEOptions(**{**PACE, "rho": 0.5}))
+    draw = pool_of_six().draw(half, v_now=6, batch_groups=2)  # R = floor(0.5 * (6 - 2)) = 2
+    assert [g.prompt for g in draw.rejected] == [0, 1] and [g.prompt for g in draw.batch] == [2, 3]
+    capped = pool_policies.get("pace")(PACEOptions(**{**PACE, "cap": 5}))
+    draw = pool_of_six().draw(capped, v_now=6, batch_groups=2)  # the cap drops group 0; then P = 5, R = 3
+    assert [g.prompt for g in draw.rejected] == [0, 1, 2, 3] and [g.prompt for g in draw.batch] == [4, 5]
+
+
 def test_max_staleness_caps_the_oldest_token_and_none_rejects_nothing():
     groups = (group(0, [1, 4], [4]), group(1, [3, 4]), group(2, [5]))
     capped, plain = TrajectoryPool(), TrajectoryPool()

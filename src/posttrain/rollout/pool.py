@@ -18,8 +18,8 @@ pace           PACE, Pool-Aware Control of Effective Staleness (2026; derived fr
                    E_j  = W_j + beta_g * Gp_j                                  effective staleness
                P = pooled groups before the draw, P* = ceil(kappa * batch groups):
                    R = max(0, floor(rho * (P - P*)))                           rejection budget
-               the R groups with the largest mean E are rejected (ties: the older v_end first), optionally after
-               the hard cap; the trainer then draws FIFO or lowest-E first from what remains.
+               the R groups with the largest mean E are rejected (ties: the older v_end first); an optional hard
+               cap rejects first and P counts what it leaves. The trainer then draws FIFO or lowest-E first.
 
 Invariants (tests/unit/test_async_pool.py): P <= P* gives R = 0 and R <= P - P*; the rejected set is the R largest
 E; all tokens at v_now gives E = 0; a long trajectory whose tokens came mostly after a refresh has Gp < Gn; E is
@@ -186,12 +186,12 @@ class TrajectoryPool:
 
 
 def staleness_figures(drawn: Sequence[Staleness]) -> dict[str, float]:
-    """Means of W, Gp, Gn, E over the drawn groups, max E, and a histogram of round(E) (`pool/E_hist/<k>`)."""
+    """Means of W, Gp, Gn, E over the drawn groups, max E, and a histogram of E (`pool/E_hist/<k>`: k <= E < k + 1)."""
     n = max(len(drawn), 1)
     out = {f"pool/{name}_mean": sum(getattr(s, attr) for s in drawn) / n
            for name, attr in (("W", "waiting"), ("Gp", "generation"), ("Gn", "naive"), ("E", "effective"))}
     out["pool/E_max"] = max((s.effective for s in drawn), default=0.0)
-    for k, count in sorted(Counter(round(s.effective) for s in drawn).items()):
+    for k, count in sorted(Counter(math.floor(s.effective) for s in drawn).items()):
         out[f"pool/E_hist/{k}"] = float(count)
     return out
 
@@ -247,12 +247,12 @@ class PACE(PoolPolicy):
         return math.ceil(self.options.kappa * batch_groups)
 
     def reject(self, groups, staleness, v_now, batch_groups):
-        capped = [i for i, s in enumerate(staleness) if self.options.cap and s.oldest_lag > self.options.cap]
-        rest = [i for i in range(len(groups)) if i not in set(capped)]
+        capped = {i for i, s in enumerate(staleness) if self.options.cap and s.oldest_lag > self.options.cap}
+        rest = [i for i in range(len(groups)) if i not in capped]
         budget = rejection_budget(len(rest), self.target(batch_groups), self.options.rho)
         scores = torch.tensor([staleness[i].effective for i in rest], dtype=torch.float64)
         pooled = torch.tensor([groups[i].pooled_at for i in rest], dtype=torch.long)
-        return sorted(capped + [rest[k] for k in largest_staleness(scores, pooled, budget)])
+        return sorted(capped | {rest[k] for k in largest_staleness(scores, pooled, budget)})
 
     def order(self, kept):
         if self.options.order == "fifo":
