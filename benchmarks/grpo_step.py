@@ -584,10 +584,10 @@ def main(argv: list[str] | None = None) -> int:
     load_start = load_average()
     started = time.perf_counter()
     task, train, tokenizer, model = build(cfg, args.sft_steps, eos=args.eos)
-    watch = RssWatch()
     roofline = [matmul_roofline(args.roofline_n)]
     rollout = run_rollouts(cfg, train, tokenizer, model, args.rollout_repeats)
     roofline.append(matmul_roofline(args.roofline_n))
+    watch = RssWatch()  # after the timed rollouts: its poller thread never competes with them for the GIL
     callback, ours = run_steps(cfg, task, train, tokenizer, model, total_steps, args.threads, watch)
     rollout.update(run_rollouts(cfg, train, tokenizer, model, 0, warmup=0, watch=watch))
     watch.close()
