@@ -1,6 +1,13 @@
 """GRPO step and rollout speed: posttrain against TRL's `GRPOTrainer` and plain `model.generate`, in one run.
 
-    python benchmarks/grpo_step.py --json bench.json [--params params.yaml] [--set rl.group_size=4 ...]
+    python benchmarks/grpo_step.py --json bench.json [--shape tiny|small] [--params params.yaml] [--set rl.group_size=4 ...]
+    python benchmarks/grpo_step.py --json bench.json --shape small --scaling   # + step time vs length and group size
+
+Shapes (`--shape`, applied before `--set`): `tiny` is `params.yaml`'s model and `rl` section as they are (124k
+parameters, SFT-warmed, EOS on: completions stop after a few tokens); `small` is a shape where compute matters
+(4.3M parameters, 16 prompts x G=8 x 96 new tokens, random init, EOS off on both sides so every completion is
+exactly `max_new_tokens` long in the steps too). `--dry-run` builds the shape's config and model, writes its
+summary and stops (no SFT, no TRL).
 
 Both sides get the same tiny model (built from `params.yaml`'s `model` section and warmed up by a short
 SFT so completions end with EOS as they do in the pipeline), the same character tokenizer, the same
@@ -16,19 +23,36 @@ torch threads, and separate copies of the same starting weights.
   cache, on the same prompt batch, with EOS disabled on both sides so every row produces exactly
   `max_new_tokens` tokens; alternated repeats, medians.
 
-Prints a table and writes `{"ours_step_s", "trl_step_s", "step_ratio", "rollout_ratio", ...}` to --json.
-Targets: step_ratio <= 0.5 (ours at most half of TRL's time), rollout_ratio >= 1.5.
+* Roofline: the best time of a float32 `n x n @ n x n` matmul (n = 2048) on the same threads, measured in the
+  same process before and after the rollouts; `roofline_fraction` = the rollout's achieved FLOP/s over it. A
+  rollout's FLOPs are counted per produced token: 2 x the matmul parameters (every `nn.Linear`, the tied LM head
+  included, embeddings excluded) + 4 x layers x hidden x attended positions (QK^T and AV). The prompt prefill is
+  not counted, so the fraction is a lower bound.
+* Memory: the peak resident set size above the one at the start of each call (a poller reading
+  /proc/self/statm every 2 ms), max over calls, per side: during the interleaved steps, and in one extra untimed
+  rollout per side after them. Before each call `malloc_trim(0)` hands glibc's free pages back (outside the timed
+  interval), so memory freed by the other side does not hide this side's allocations; both sides share one
+  process, so read these as indicative.
+* Scaling (`--scaling`): step time of both sides vs completion length (32 -> 256) and group size (4 -> 32) at
+  `--scaling-prompts` prompts per step, EOS off, a few steps per point; a table in the JSON and a figure.
+
+Prints a table and writes `{"ours_step_s", "trl_step_s", "step_ratio", "rollout_ratio", "roofline_fraction",
+"ours_step_peak_mib", "trl_step_peak_mib", "ours_rollout_peak_mib", "hf_rollout_peak_mib", ...}` to --json,
+with the load average at the start and the end (the machine is shared: ratios measured in one run are what count).
+Targets: step_ratio <= 0.5 (ours at most half of TRL's time), rollout_ratio >= 1.5, roofline_fraction >= 0.65.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -36,7 +60,21 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-STEP_TARGET, ROLLOUT_TARGET = 0.5, 1.5
+STEP_TARGET, ROLLOUT_TARGET, ROOFLINE_TARGET = 0.5, 1.5, 0.65
+EOS_LOGIT = -1e9  # what the EOS logit becomes with EOS off: probability exactly 0 in float32, finite log-prob
+
+# named shapes: params overrides (applied before --set), EOS on/off, and the defaults of the run's own flags
+SHAPES: dict[str, dict] = {
+    "tiny": {"overrides": [], "eos": True, "sft_steps": 200, "steps": 16, "rollout_repeats": 20},
+    "small": {
+        "overrides": [
+            "model.hidden_size=256", "model.layers=4", "model.intermediate_size=1152", "model.max_positions=160",
+            "rl.max_new_tokens=96", "rl.prompts_per_step=16", "rl.group_size=8",
+        ],
+        "eos": False, "sft_steps": 0, "steps": 6, "rollout_repeats": 6,
+    },
+}
+SCALING_LENGTHS, SCALING_GROUPS = (32, 64, 128, 256), (4, 8, 16, 32)
 LOSS_TYPE = {"token_mean": "dapo", "seq_mean": "grpo"}  # our aggregation -> TRL's loss_type with the same normaliser
 
 
@@ -45,12 +83,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, required=True, help="where to write the results")
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="params override, repeatable")
-    parser.add_argument("--steps", type=int, default=16, help="measured GRPO steps per side (after warm-up)")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny", help="named model/rollout shape (see the docstring)")
+    parser.add_argument("--steps", type=int, default=None, help="measured GRPO steps per side after warm-up (default: the shape's)")
     parser.add_argument("--warmup", type=int, default=2, help="GRPO steps per side dropped before measuring")
-    parser.add_argument("--rollout-repeats", type=int, default=20, help="timed rollouts per side")
-    parser.add_argument("--sft-steps", type=int, default=200, help="SFT warm-up steps on the shared starting model (0: random init)")
+    parser.add_argument("--rollout-repeats", type=int, default=None, help="timed rollouts per side (default: the shape's)")
+    parser.add_argument("--sft-steps", type=int, default=None, help="SFT warm-up steps on the shared starting model (0: random init; default: the shape's)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads, both sides (1 is steadiest on a shared 2-core box)")
-    return parser.parse_args(argv)
+    parser.add_argument("--roofline-n", type=int, default=2048, help="side of the float32 matmul that sets the roofline")
+    parser.add_argument("--dry-run", action="store_true", help="build the shape's config and model, write its summary, stop")
+    parser.add_argument("--scaling", action="store_true", help="also time both steps vs completion length and group size")
+    parser.add_argument("--scaling-prompts", type=int, default=4, help="prompts per step in the scaling table")
+    parser.add_argument("--scaling-steps", type=int, default=2, help="measured steps per side and point (after one warm-up)")
+    parser.add_argument("--scaling-lengths", type=int, nargs="+", default=list(SCALING_LENGTHS))
+    parser.add_argument("--scaling-groups", type=int, nargs="+", default=list(SCALING_GROUPS))
+    parser.add_argument("--figure", type=Path, default=None, help="scaling figure (default: next to --json, .png)")
+    args = parser.parse_args(argv)
+    shape = SHAPES[args.shape]
+    for key in ("steps", "rollout_repeats", "sft_steps"):
+        if getattr(args, key) is None:
+            setattr(args, key, shape[key])
+    args.eos = shape["eos"]
+    return args
 
 
 def quiet() -> None:
@@ -65,11 +118,127 @@ def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+class RssWatch:
+    """Peak resident memory per labelled call: a daemon thread reads /proc/self/statm every `interval` seconds;
+    each `with watch.call(label):` records its peak RSS and the RSS at its start; `peak_mib(label)` is the largest
+    rise over calls with that label."""
+
+    PAGE = os.sysconf("SC_PAGE_SIZE")
+    try:
+        import ctypes
+        import ctypes.util
+
+        _trim = ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim
+    except (OSError, AttributeError):  # not glibc: no trim, rises may be undercounted
+        _trim = None
+
+    def __init__(self, interval: float = 0.002):
+        self.interval, self.label, self.start, self.high = interval, None, 0, 0
+        self.rises: dict[str, list[int]] = {}
+        self.peaks: dict[str, int] = {}
+        self._lock, self._stop = threading.Lock(), threading.Event()
+        self._fd = os.open("/proc/self/statm", os.O_RDONLY)
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def rss(self) -> int:
+        return int(os.pread(self._fd, 128, 0).split()[1]) * self.PAGE
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.interval):
+            now = self.rss()
+            with self._lock:
+                self.high = max(self.high, now)
+
+    def begin(self, label: str) -> None:
+        if self._trim is not None:
+            self._trim(0)
+        with self._lock:
+            self.label, self.start = label, self.rss()
+            self.high = self.start
+
+    def end(self) -> None:
+        end = self.rss()
+        with self._lock:
+            label, high = self.label, max(self.high, end)
+            if label is not None:
+                self.rises.setdefault(label, []).append(high - self.start)
+                self.peaks[label] = max(self.peaks.get(label, 0), high)
+            self.label = None
+
+    @contextlib.contextmanager
+    def call(self, label: str):
+        self.begin(label)
+        try:
+            yield
+        finally:
+            self.end()
+
+    def peak_mib(self, label: str) -> float:
+        return max(self.rises.get(label, [0])) / 2**20
+
+    def peak_rss_mib(self, label: str) -> float:
+        return self.peaks.get(label, 0) / 2**20
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        os.close(self._fd)
+
+
+def matmul_roofline(n: int, repeats: int = 5) -> float:
+    """FLOP/s of the best of `repeats` float32 `n x n @ n x n` matmuls on the current torch threads."""
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b  # warm-up (thread pool, page faults)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
+def linear_parameters(model) -> int:
+    """Weights that a forward multiplies by (every `nn.Linear`, the tied LM head once per token); no embeddings."""
+    import torch
+
+    return sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
+def rollout_flops(model, prompt_width: int, max_new_tokens: int, rows: int) -> float:
+    """Decode FLOPs of `rows` completions of `max_new_tokens` tokens after `prompt_width` prompt positions:
+    2 x matmul weights per token + QK^T and AV over the attended positions (4 x layers x hidden x positions)."""
+    cfg = model.config
+    width = cfg.num_attention_heads * (getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+    attended = sum(prompt_width + t + 1 for t in range(max_new_tokens))
+    return rows * (2 * linear_parameters(model) * max_new_tokens + 4 * cfg.num_hidden_layers * width * attended)
+
+
+def eos_off(model, eos_id: int) -> None:
+    """EOS never sampled, on any side: the LM head's EOS logit becomes EOS_LOGIT (a forward hook, so our decoder,
+    our training forward, `generate` and TRL all see the same distribution without EOS)."""
+    import torch
+
+    index = torch.tensor([eos_id])
+
+    def hook(module, inputs, output):
+        return output.index_fill(-1, index.to(output.device), EOS_LOGIT)
+
+    model.get_output_embeddings().register_forward_hook(hook)
+
+
 # -- shared setup --------------------------------------------------------------------------------------
 
 
-def build(cfg, sft_steps: int):
-    """The task, its training prompts, the tokenizer, and the starting model (optionally SFT-warmed)."""
+def build(cfg, sft_steps: int, eos: bool = True):
+    """The task, its training prompts, the tokenizer, and the starting model (optionally SFT-warmed; with `eos`
+    False it can no longer sample EOS)."""
     import torch
 
     from posttrain.models import build_tiny, train_char_tokenizer
@@ -88,6 +257,8 @@ def build(cfg, sft_steps: int):
         pool = train[: cfg.sft.n_examples] if cfg.sft.n_examples else train
         train_sft(model, tokenizer, pool, sft_cfg, cfg.pipeline.seed, on_log=lambda step, metrics: None)
     model.zero_grad(set_to_none=True)
+    if not eos:
+        eos_off(model, tokenizer.eos_token_id)
     return task, train, tokenizer, model.to(torch.device("cpu"))
 
 
@@ -194,7 +365,7 @@ def trl_config(rl, seed: int, total_steps: int, out_dir: str):
     )
 
 
-def make_interleaver(ours: OurLoop, threads: int, max_new_tokens: int):
+def make_interleaver(ours: OurLoop, threads: int, max_new_tokens: int, watch: RssWatch | None = None):
     import torch
     from transformers import TrainerCallback
 
@@ -208,11 +379,18 @@ def make_interleaver(ours: OurLoop, threads: int, max_new_tokens: int):
             self.trainer = None
             self.resume = time.perf_counter()
 
-        def on_train_begin(self, args, state, control, **kwargs):
+        def _trl_begins(self):
+            if watch is not None:
+                watch.begin("trl_step")
             self.resume = time.perf_counter()
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self._trl_begins()
 
         def on_step_end(self, args, state, control, **kwargs):
             self.trl.append(time.perf_counter() - self.resume)
+            if watch is not None:
+                watch.end()
             logged = getattr(self.trainer, "_metrics", {}).get("train", {})
             lengths, longest = logged.get("completions/mean_length", []), logged.get("completions/max_length", [])
             self.trl_lengths.append(float(lengths[-1]) if lengths else float("nan"))
@@ -220,20 +398,21 @@ def make_interleaver(ours: OurLoop, threads: int, max_new_tokens: int):
                 raise RuntimeError(f"TRL generated {longest[-1]} tokens, over the budget of {max_new_tokens}")
             if torch.get_num_threads() != threads:
                 raise RuntimeError(f"torch threads changed to {torch.get_num_threads()} during TRL's step")
-            self.ours.append(ours.step())
-            self.resume = time.perf_counter()
+            with watch.call("ours_step") if watch is not None else contextlib.nullcontext():
+                self.ours.append(ours.step())
+            self._trl_begins()
 
     return Interleave()
 
 
-def run_steps(cfg, task, train, tokenizer, model, total_steps: int, threads: int):
+def run_steps(cfg, task, train, tokenizer, model, total_steps: int, threads: int, watch: RssWatch | None = None):
     from datasets import Dataset
     from transformers import PrinterCallback
     from trl import GRPOTrainer
 
     rl = cfg.rl
     ours = OurLoop(cfg, task, train, tokenizer, copy.deepcopy(model))
-    callback = make_interleaver(ours, threads, rl.max_new_tokens)
+    callback = make_interleaver(ours, threads, rl.max_new_tokens, watch)
     funcs, weights = trl_rewards(task, tokenizer, rl.rewards)
     args = trl_config(rl, cfg.pipeline.seed, total_steps, tempfile.mkdtemp(prefix="grpo_bench_trl_"))
     args.reward_weights = weights
@@ -256,8 +435,10 @@ def run_steps(cfg, task, train, tokenizer, model, total_steps: int, threads: int
 # -- rollout -------------------------------------------------------------------------------------------
 
 
-def run_rollouts(cfg, train, tokenizer, model, repeats: int, device: str = "cpu", warmup: int = 2) -> dict[str, float]:
-    """Median seconds of our `sample()` and of `model.generate` on the same prompts, alternated, on `device`."""
+def run_rollouts(cfg, train, tokenizer, model, repeats: int, device: str = "cpu", warmup: int = 2,
+                 watch: RssWatch | None = None) -> dict[str, float]:
+    """Median seconds of our `sample()` and of `model.generate` on the same prompts, alternated, on `device`;
+    with `watch` (and `repeats` 0), one untimed call per side measures its peak memory instead."""
     import torch
 
     from posttrain.models.sampling import encode_prompts, sample
@@ -284,6 +465,14 @@ def run_rollouts(cfg, train, tokenizer, model, repeats: int, device: str = "cpu"
             )
         return int(out[:, ids.shape[1]:].numel())
 
+    if watch is not None:
+        memory = {}
+        for name, fn in (("ours", ours), ("hf", hf)):
+            with watch.call(f"{name}_rollout"):
+                fn()
+            memory[f"{name}_rollout_peak_mib"] = watch.peak_mib(f"{name}_rollout")
+            memory[f"{name}_rollout_peak_rss_mib"] = watch.peak_rss_mib(f"{name}_rollout")
+        return memory
     times: dict[str, list[float]] = {"ours": [], "hf": []}
     for _ in range(warmup):
         ours(), hf()
@@ -295,67 +484,158 @@ def run_rollouts(cfg, train, tokenizer, model, repeats: int, device: str = "cpu"
             times[name].append(time.perf_counter() - start)
             assert produced == rows * width, f"{name} produced {produced} tokens, expected {rows * width}"
     ours_s, hf_s = median(times["ours"]), median(times["hf"])
+    flops = rollout_flops(model, ids.shape[1], width, rows)
     return {
         "ours_rollout_s": ours_s, "hf_rollout_s": hf_s,
         "ours_rollout_tok_s": rows * width / ours_s, "hf_rollout_tok_s": rows * width / hf_s,
         "rollout_ratio": hf_s / ours_s, "rollout_tokens": rows * width,
+        "rollout_flops": flops, "ours_rollout_flop_s": flops / ours_s, "hf_rollout_flop_s": flops / hf_s,
     }
 
 
 # -- main ----------------------------------------------------------------------------------------------
 
 
+def load_config(args, extra: list[str] = ()):
+    from posttrain import resolve
+
+    # rl.steps sizes our LR schedule; TRL's max_steps is the same number, so both schedules match
+    total_steps = args.warmup + args.steps
+    return resolve.load(args.params, [*SHAPES[args.shape]["overrides"], *args.overrides, f"rl.steps={total_steps}", *extra])
+
+
+def shape_summary(cfg, model, args) -> dict:
+    rl = cfg.rl
+    return {
+        "shape": args.shape, "parameters": sum(p.numel() for p in model.parameters()), "linear_parameters": linear_parameters(model),
+        "prompts_per_step": rl.prompts_per_step, "group_size": rl.group_size, "rows": rl.prompts_per_step * rl.group_size,
+        "max_new_tokens": rl.max_new_tokens, "eos": args.eos, "sft_steps": args.sft_steps, "model": cfg.model.model_dump(mode="json"),
+    }
+
+
+def run_scaling(args, base_cfg, threads: int) -> dict:
+    """Both sides' median step seconds vs completion length (at the shape's G) and vs group size (at the shape's
+    length), at `--scaling-prompts` prompts per step, EOS off, random init, interleaved as in the main run."""
+    points = [("length", n, {"rl.max_new_tokens": n}) for n in args.scaling_lengths]
+    points += [("group", g, {"rl.group_size": g}) for g in args.scaling_groups]
+    longest = max([*args.scaling_lengths, base_cfg.rl.max_new_tokens])
+    rows = []
+    for axis, value, update in points:
+        steps = 1 + args.scaling_steps
+        extra = [f"rl.prompts_per_step={args.scaling_prompts}", f"model.max_positions={longest + 64}", f"rl.steps={steps}",
+                 *(f"{k}={v}" for k, v in update.items())]
+        cfg = load_config(args, extra)
+        task, train, tokenizer, model = build(cfg, 0, eos=False)
+        callback, _ = run_steps(cfg, task, train, tokenizer, model, steps, threads)
+        ours_s, trl_s = median(callback.ours[1:]), median(callback.trl[1:])
+        rows.append({"axis": axis, "value": value, "group_size": cfg.rl.group_size, "max_new_tokens": cfg.rl.max_new_tokens,
+                     "prompts_per_step": cfg.rl.prompts_per_step, "ours_step_s": ours_s, "trl_step_s": trl_s,
+                     "step_ratio": ours_s / trl_s, "load_average": load_average()})
+        print(f"scaling {axis}={value}: ours {ours_s:.3f}s  TRL {trl_s:.3f}s  ratio {ours_s / trl_s:.3f}", flush=True)
+    return {"rows": rows, "steps_per_point": args.scaling_steps, "prompts_per_step": args.scaling_prompts}
+
+
+def plot_scaling(scaling: dict, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, axis, label in ((axes[0], "length", "completion length (tokens)"), (axes[1], "group", "group size G")):
+        rows = [r for r in scaling["rows"] if r["axis"] == axis]
+        xs = [r["value"] for r in rows]
+        ax.plot(xs, [r["ours_step_s"] for r in rows], "o-", label="posttrain")
+        ax.plot(xs, [r["trl_step_s"] for r in rows], "s-", label="TRL GRPOTrainer")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel(label)
+        ax.set_ylabel("step seconds (median)")
+        ax.legend()
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     quiet()
     import torch
-    import transformers
-    import trl
-
-    from posttrain import resolve
 
     torch.set_num_threads(args.threads)
     total_steps = args.warmup + args.steps
-    # rl.steps sizes our LR schedule; TRL's max_steps is the same number, so both schedules match
-    cfg = resolve.load(args.params, [*args.overrides, f"rl.steps={total_steps}"])
+    cfg = load_config(args)
     check_comparable(cfg.rl)
     rl = cfg.rl
-    started = time.perf_counter()
-    task, train, tokenizer, model = build(cfg, args.sft_steps)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    if args.dry_run:  # the shape only: config + model, no SFT, no TRL
+        _, _, _, model = build(cfg, 0, eos=args.eos)
+        summary = {"dry_run": True, **shape_summary(cfg, model, args)}
+        print(json.dumps(summary))
+        args.json.write_text(json.dumps(summary, indent=2) + "\n")
+        return 0
 
+    import transformers
+    import trl
+
+    load_start = load_average()
+    started = time.perf_counter()
+    task, train, tokenizer, model = build(cfg, args.sft_steps, eos=args.eos)
+    roofline = [matmul_roofline(args.roofline_n)]
     rollout = run_rollouts(cfg, train, tokenizer, model, args.rollout_repeats)
-    callback, ours = run_steps(cfg, task, train, tokenizer, model, total_steps, args.threads)
+    roofline.append(matmul_roofline(args.roofline_n))
+    watch = RssWatch()  # after the timed rollouts: its poller thread never competes with them for the GIL
+    callback, ours = run_steps(cfg, task, train, tokenizer, model, total_steps, args.threads, watch)
+    rollout.update(run_rollouts(cfg, train, tokenizer, model, 0, warmup=0, watch=watch))
+    watch.close()
     skip = args.warmup
     ours_step, trl_step = median(callback.ours[skip:]), median(callback.trl[skip:])
+    peak_flop_s = max(roofline)
     result = {
+        "shape": args.shape,
         "ours_step_s": ours_step,
         "trl_step_s": trl_step,
         "step_ratio": ours_step / trl_step,
         **rollout,
+        "roofline_flop_s": peak_flop_s,
+        "roofline_flop_s_before_after": roofline,
+        "roofline_fraction": rollout["ours_rollout_flop_s"] / peak_flop_s,
+        "hf_roofline_fraction": rollout["hf_rollout_flop_s"] / peak_flop_s,
+        "ours_step_peak_mib": watch.peak_mib("ours_step"),
+        "trl_step_peak_mib": watch.peak_mib("trl_step"),
+        "ours_step_peak_rss_mib": watch.peak_rss_mib("ours_step"),
+        "trl_step_peak_rss_mib": watch.peak_rss_mib("trl_step"),
         "ours_completion_length": median(ours.completion_lengths[skip:]),
         "trl_completion_length": median(callback.trl_lengths[skip:]),
         "ours_step_times_s": callback.ours,
         "trl_step_times_s": callback.trl,
-        "targets": {"step_ratio_max": STEP_TARGET, "rollout_ratio_min": ROLLOUT_TARGET},
+        "targets": {"step_ratio_max": STEP_TARGET, "rollout_ratio_min": ROLLOUT_TARGET, "roofline_fraction_min": ROOFLINE_TARGET},
         "settings": {
             "threads": args.threads, "steps": args.steps, "warmup": args.warmup, "rollout_repeats": args.rollout_repeats,
             "sft_steps": args.sft_steps, "prompts_per_step": rl.prompts_per_step, "group_size": rl.group_size,
-            "max_new_tokens": rl.max_new_tokens, "temperature": rl.temperature, "lr": rl.lr, "beta": rl.beta,
+            "max_new_tokens": rl.max_new_tokens, "eos": args.eos, "temperature": rl.temperature, "lr": rl.lr, "beta": rl.beta,
             "clip_eps": [rl.clip_eps_low, rl.clip_eps_high], "loss_agg": rl.loss_agg, "trl_loss_type": LOSS_TYPE[rl.loss_agg],
-            "std_scaling": rl.std_scaling, "model": cfg.model.model_dump(mode="json"),
+            "std_scaling": rl.std_scaling, "model": cfg.model.model_dump(mode="json"), "roofline_n": args.roofline_n,
             "optimizers": {"ours": "torch.optim.AdamW (defaults)", "trl": f"{callback.optim} ({callback.optimizer})"},
-            "parameters": sum(p.numel() for p in model.parameters()),
+            "parameters": sum(p.numel() for p in model.parameters()), "linear_parameters": linear_parameters(model),
             "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__},
         },
-        "wall_s": time.perf_counter() - started,
     }
+    if not args.eos:  # EOS off: both sides must have run every completion to the budget
+        for side in ("ours", "trl"):
+            if result[f"{side}_completion_length"] != rl.max_new_tokens:
+                raise RuntimeError(f"EOS is off but {side}'s median completion length is {result[f'{side}_completion_length']}")
     result["step_target_met"] = result["step_ratio"] <= STEP_TARGET
     result["rollout_target_met"] = result["rollout_ratio"] >= ROLLOUT_TARGET
+    result["roofline_target_met"] = result["roofline_fraction"] >= ROOFLINE_TARGET
 
     n, width = rl.prompts_per_step * rl.group_size, rl.max_new_tokens
-    print(f"\nGRPO step: {rl.prompts_per_step} prompts x G={rl.group_size}, <= {width} new tokens, "
-          f"{result['settings']['parameters']:,} params, {args.threads} thread(s); "
-          f"medians of {args.steps} interleaved steps after {args.warmup} warm-up")
+    print(f"\nGRPO step, shape {args.shape}: {rl.prompts_per_step} prompts x G={rl.group_size}, <= {width} new tokens "
+          f"(EOS {'on' if args.eos else 'off'}), {result['settings']['parameters']:,} params, {args.threads} thread(s); "
+          f"medians of {args.steps} interleaved steps after {args.warmup} warm-up; load average {load_start}")
     print(f"{'':28}{'posttrain':>14}{'peer':>14}{'ratio':>9}  target")
     print(f"{'step seconds (vs TRL)':28}{ours_step:>14.4f}{trl_step:>14.4f}{result['step_ratio']:>9.3f}  <= {STEP_TARGET}"
           f"  {'met' if result['step_target_met'] else 'MISSED'}")
@@ -363,10 +643,23 @@ def main(argv: list[str] | None = None) -> int:
           f"{rollout['rollout_ratio']:>9.3f}  >= {ROLLOUT_TARGET}  {'met' if result['rollout_target_met'] else 'MISSED'}")
     print(f"{'rollout seconds':28}{rollout['ours_rollout_s']:>14.4f}{rollout['hf_rollout_s']:>14.4f}"
           f"   ({n} rows x {width} tokens, EOS off)")
+    print(f"{'rollout GFLOP/s (roofline)':28}{rollout['ours_rollout_flop_s'] / 1e9:>14.1f}{rollout['hf_rollout_flop_s'] / 1e9:>14.1f}"
+          f"{result['roofline_fraction']:>9.3f}  >= {ROOFLINE_TARGET}  {'met' if result['roofline_target_met'] else 'MISSED'}"
+          f"  (of {peak_flop_s / 1e9:.1f} GFLOP/s, {args.roofline_n}^3 float32 matmul)")
+    print(f"{'step peak memory MiB':28}{result['ours_step_peak_mib']:>14.1f}{result['trl_step_peak_mib']:>14.1f}"
+          "   (RSS rise over a call, max)")
+    print(f"{'rollout peak memory MiB':28}{rollout['ours_rollout_peak_mib']:>14.1f}{rollout['hf_rollout_peak_mib']:>14.1f}")
     print(f"{'completion length in steps':28}{result['ours_completion_length']:>14.2f}{result['trl_completion_length']:>14.2f}"
-          "   (EOS on: either side may stop early)")
-    print(f"wall {result['wall_s']:.1f}s -> {args.json}")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
+          f"   (EOS {'on: either side may stop early' if args.eos else 'off'})")
+    if args.scaling:
+        result["scaling"] = run_scaling(args, cfg, args.threads)
+        figure = args.figure or args.json.with_suffix(".png")
+        plot_scaling(result["scaling"], figure, f"GRPO step vs length and group size, shape {args.shape}, "
+                     f"{args.scaling_prompts} prompts, {args.threads} thread(s)")
+        result["scaling"]["figure"] = str(figure)
+    result["load_average"] = {"start": load_start, "end": load_average()}
+    result["wall_s"] = time.perf_counter() - started
+    print(f"load average {load_start} -> {result['load_average']['end']}; wall {result['wall_s']:.1f}s -> {args.json}")
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
