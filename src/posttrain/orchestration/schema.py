@@ -67,7 +67,7 @@ def param_specs(params_yaml: Path) -> dict[str, dict[str, Any]]:
             continue
         for key, schema in section_schema["properties"].items():
             name = f"{section}.{key}"
-            schema = {k: v for k, v in schema.items() if k not in ("title", "default")}  # the default is params.yaml's, beside the schema
+            schema = {k: v for k, v in schema.items() if k not in ("title", "default", "description")}  # the default is params.yaml's, beside the schema; the description its comment (a settings class's docstring is not one)
             if name in marked:
                 schema = _with_enum(schema, registries[marked[name].registry], marked[name])
             if f"{name}[]" in marked and "items" in schema:
