@@ -34,11 +34,11 @@ run: install
 	@start=$$(date +%s.%N); mkdir -p $(dir $(RUN_LOG)); \
 	if [ ! -d .dvc ]; then $(BIN)/dvc init -q $$(git rev-parse --git-dir >/dev/null 2>&1 || echo --no-scm); fi; \
 	echo "dvc repro: the pipeline of dvc.yaml (full log: $(RUN_LOG))"; \
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro > >(tee $(RUN_LOG) | while IFS= read -r line; do \
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro 2>&1 | tee $(RUN_LOG) | while IFS= read -r line; do \
 	  case "$$line" in \
 	    "Running stage '"*) stage=$${line#Running stage \'}; printf '[%5ss] %-14s running\n' $$SECONDS "$${stage%\':}";; \
 	    "Stage '"*"' didn't change, skipping") stage=$${line#Stage \'}; printf '[%5ss] %-14s unchanged (cached)\n' $$SECONDS "$${stage%%\'*}";; \
-	  esac; done) 2>&1; status=$$?; wait $$!; \
+	  esac; done; status=$${PIPESTATUS[0]}; \
 	if [ $$status -ne 0 ]; then tail -n 25 $(RUN_LOG); echo "dvc repro failed (exit $$status); full log: $(RUN_LOG)"; exit $$status; fi; \
 	$(BIN)/posttrain summary --wall-seconds $$($(BIN)/python -c "import time; print(round(time.time() - $$start, 1))")
 

@@ -45,7 +45,7 @@ def verdict_match(low: float, high: float, margin: float = 0.1) -> str:
 
 
 def main() -> None:
-    args = C.parse_args(__doc__.split("\n")[0], 150, extra=[("--seeds", int, 3, "seeds (one SFT start each)")])
+    args = C.parse_args(__doc__.split("\n")[0], 150)  # --seed / --seeds from the claims harness
     t0 = time.time()
     seeds = list(range(args.seed, args.seed + args.seeds))
     per_seed, arms = [], {a: {"gains": [], "_history": [], "_cfg": None} for a in ARMS}

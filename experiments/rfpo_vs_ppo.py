@@ -53,7 +53,7 @@ def arm_settings(cfg, arm: str, critic_path) -> dict:
 
 
 def main() -> None:
-    args = C.parse_args(__doc__.split("\n")[0], 100, extra=[("--seeds", int, 3, "seeds (one SFT start and critic each)")])
+    args = C.parse_args(__doc__.split("\n")[0], 100)  # --seed / --seeds from the claims harness
     t0 = time.time()
     seeds = list(range(args.seed, args.seed + args.seeds))
     per_seed, gains, last = [], {a: [] for a in ARMS}, {}

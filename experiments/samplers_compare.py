@@ -14,7 +14,7 @@ Each claim: per-seed paired differences, their mean and 95% t-interval, and a ve
 is above 0; contradicted: below 0; inconclusive: it holds 0). One figure, accuracy against forward tokens per
 answer for all samplers, is logged to MLflow and written to docs/samplers_accuracy_vs_compute.png.
 
-    python experiments/samplers_compare.py --seeds 0,1,2 --steps 200 --json /tmp/samplers.json
+    python experiments/samplers_compare.py --seeds 3 --steps 200 --json /tmp/samplers.json
 """
 
 from __future__ import annotations
@@ -194,9 +194,9 @@ def main() -> None:
         ("--blocks", int, 3, "blocks"), ("--mcmc", int, 2, "MH moves per block (power; per replica for PPT)"),
         ("--replicas", int, 4, "PPT replicas"), ("--width", int, 4, "beam / TTSD width"), ("--top-k", int, 8, "TTSD expansion"),
         ("--beta", float, 1.0, "TTSD beta"), ("--k", int, 8, "temperature samples per prompt"), ("--chunk", int, 50, "prompts per batch"),
-        ("--seeds", str, "0,1,2", "comma-separated seeds"), ("--figure", Path, FIGURE, "where the figure goes (docs/)"),
+        ("--figure", Path, FIGURE, "where the figure goes (docs/)"),
     ])
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seeds = list(range(args.seed, args.seed + args.seeds))  # the harness's --seed (first) and --seeds (how many)
     per_seed = [run_seed(args, s) for s in seeds]
     results = {"seeds": seeds, "per_seed": per_seed, "claims": claims(per_seed), "command": " ".join(sys.argv)}
     names = NAMES

@@ -28,9 +28,9 @@ pytestmark = pytest.mark.slow
 EXAMPLE = Path("examples/word_problems")
 OUT = Path("outputs/word_problems")
 BUDGET = {  # the example's budgets, shortened for the suite (merged over examples/word_problems/params.yaml)
-    "sft": {"steps": 150, "log_every": 50},
-    "rl": {"steps": 3, "prompts_per_step": 8, "checkpoint_every": 0},
-    "eval": {"n_prompts": 40, "n_table": 4},
+    "sft": {"steps": 100, "log_every": 50},
+    "rl": {"steps": 2, "prompts_per_step": 8, "checkpoint_every": 0},
+    "eval": {"n_prompts": 24, "n_table": 4},
 }
 
 
@@ -72,7 +72,7 @@ def test_the_example_runs_through_dvc_from_its_own_params_file(tmp_path):
     history = json.loads((root / OUT / "rl" / "history.json").read_text())
     mixed = sum(1 - step["reward/math_verify_collapsed"] for step in history) / len(history)
     print(f"\nheld-out pass@1: SFT {sft['pass_at_1']:.3f}, RL {rl['pass_at_1']:.3f}; RL groups with mixed outcomes {mixed:.2f}")
-    assert sft["greedy_format_rate"] > 0.9 and sft["n_prompts"] == rl["n_prompts"] == 40
+    assert sft["greedy_format_rate"] > 0.8 and sft["n_prompts"] == rl["n_prompts"] == 24
     assert {"pass_at_1", "pass_at_4", "majority_at_4"} <= set(rl) and mixed > 0  # GRPO saw right and wrong answers in a group
 
     with sqlite3.connect(root / "mlflow.db") as db:

@@ -73,7 +73,7 @@ def test_dagbag_loads_without_torch_or_posttrain_and_params_match_the_config(dag
         assert text_params[name] == [spec["default"], {**spec["schema"], "section": spec["section"]}, spec["description"]], name
     assert "gdpo" in text_params["rl.advantage"][1]["enum"]
     # the form's help text is params.yaml's comment of the key (its continuation lines too), else the key and its default
-    assert text_params["rl.preset"][2] == "null | dapo | dr_grpo | gspo | grpo: sets several rl keys; --set still wins"
+    assert text_params["rl.preset"][2] == "null | dapo | dr_grpo | gspo | grpo | ppo | rfpo: sets several rl keys; --set still wins"
     assert text_params["rl.steps"][2] == "rl.steps (params.yaml: 1000)"
 
 

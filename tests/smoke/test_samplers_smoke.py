@@ -23,7 +23,7 @@ def test_samplers_experiment_runs_every_arm_and_reports_claims(tmp_path, monkeyp
     monkeypatch.setattr(experiment.C, "CACHE", tmp_path / "cache")
     monkeypatch.chdir(tmp_path)
     out, uri = tmp_path / "out.json", f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setattr(sys, "argv", ["samplers_compare.py", "--micro", "--steps", "1", "--seeds", "0", "--prompts", "6", "--k", "2",
+    monkeypatch.setattr(sys, "argv", ["samplers_compare.py", "--micro", "--steps", "1", "--seed", "0", "--seeds", "1", "--prompts", "6", "--k", "2",
                                       "--chunk", "6", "--json", str(out), "--tracking-uri", uri])
     experiment.main()
     data = json.loads(out.read_text())
