@@ -34,7 +34,7 @@ from posttrain.models.teacher import teacher_forward
 from posttrain.models.value import token_values
 from posttrain.objectives import advantages, auxiliaries, losses, needs_of
 from posttrain.objectives.distill.gats import GATSState, gap_weight
-from posttrain.objectives.distill.uniopsd import TrustState, step_tier
+from posttrain.objectives.distill.uniopsd import TrustState, step_tier, successful_peers
 from posttrain.registry import Registry
 from posttrain.rewards import reward_matrix
 from posttrain.rollout import RolloutBatch
@@ -128,6 +128,12 @@ def score_under(model, ctx: ExtraContext, context_texts: list[str], batch: Rollo
     """The batch's completions read by `model` after per-row context texts (no gradient)."""
     ids, mask = encode_prompts(ctx.tokenizer, context_texts, batch.completion_ids.device)
     return teacher_forward(model, ids, mask, batch.completion_ids, batch.attention_mask, ctx.cfg.temperature, hidden)
+
+
+def decode_transcripts(tokenizer: PreTrainedTokenizerBase, batch: RolloutBatch) -> list[str]:
+    """Each completion as the policy read it: its actions and the environment's observations (no EOS or padding)."""
+    ids = batch.completion_ids.masked_fill(batch.attention_mask == 0, tokenizer.pad_token_id)
+    return tokenizer.batch_decode(ids.cpu(), skip_special_tokens=True)
 
 
 def episode_sampler(ctx: ExtraContext):
@@ -253,19 +259,16 @@ def contrast_logp_gap(ctx: ExtraContext, prompts, batch) -> Tensor:
 
 @extras.register("peer_logp_gap")
 def peer_logp_gap(ctx: ExtraContext, prompts, batch) -> Tensor:
-    """[B, T] UniOPSD's Delta = logp_T - logp_S, the teacher being the policy with a successful peer of the
-    same group in context; 0 on rows of groups without a success (untaught rows)."""
-    examples, texts, ok = row_examples(prompts, batch), decode_completions(ctx.tokenizer, batch), success(batch).tolist()
-    peer_texts, taught = [], []
-    group_of = {i: rows for rows in group_rows(batch) for i in rows}
-    for i in range(batch.size):
-        rows = group_of[i]
-        peers = [j for j in rows if ok[j] and j != i] or [j for j in rows if ok[j]]
-        taught.append(bool(peers))
-        peer_texts.append(contexts.peer_context(examples[i], texts[peers[0]] if peers else ""))
+    """[B, T] UniOPSD's Delta = logp_T - logp_S, the teacher being the policy with another successful rollout of
+    the same group in context (its whole transcript, observations included); 0 on rows with no such peer
+    (untaught rows: groups without a success, and a group's lone success)."""
+    examples, ok = row_examples(prompts, batch), success(batch).tolist()
+    texts = decode_transcripts(ctx.tokenizer, batch)
+    peers = successful_peers(ok, batch.group.tolist())
+    peer_texts = [contexts.peer_context(e, texts[j] if j is not None else "") for e, j in zip(examples, peers)]
     teacher = score_under(ctx.policy, ctx, peer_texts, batch).logp
     gap = (teacher - batch.old_logp) * batch.completion_mask
-    return gap * torch.tensor(taught, dtype=gap.dtype, device=gap.device)[:, None]
+    return gap * torch.tensor([j is not None for j in peers], dtype=gap.dtype, device=gap.device)[:, None]
 
 
 @extras.register("trace_logprobs", role="teacher", optional_role=True)
