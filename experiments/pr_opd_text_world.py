@@ -3,8 +3,10 @@ start, aligning the skill-free hidden states to the policy's own skill-reading p
 
 The start model is SFT'd on (i) reference transcripts for the start states of rooms a-d only, (ii) every
 training start state behind a hint naming a random cell (`g<cell>=<prompt>` -> the walk there), and (iii)
-hindsight examples (`<actions>=<prompt>` -> `g<cell where they stop>`), so that the policy can use a hint
-and write one from a trajectory, but knows the goals of rooms e-p only through reward. Arms from that start, same seed and budget: `grpo` and `pr_opd`
+reflections on successful walks (`<prompt><walk with observations>==` -> `g<cell where it stopped>`,
+trainers/contexts.reflection_prompt), so that the policy can use a hint and, after reading an episode and its
+outcome, pick one from the task's skill vocabulary (`g0`..`g4`), but knows the goals of rooms e-p only
+through reward. Arms from that start, same seed and budget: `grpo` and `pr_opd`
 (GRPO + lambda_rep * L_rep after `--warm-start` updates). Success is the episode reward (stop on the goal);
 held-out success is measured by sampling `--eval-samples` episodes per held-out start state.
 
@@ -31,7 +33,8 @@ ARMS = ("grpo", "pr_opd")
 
 def sft_mix(train: list[Example], seed: int) -> list[Example]:
     """Reference transcripts for the rooms `a`-`d` only, plus two skills taught on random goals (so they reveal
-    no room's goal): following a written hint, and writing one (`g<cell where it stopped>`) in hindsight."""
+    no room's goal): following a written hint, and writing one (`g<cell where it stopped>`) after reflecting
+    on a successful walk."""
     rng = random.Random(seed)
     plain = [e for e in train if e.prompt[0] in ROOMS[:4]]
     hinted, hindsight = [], []
@@ -40,8 +43,7 @@ def sft_mix(train: list[Example], seed: int) -> list[Example]:
         goal = rng.randrange(CELLS)
         walk = transcript(start, shortest_actions(start, goal))
         hinted.append(Example(contexts.skill_context(e, f"g{goal}"), walk, str(goal)))
-        actions = "".join(c for c in walk if c in "lrs")  # what a decoded response holds
-        hindsight.append(Example(contexts.hindsight_prompt(e, actions, True), f"g{goal}", str(goal)))
+        hindsight.append(Example(contexts.reflection_prompt(e, walk, True), f"g{goal}", str(goal)))  # the walk as lived: observations in
     return plain + hinted + hindsight
 
 

@@ -34,6 +34,7 @@ from posttrain.models.teacher import teacher_forward
 from posttrain.models.value import token_values
 from posttrain.objectives import advantages, auxiliaries, losses, needs_of
 from posttrain.objectives.distill.gats import GATSState, gap_weight
+from posttrain.objectives.distill.pr_opd import admissible_skill, pick_skills
 from posttrain.objectives.distill.uniopsd import TrustState, step_tier, successful_peers
 from posttrain.registry import Registry
 from posttrain.rewards import reward_matrix
@@ -288,14 +289,45 @@ def trace_logprobs(ctx: ExtraContext, prompts, batch) -> Tensor:
 @torch.no_grad()
 def skill_hidden(ctx: ExtraContext, prompts, batch) -> Tensor:
     """[L, B, T, d] PR-OPD's teacher: the policy re-reading its own response with a hindsight skill k_i it
-    wrote itself (from the response and its outcome) prepended. Empty during the GRPO warm start."""
+    wrote itself after a reflection prompt holding the task, its trajectory and the outcome (see `write_skills`).
+    Empty during the GRPO warm start."""
     opts = ctx.cfg.options_for("pr_opd")
     if ctx.step <= opts.warm_start:  # no skills written, no teacher pass
         return torch.empty(0)
-    examples, texts, ok = row_examples(prompts, batch), decode_completions(ctx.tokenizer, batch), success(batch).tolist()
-    hindsight = [contexts.hindsight_prompt(e, t, s) for e, t, s in zip(examples, texts, ok)]
-    _, skills = generate(ctx.policy, ctx.tokenizer, hindsight, opts.skill_tokens, temperature=ctx.cfg.temperature, generator=ctx.generator)
+    examples, ok = row_examples(prompts, batch), success(batch).tolist()
+    reflections = [contexts.reflection_prompt(e, t, s) for e, t, s in zip(examples, decode_transcripts(ctx.tokenizer, batch), ok)]
+    skills = write_skills(ctx, examples, reflections)
     return score_under(ctx.policy, ctx, [contexts.skill_context(e, k) for e, k in zip(examples, skills)], batch, hidden=True).hidden
+
+
+def write_skills(ctx: ExtraContext, examples: list[Example], reflections: list[str]) -> list[str]:
+    """One hindsight skill per reflection: picked by the policy from the task's skill vocabulary when it has
+    one (sampled from the policy's own log-probs of each candidate after the reflection), else `skill_tokens`
+    sampled tokens; a skill that is the answer (pr_opd.admissible_skill) becomes "" (no teacher signal)."""
+    opts = ctx.cfg.options_for("pr_opd")
+    vocabulary = getattr(ctx.task, "skill_vocabulary", None)
+    if vocabulary is None:
+        _, skills = generate(ctx.policy, ctx.tokenizer, reflections, opts.skill_tokens, temperature=ctx.cfg.temperature, generator=ctx.generator)
+    else:
+        candidates = list(vocabulary())
+        chosen = pick_skills(candidate_logp(ctx, reflections, candidates), ctx.cfg.temperature, ctx.generator)
+        skills = [candidates[k] for k in chosen.tolist()]
+    return [k if admissible_skill(k, e.completion, ctx.task.correctness_reward(k, True, e) > 0) else "" for k, e in zip(skills, examples)]
+
+
+def candidate_logp(ctx: ExtraContext, contexts_: list[str], candidates: list[str]) -> Tensor:
+    """[N, V] the policy's log-probability of each candidate text after each context (no gradient)."""
+    device = ctx.device
+    ids, mask = encode_prompts(ctx.tokenizer, [c for c in contexts_ for _ in candidates], device)
+    encoded = [ctx.tokenizer(c, add_special_tokens=False).input_ids for c in candidates]
+    width = max(map(len, encoded))
+    comp = torch.full((len(candidates), width), ctx.tokenizer.pad_token_id, dtype=torch.long, device=device)
+    comp_mask = torch.zeros_like(comp)
+    for v, row in enumerate(encoded):
+        comp[v, : len(row)], comp_mask[v, : len(row)] = torch.tensor(row, device=device), 1
+    comp, comp_mask = comp.repeat(len(contexts_), 1), comp_mask.repeat(len(contexts_), 1)
+    logp = teacher_forward(ctx.policy, ids, mask, comp, comp_mask, ctx.cfg.temperature, full=False).logp
+    return (logp * comp_mask).sum(-1).view(len(contexts_), len(candidates))
 
 
 @extras.register("retrospections")
