@@ -1,13 +1,17 @@
-"""Claim (d), PR-OPD (privileged representation OPD) vs GRPO on the key-room text world (envs/text_world.py): after a GRPO warm
-start, aligning the skill-free hidden states to the policy's own skill-reading pass helps it learn the rooms.
+"""Claim (d), PR-OPD (privileged representation OPD) and UniOPSD (peer-hindsight step credit at anchors) vs GRPO on
+the key-room text world (envs/text_world.py): after a GRPO warm start, aligning the skill-free hidden states to the
+policy's own skill-reading pass helps it learn the rooms; fusing the environment's step credit at shared states with a
+successful peer's hindsight does too.
 
 The start model is SFT'd on (i) reference transcripts for the start states of rooms a-d only, (ii) every
-training start state behind a hint naming a random cell (`g<cell>=<prompt>` -> the walk there), and (iii)
+training start state behind a hint naming a random cell (`g<cell>=<prompt>` -> the walk there), (iii)
 reflections on successful walks (`<prompt><walk with observations>==` -> `g<cell where it stopped>`,
-trainers/contexts.reflection_prompt), so that the policy can use a hint and, after reading an episode and its
-outcome, pick one from the task's skill vocabulary (`g0`..`g4`), but knows the goals of rooms e-p only
-through reward. Arms from that start, same seed and budget: `grpo` and `pr_opd`
-(GRPO + lambda_rep * L_rep after `--warm-start` updates). Success is the episode reward (stop on the goal);
+trainers/contexts.reflection_prompt), and (iv) every training start state behind another start's walk to a
+random cell (`<peer walk>=<prompt>` -> the walk to the same cell, trainers/contexts.peer_context), so that
+the policy can use a hint or a peer's transcript and, after reading an episode and its outcome, pick a skill
+from the task's vocabulary (`g0`..`g4`), but knows the goals of rooms e-p only through reward. Arms from that
+start, same seed and budget: `grpo`, `pr_opd` (GRPO + lambda_rep * L_rep after `--warm-start` updates) and
+`uniopsd` (its fused advantage, with the clipped surrogate). Success is the episode reward (stop on the goal);
 held-out success is measured by sampling `--eval-samples` episodes per held-out start state.
 
     .venv/bin/python experiments/pr_opd_text_world.py [--steps N] [--json FILE] [--micro]
@@ -28,23 +32,25 @@ from posttrain.models.sampling import generate
 from posttrain.trainers import contexts
 from posttrain.tasks import Example
 
-ARMS = ("grpo", "pr_opd")
+ARMS = ("grpo", "pr_opd", "uniopsd")
 
 
 def sft_mix(train: list[Example], seed: int) -> list[Example]:
-    """Reference transcripts for the rooms `a`-`d` only, plus two skills taught on random goals (so they reveal
-    no room's goal): following a written hint, and writing one (`g<cell where it stopped>`) after reflecting
-    on a successful walk."""
+    """Reference transcripts for the rooms `a`-`d` only, plus three skills taught on random goals (so they reveal
+    no room's goal): following a written hint, writing one (`g<cell where it stopped>`) after reflecting on a
+    successful walk, and following a peer's walk to the cell it stopped on (from another start)."""
     rng = random.Random(seed)
     plain = [e for e in train if e.prompt[0] in ROOMS[:4]]
-    hinted, hindsight = [], []
+    hinted, hindsight, peered = [], [], []
     for e in train:
         room, start = e.prompt[0], int(e.prompt[1])
         goal = rng.randrange(CELLS)
         walk = transcript(start, shortest_actions(start, goal))
         hinted.append(Example(contexts.skill_context(e, f"g{goal}"), walk, str(goal)))
         hindsight.append(Example(contexts.reflection_prompt(e, walk, True), f"g{goal}", str(goal)))  # the walk as lived: observations in
-    return plain + hinted + hindsight
+        other = rng.choice([c for c in range(CELLS) if c != goal])  # a peer that moved, so its transcript names the cell
+        peered.append(Example(contexts.peer_context(e, transcript(other, shortest_actions(other, goal))), walk, str(goal)))
+    return plain + hinted + hindsight + peered
 
 
 @torch.no_grad()
@@ -74,12 +80,12 @@ def main() -> None:
     k = max(1, args.steps // 5)
     arms = {}
     for arm in ARMS:
-        rl_cfg = resolve.updated(cfg.rl, "rl", **{"aux": ("pr_opd",) if arm == "pr_opd" else ()})
+        rl_cfg = resolve.updated(cfg.rl, "rl", **{"aux": ("pr_opd",) if arm == "pr_opd" else (), "advantage": "uniopsd" if arm == "uniopsd" else "grpo"})
         history, after, seconds = C.run_arm(cfg, rl_cfg, task, train, held, path, args.seed, evaluate_fn=evaluate)
         arms[arm] = {"heldout_after": after, "rl_seconds": round(seconds, 1), "_history": history, "_cfg": cfg.model_copy(update={"rl": rl_cfg})}
         print(f"{arm}: {seconds:.0f}s, held-out success {after['sampled_accuracy']:.4f}", flush=True)
     rows = [{**D.summary_row(a, arms[a], k), "rep_loss_last": C.window_mean(arms[a]["_history"], "pr_opd/rep_loss", False, k)} for a in ARMS]
-    text = C.print_table(f"\nPR-OPD vs GRPO on the key-room text world, {args.steps} steps, warm start {args.warm_start} (first/last {k} steps)", rows)
+    text = C.print_table(f"\nPR-OPD and UniOPSD vs GRPO on the key-room text world, {args.steps} steps, warm start {args.warm_start} (first/last {k} steps)", rows)
     D.finish(args, cfg, "pr_opd_text_world", arms, rows, text, {"sft_heldout": start, "k": k, "warm_start": args.warm_start}, t0)
 
 

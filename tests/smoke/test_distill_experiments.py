@@ -16,7 +16,7 @@ ARMS = {
     "gats_vs_opd": ({"grpo", "opd_const", "gats"}, ["--teacher-steps", "2"]),
     "sipo_vs_grpo": ({"grpo", "sipo"}, []),
     "ride_vs_oprd": ({"oprd", "ride", "output_space"}, ["--teacher-steps", "2"]),
-    "pr_opd_text_world": ({"grpo", "pr_opd"}, ["--warm-start", "1", "--eval-samples", "1"]),
+    "pr_opd_text_world": ({"grpo", "pr_opd", "uniopsd"}, ["--warm-start", "1", "--eval-samples", "1"]),
 }
 
 
