@@ -12,7 +12,8 @@ import torch
 
 from posttrain import resolve
 from posttrain.objectives import advantages
-from posttrain.objectives.distill.uniopsd import step_rows, step_spans, successful_peers, tiers
+from posttrain.objectives.distill.anchors import step_rows, step_spans
+from posttrain.objectives.distill.uniopsd import successful_peers, tiers
 from posttrain.rollout import RolloutBatch
 
 RL = resolve.load(Path(__file__).resolve().parents[2] / "params.yaml").rl
