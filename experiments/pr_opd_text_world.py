@@ -53,6 +53,43 @@ def sft_mix(train: list[Example], seed: int) -> list[Example]:
     return plain + hinted + hindsight + peered
 
 
+def start_signals(cfg, task, train, path, seed: int) -> dict[str, float]:
+    """What each method is fed on the SFT start, from one UniOPSD update's episodes (16 prompts x G): the success
+    rate; UniOPSD's share of taught steps, of steps with step evidence (an anchor with >= 2 steps and differing
+    returns), of later steps that share their anchor, the mean |A^E| and |A^S - omega A^E| per step and the share
+    of steps where the two tiers differ;
+    PR-OPD's share of admissible skills and of skills naming the room's goal after a success / a failure."""
+    from posttrain.envs.text_world import goal_of
+    from posttrain.objectives.distill.uniopsd import tiers
+    from posttrain.trainers.extras import ExtraContext, decode_transcripts, row_examples, success, write_skills
+    from posttrain.trainers.online_rl import OnlineRL, PromptStream, RLRun
+
+    model, tok = C.load_pretrained(path)
+    rl_cfg = resolve.updated(cfg.rl, "rl", advantage="uniopsd", aux=(), checkpoint_every=0)
+    run = RLRun(model, tok, task, train, rl_cfg, seed, C.CACHE / "unused_ckpt", "signals")
+    prompts = PromptStream(train, seed).take(rl_cfg.prompts_per_step)
+    batch = OnlineRL(run, total_steps=1).step(prompts).batch
+    opts = rl_cfg.options_for("uniopsd")
+    steps, tier = tiers(batch, batch.extras["peer_logp_gap"], rl_cfg, opts)
+    later = torch.ones_like(steps.row, dtype=torch.bool)
+    later[torch.cat([torch.zeros(1, dtype=torch.long), (steps.row[1:] != steps.row[:-1]).nonzero().squeeze(-1) + 1])] = False
+    _, inverse, counts = steps.anchor.unique(return_inverse=True, return_counts=True)
+    gap = tier.a_step - opts.step_advantage_w * tier.a_episode
+    ok = success(batch)
+    rows = row_examples(prompts, batch)
+    ctx = ExtraContext(model, tok, task, rl_cfg, {}, rl_cfg.options_for("pr_opd").warm_start + 1, torch.Generator().manual_seed(seed))
+    reflections = [contexts.reflection_prompt(e, t, bool(s)) for e, t, s in zip(rows, decode_transcripts(tok, batch), ok.tolist())]
+    skills = write_skills(ctx, rows, reflections)
+    named = torch.tensor([k == f"g{goal_of(e.prompt[0])}" for k, e in zip(skills, rows)])
+    return {"success": float(ok.float().mean()), "uniopsd_taught_steps": float(tier.has_teacher.float().mean()),
+            "uniopsd_step_evidence": float(tier.has_step.float().mean()), "uniopsd_later_steps_shared": float((counts[inverse][later] >= 2).float().mean()),
+            "uniopsd_episode_abs": float(tier.a_episode.abs().mean()), "uniopsd_step_minus_episode": float(gap.abs().mean()),
+            "uniopsd_tiers_differ": float((gap.abs() > 1e-6).float().mean()),
+            "pr_opd_admissible": sum(bool(k) for k in skills) / len(skills),
+            "pr_opd_goal_named_after_success": float(named[ok].float().mean()) if ok.any() else float("nan"),
+            "pr_opd_goal_named_after_failure": float(named[~ok].float().mean()) if (~ok).any() else float("nan")}
+
+
 @torch.no_grad()
 def env_success(model, tok, task, examples, samples: int, max_tokens: int, seed: int) -> dict[str, float]:
     _, texts = generate(model, tok, [e.prompt for e in examples], max_tokens, group_size=samples,
@@ -77,6 +114,8 @@ def main() -> None:
     evaluate = lambda m, t: env_success(m, t, task, held, args.eval_samples, cfg.rl.max_new_tokens, args.seed)  # noqa: E731
     start = evaluate(model, tok)
     print(f"SFT held-out success {start['sampled_accuracy']:.4f}", flush=True)
+    signals = start_signals(cfg, task, train, path, args.seed)
+    print("signals on the start: " + ", ".join(f"{k} {v:.3f}" for k, v in signals.items()), flush=True)
     k = max(1, args.steps // 5)
     arms = {}
     for arm in ARMS:
@@ -86,7 +125,7 @@ def main() -> None:
         print(f"{arm}: {seconds:.0f}s, held-out success {after['sampled_accuracy']:.4f}", flush=True)
     rows = [{**D.summary_row(a, arms[a], k), "rep_loss_last": C.window_mean(arms[a]["_history"], "pr_opd/rep_loss", False, k)} for a in ARMS]
     text = C.print_table(f"\nPR-OPD and UniOPSD vs GRPO on the key-room text world, {args.steps} steps, warm start {args.warm_start} (first/last {k} steps)", rows)
-    D.finish(args, cfg, "pr_opd_text_world", arms, rows, text, {"sft_heldout": start, "k": k, "warm_start": args.warm_start}, t0)
+    D.finish(args, cfg, "pr_opd_text_world", arms, rows, text, {"sft_heldout": start, "signals": signals, "k": k, "warm_start": args.warm_start}, t0)
 
 
 if __name__ == "__main__":
