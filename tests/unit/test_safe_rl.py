@@ -131,3 +131,86 @@ def test_frames_show_the_ego_car_and_other_cars():
     assert red.any(axis=(1, 2)).all() and blue.any(axis=(1, 2)).tolist() == [True, False]
     env.x[0] = 0.5
     assert not np.array_equal(env.render()[0], frames[0])  # the camera sees the ego car move
+
+
+# -- the frozen encoder -------------------------------------------------------------------------------------------
+def tiny_encoder(seed: int = 0):
+    from posttrain.models.image_text import ImageTextEncoder, tiny_clip
+
+    torch.manual_seed(seed)
+    return ImageTextEncoder(*tiny_clip(vocabulary(), 16, 8, 16, 1, 2, 8))
+
+
+def test_the_encoders_carry_no_gradient():
+    encoder = tiny_encoder()
+    frames = DrivingEnv(ENV, 3, 0).render()
+    images, texts = encoder.embed_images(frames), encoder.embed_texts(["driving fast", "my lane is clear"])
+    assert not any(p.requires_grad for p in encoder.model.parameters()) and not encoder.model.training
+    assert not images.requires_grad and not texts.requires_grad and images.shape == (3, 8)
+    assert torch.allclose(images.norm(dim=-1), torch.ones(3)) and torch.allclose(texts.norm(dim=-1), torch.ones(2))
+    encoder.assert_frozen(images, texts)
+    encoder.model.text_projection.weight.requires_grad_(True)
+    with pytest.raises(AssertionError, match="not frozen"):
+        encoder.assert_frozen(images)
+
+
+def test_a_clip_checkpoint_in_the_hub_layout_loads_by_path_through_the_same_interface(tmp_path):
+    """A tiny CLIPModel built from a config, saved with a CLIPTokenizer and a CLIPImageProcessor as a hub checkpoint is
+    (nothing downloads), embeds through ImageTextEncoder.load exactly as through transformers' own processors."""
+    import json
+    import string
+
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPTokenizer
+
+    from posttrain.models.image_text import ImageTextEncoder, _features
+
+    letters = list(string.ascii_lowercase)
+    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1, **{t: i + 2 for i, t in enumerate(letters + [c + "</w>" for c in letters])}}
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab))
+    (tmp_path / "merges.txt").write_text("#version: 0.2\n")
+    tokenizer = CLIPTokenizer(str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt"))
+    small = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}
+    torch.manual_seed(0)
+    model = CLIPModel(CLIPConfig(text_config={**small, "vocab_size": len(vocab), "eos_token_id": 1, "bos_token_id": 0, "pad_token_id": 1},
+                                 vision_config={**small, "image_size": 16, "patch_size": 8}, projection_dim=8))
+    processor = CLIPImageProcessor(size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16})
+    checkpoint = tmp_path / "clip"
+    for part in (model, tokenizer, processor):
+        part.save_pretrained(checkpoint)
+    encoder = ImageTextEncoder.load(checkpoint)
+    frames = DrivingEnv(ENV, 2, 0).render()
+    texts = ["a car driving safely", "a crash"]
+    with torch.no_grad():  # transformers' own path: its processor and tokenizer, the projected pooled output
+        pixels = processor(images=list(frames), return_tensors="pt").pixel_values
+        want_images = _features(model.get_image_features(pixel_values=pixels))
+        want_texts = _features(model.get_text_features(**tokenizer(texts, padding=True, return_tensors="pt")))
+    assert torch.allclose(encoder.embed_images(frames), torch.nn.functional.normalize(want_images, dim=-1), atol=1e-5)
+    assert torch.allclose(encoder.embed_texts(texts), torch.nn.functional.normalize(want_texts, dim=-1), atol=1e-5)
+    assert encoder.dim == 8 and not any(p.requires_grad for p in encoder.model.parameters())
+
+
+def test_alpha_clip_and_kappa_zero_is_plain_ppo_lagrangian():
+    """With alpha_clip = kappa = 0 the VLM score enters nowhere: replacing the prompts (every s_t changes) leaves the
+    agent after a round and lambda unchanged; with alpha_clip > 0 the agent changes, with kappa > 0 lambda does."""
+    from helpers import REPO
+    from posttrain.resolve import load
+    from posttrain.trainers.loop import TrainLoop
+    from posttrain.trainers.safe_rl import SafeRL
+
+    micro = ["safe_rl.env.image_size=16", "safe_rl.env.horizon=5", "safe_rl.env.cars=2", "safe_rl.envs=3", "safe_rl.epochs=1",
+             "safe_rl.minibatches=1", "safe_rl.lambda_init=0.5", "safe_rl.cost_limit=0.0"]
+    base, encoder = load(REPO / "params.yaml", micro).safe_rl, tiny_encoder()
+    other = encoder.embed_texts(["driving slowly", "no lane on my left"])
+
+    def one_round(alpha: float, kappa: float, other_prompts: bool):
+        trainer = SafeRL(base.model_copy(update={"alpha_clip": alpha, "kappa": kappa}), encoder, seed=3)
+        if other_prompts:
+            trainer.prompts = other
+        figures = trainer.round(1, TrainLoop())
+        return torch.cat([p.detach().flatten() for p in trainer.agent.parameters()]), trainer.multiplier.value, figures["safety_score"]
+
+    plain, lam, score = one_round(0.0, 0.0, False)
+    swapped, swapped_lam, swapped_score = one_round(0.0, 0.0, True)
+    assert torch.equal(plain, swapped) and lam == swapped_lam and score != swapped_score
+    assert not torch.equal(one_round(0.5, 0.0, False)[0], one_round(0.5, 0.0, True)[0])
+    assert one_round(0.0, 0.5, False)[1] != one_round(0.0, 0.5, True)[1]
