@@ -214,3 +214,14 @@ def test_alpha_clip_and_kappa_zero_is_plain_ppo_lagrangian():
     assert torch.equal(plain, swapped) and lam == swapped_lam and score != swapped_score
     assert not torch.equal(one_round(0.5, 0.0, False)[0], one_round(0.5, 0.0, True)[0])
     assert one_round(0.0, 0.5, False)[1] != one_round(0.0, 0.5, True)[1]
+
+
+def test_a_prompt_outside_the_encoders_vocabulary_is_refused_with_its_key():
+    from helpers import REPO
+    from posttrain.errors import UserError
+    from posttrain.resolve import load
+    from posttrain.trainers.safe_rl import SafeRL
+
+    cfg = load(REPO / "params.yaml", ["safe_rl.danger_prompt=a zebra on the road"]).safe_rl
+    with pytest.raises(UserError, match="safe_rl.danger_prompt.*'zebra'"):
+        SafeRL(cfg, tiny_encoder(), seed=0)

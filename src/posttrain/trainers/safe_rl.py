@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from posttrain.envs.driving import ACTIONS, CRASH, EXIT, N_FEATURES, SAFE, DrivingEnv, vocabulary
 from posttrain.models.driving_policy import DrivingAgent
 from posttrain.models.image_text import ImageTextEncoder, tiny_clip
+from posttrain.models.tokenizer import check_vocabulary
 from posttrain.objectives.ppo_lagrangian import (LagrangeMultiplier, advantages, episode_cost, ppo_lagrangian_loss, safety_score,
                                                  shaped_reward, violation)
 from posttrain.trainers.loop import TrainLoop
@@ -146,6 +147,7 @@ class SafeRL:
         self.agent = DrivingAgent(encoder.dim + N_FEATURES, cfg.hidden_size, len(ACTIONS))
         self.optimizer = torch.optim.Adam(self.agent.parameters(), lr=cfg.lr, eps=1e-5)
         self.multiplier = LagrangeMultiplier(cfg.lambda_init, cfg.lambda_lr if cfg.lagrangian else 0.0)
+        check_vocabulary(encoder.tokenizer, [cfg.safe_prompt, cfg.danger_prompt], "safe_rl.safe_prompt / safe_rl.danger_prompt")
         self.prompts = encoder.embed_texts([cfg.safe_prompt, cfg.danger_prompt])
 
     def parts(self) -> dict:
