@@ -73,3 +73,28 @@ def test_the_claims_encoders_fed_a_non_degenerate_safety_score():
         assert seed["encoder"]["score_safe_frames"] > seed["encoder"]["score_crash_frames"]
         vlm = next(r for r in seed["table"] if r["arm"] == "ppo_lag_vlm")
         assert vlm["kappa_term_mean"] != 0.0 and next(r for r in seed["table"] if r["arm"] == "ppo_lag")["kappa_term_mean"] == 0.0
+
+
+def test_the_claim_experiment_runs_through_the_harness_on_a_micro_budget(tmp_path, monkeypatch):
+    """experiments/safe_rl_vlm.py under the claims harness (in this process: 2 seeds, 1 round, micro sizes, no MLflow):
+    per seed the four arms' table, and per claimed difference both sides' values, an interval and a verdict."""
+    import importlib.util
+    import sys
+
+    monkeypatch.setenv("POSTTRAIN_EXP_CACHE", str(tmp_path / "cache"))
+    monkeypatch.syspath_prepend(str(REPO / "experiments"))
+    spec = importlib.util.spec_from_file_location("claim_safe_rl_vlm", REPO / "experiments" / "safe_rl_vlm.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    from _claims import run_seeds
+
+    out = tmp_path / "out.json"
+    monkeypatch.setattr(sys, "argv", ["safe_rl_vlm.py"])
+    results = run_seeds(module.main, "safe_rl_vlm", ["--steps", "1", "--micro", "--no-mlflow", "--seeds", "2", "--json", str(out)],
+                        script=str(REPO / "experiments" / "safe_rl_vlm.py"))
+    assert json.loads(out.read_text())["seeds"] == [0, 1] and len(results["comparisons"]) == 6
+    assert results["command"].startswith(".venv/bin/python experiments/safe_rl_vlm.py ")
+    for seed in results["per_seed"]:
+        assert [r["arm"] for r in seed["table"]] == list(module.ARMS) and seed["steps"] == 1
+    for c in results["comparisons"]:
+        assert len(c["better_values"]) == 2 and c["verdict"] in {"reproduced", "contradicted", "inconclusive"}
