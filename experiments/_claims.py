@@ -79,6 +79,10 @@ COMPARISONS: dict[str, list[Compare]] = {
     "glime_vs_naive": [compare("generalization", "glime", "naive"), compare("retention", "glime", "naive"),
                        compare("locality", "glime", "naive")],
     "care_dialogue": [compare("true_quality_after", "generator", "uniform", key="weights")],
+    "safe_rl_vlm": [compare("catastrophe_rate", "ppo_lag", "ppo", lower=True), compare("cost", "ppo_lag", "ppo", lower=True),
+                    compare("progress", "ppo", "ppo_lag"), compare("catastrophe_rate", "ppo_lag_vlm", "ppo_lag", lower=True),
+                    compare("lambda_mean", "ppo_lag_vlm", "ppo_lag_vlm_kappa0"),
+                    compare("catastrophe_rate", "ppo_lag_vlm", "ppo_lag_vlm_kappa0", lower=True)],
     "sdrl_strategies": [compare("distinct_strategies", "sdrl", "correctness"), compare("strategy_entropy", "sdrl", "correctness"),
                         compare("heldout_success", "sdrl", "correctness")],
 }
