@@ -80,6 +80,7 @@ COMPARISONS: dict[str, list[Compare]] = {
     "care_dialogue": [compare("true_quality_after", "generator", "uniform", key="weights")],
     "sdrl_strategies": [compare("distinct_strategies", "sdrl", "correctness"), compare("strategy_entropy", "sdrl", "correctness"),
                         compare("heldout_success", "sdrl", "correctness")],
+    "aura_ppo": [compare("score", "ppo", "sft"), compare("directional_accuracy", "ppo", "sft"), compare("magnitude_agreement", "ppo", "sft")],
 }
 
 

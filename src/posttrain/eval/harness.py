@@ -22,7 +22,8 @@ def evaluate(
 ) -> tuple[dict[str, float], list[dict[str, object]]]:
     examples = list(examples)[: cfg.n_prompts]
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
-    request = SampleRequest(cfg.max_new_tokens, cfg.samples_per_prompt, cfg.temperature, tuple(cfg.stop), cfg.batch_size)
+    episodes = task.sampler(tokenizer) if hasattr(task, "sampler") else None  # a multi-turn environment plays its episodes
+    request = SampleRequest(cfg.max_new_tokens, cfg.samples_per_prompt, cfg.temperature, tuple(cfg.stop), cfg.batch_size, episodes)
     metrics: dict[str, float] = {"n_prompts": float(len(examples))}
     rows: list[dict[str, object]] = []
     if not examples:
