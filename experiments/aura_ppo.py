@@ -48,8 +48,8 @@ def main() -> None:
     if args.params == C.REPO / "params.yaml":
         args.params = C.REPO / "aura" / "params.yaml"
     t0 = time.time()
-    micro = ["task.n_train=60", "task.n_heldout=12", "model.max_positions=96", "eval.n_prompts=12", "rl.max_new_tokens=40",
-             "eval.max_new_tokens=40", "rl.critic.warmup_steps=1"] if args.micro else []
+    micro = ["task.n_train=30", "task.n_heldout=6", "model.max_positions=64", "eval.n_prompts=6", "rl.max_new_tokens=24",
+             "eval.max_new_tokens=24", "rl.critic.warmup_steps=1", "rl.prompts_per_step=2", "rl.group_size=3"] if args.micro else []
     cfg = C.load_config(args, micro)
     task, train, held, path, sft = C.sft_start(cfg, args.seed)
     held = held[: cfg.eval.n_prompts]
