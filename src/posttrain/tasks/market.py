@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from functools import cached_property
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator
 
 from posttrain.config import Section
 from posttrain.envs.market import (
@@ -40,11 +40,12 @@ class MarketOptions(Section):
     magnitude_edges: tuple[float, ...]  # bucket edges in percent: [0, e1), [e1, e2), ..., [ek, inf)
     tau: float = Field(gt=0)  # soft magnitude scale, in percent
 
-    @model_validator(mode="after")
-    def _edges(self) -> "MarketOptions":
-        if not self.magnitude_edges or list(self.magnitude_edges) != sorted(set(self.magnitude_edges)) or self.magnitude_edges[0] <= 0:
-            raise ValueError("magnitude_edges must be positive and strictly increasing")
-        return self
+    @field_validator("magnitude_edges")
+    @classmethod
+    def _edges(cls, v: tuple[float, ...]) -> tuple[float, ...]:
+        if not v or list(v) != sorted(set(v)) or v[0] <= 0:
+            raise ValueError("must be positive and strictly increasing")
+        return v
 
 
 @tasks.register("market", options=MarketOptions)
