@@ -205,3 +205,12 @@ def test_demonstrations_carry_signal_and_the_reward_varies_within_groups(task, s
         group = [task.correctness_reward(M.scripted_analyst(sandbox, ticker, day, rng), True, e) for _ in range(8)]
         varied += max(group) > min(group)
     assert varied >= 20
+
+
+def test_an_environment_task_refuses_an_eval_sampler_that_cannot_play_episodes(task):
+    from posttrain.errors import UserError
+    from posttrain.eval.harness import evaluate
+
+    cfg = resolve.load(PARAMS, ["task.name=market", "eval.sampler=beam"])
+    with pytest.raises(UserError, match="eval.sampler beam cannot play the episodes"):
+        evaluate(None, None, task, [], cfg.eval, 0)
