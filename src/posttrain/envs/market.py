@@ -6,9 +6,9 @@ The series. One market index and `tickers` stocks over `days` trading days, draw
     market    m_t = sigma_t z_t (+ a shock J_t on a few days),  sigma_t^2 = w + a m_{t-1}^2 + b sigma_{t-1}^2   (GARCH(1,1):
               volatility clusters); a shock is a market-wide jump of 4-8% (mostly down) that every stock takes with its beta
     stock i   log P_{i,t} = log P_{i,t-1} + beta_i m_t + mu_{i,t} + e_{i,t},   e_{i,t} ~ N(0, s_{i,t}^2), its own GARCH clusters
-    regimes   each stock's days fall in segments of 20-40 days, each a regime: `trend` (mu = a persistent drift of
-              +-0.4-0.8% a day), `revert` (mu = -kappa (log P_{t-1} - anchor): mean reversion to the segment's start)
-              or `quiet` (mu = 0)
+    regimes   each stock's days fall in segments of 30-60 days, each a regime: `trend` (60%: mu = a persistent drift of
+              +-0.4-0.9% a day), `revert` (20%: mu = -0.15 (log P_{t-1} - anchor), mean reversion to the segment's
+              start) or `quiet` (20%: mu = 0)
     volume    V_{i,t} = base_i exp(0.3 min(|r_{i,t}| / s_{i,t}, 5) + noise): heavier on large moves and on shock days
 
 A decision is (ticker, day d); its realised return is r = P_{d+H} / P_d - 1 over the horizon H (in percent).
@@ -23,7 +23,7 @@ the decision (tests/unit/test_market.py perturbs every later value and checks th
     [market N]   "=<market N-day return %>,v<market daily volatility over N days, %>;"   e.g. [market 5]=-2.0,v1.3;
 
 with N in {5, 10, 20}. An episode's transcript is the policy's calls, each followed by the environment's answer
-(observation tokens, masked from the loss), then the forecast: a signed percent with one decimal, e.g. `+2.5`,
+(observation tokens: masked from the RL loss), then the forecast: a signed percent with one decimal, e.g. `+2.5`,
 ended by EOS. `scripted_analyst` writes the demonstrations SFT learns from: it calls the tools and forecasts the
 return its last call reported (momentum over the horizon), so the demonstrations carry real, imperfect signal.
 """
