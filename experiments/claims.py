@@ -40,6 +40,7 @@ CLAIMS: dict[str, tuple[str, list[str]]] = {
     "care_dialogue": ("care_dialogue", ["--steps", "100"]),
     "sdrl_strategies": ("sdrl_strategies", ["--steps", "100"]),
     "safe_rl_vlm": ("safe_rl_vlm", ["--steps", "40"]),
+    "aura_ppo": ("aura_ppo", ["--steps", "60"]),
 }
 
 

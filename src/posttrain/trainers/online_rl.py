@@ -242,6 +242,8 @@ class OnlineRL:
         )
         tokens = float(samples.completion_mask.sum())
         metrics = {"tokens_per_s": tokens / max(seconds, 1e-9), "completion_length": tokens / batch.size}
+        if hasattr(run.task, "rollout_metrics"):  # a task's own figures of a batch (the market sandbox: each tool's share of the calls)
+            metrics.update(run.task.rollout_metrics(texts))
         return batch, texts, metrics
 
     def collect(
