@@ -46,9 +46,11 @@ from posttrain.objectives.presets import presets
 from posttrain.objectives.aggregation import aggregate
 from posttrain.objectives.diagnostics import composition_metrics
 from posttrain.objectives.kl import k3_kl
+from posttrain.objectives.off_policy import corrections, mismatch_figures, weighted_advantages
 from posttrain.objectives.value_loss import CriticOutputs
 from posttrain.rewards import reward_matrix, rewards
 from posttrain.rollout import PolicyOutputs, RolloutBatch
+from posttrain.rollout.pool import pool_policies
 from posttrain.tasks import Example, Task
 from posttrain.trainers import distributed
 from posttrain.runtime import progress
@@ -61,7 +63,8 @@ from posttrain.trainers.extras import ExtraContext, check_providers, extras, pro
 def rl_registries() -> dict[str, Registry]:
     """The registries an rl section names entries of (the keys its config markers use)."""
     return {"advantages": advantages, "losses": losses, "loss_aggregations": aggregations, "auxiliaries": auxiliaries,
-            "rewards": rewards, "presets": presets, "extras": extras}
+            "rewards": rewards, "presets": presets, "extras": extras,
+            "corrections": corrections, "pool_policies": pool_policies}
 
 
 def resolve_rl(rl: RLConfig, **update) -> RLConfig:
@@ -318,10 +321,16 @@ class OnlineRL:
         adv = estimate(batch, cfg)
         warmup = self.critic_warmup()
         terms = [name for name in cfg.aux if not warmup or auxiliaries.entry(name).meta.get("critic")]
+        correct, proximal = corrections.get(cfg.correction), None
         for _ in range(cfg.epochs_per_batch):
             outputs = self.policy_forward(batch)
             if outputs.logp is not None:
-                loss, loss_metrics = policy_loss(outputs.logp, batch.old_logp, adv, batch.completion_mask, cfg)
+                if proximal is None:  # the first pass runs before any step of this update: the proximal policy, v_now
+                    proximal = outputs.logp.detach()
+                    metrics.update(mismatch_figures(batch.old_logp, proximal, batch.completion_mask))
+                fixed = correct(batch.old_logp, proximal, batch.completion_mask, cfg.options_for(cfg.correction))
+                loss, loss_metrics = policy_loss(outputs.logp, fixed.old_logp, weighted_advantages(adv, fixed.weight), fixed.mask, cfg)
+                loss_metrics.update(fixed.metrics)
             else:
                 loss, loss_metrics = torch.zeros((), device=self.device), {}
             if cfg.beta > 0 and not warmup:
