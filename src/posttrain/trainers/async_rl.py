@@ -140,6 +140,16 @@ def worker_main(rank: int, model, tokenizer, examples, settings: dict, shared: S
                 continue
             if job is None:
                 return
+            batch = [job]  # free-running, a worker decodes the jobs waiting in the queue together (one forward per step)
+            while job.start == NEWEST and len(batch) < settings["jobs_per_worker"]:
+                try:
+                    more = jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    jobs.put(None)  # the stop signal is another worker's too, or ours after this batch
+                    break
+                batch.append(more)
             beat()
             hold(job.start)
             versions = [held[0]]
@@ -150,14 +160,18 @@ def worker_main(rank: int, model, tokenizer, examples, settings: dict, shared: S
                 versions.append(held[0])
                 beat()
 
-            ids, mask = encode_prompts(tokenizer, [examples[job.example]], settings["device"])
+            # deterministic: one job, its own generator, so a group does not depend on its worker or its neighbours
+            ids, mask = encode_prompts(tokenizer, [examples[j.example] for j in batch], settings["device"])
             samples = sample(model, ids, mask, group_size=settings["group_size"], max_new_tokens=settings["max_new_tokens"],
                              eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, temperature=settings["temperature"],
                              generator=job_generator(settings["seed"], job.number), stop=stop or None, between_steps=between)
-            results.put(("done", rank, job.number, {
-                "ids": samples.completion_ids.tolist(), "mask": samples.completion_mask.tolist(), "logp": samples.logp.tolist(),
-                "finished": samples.finished.tolist(), "versions": versions,
-            }))
+            g = settings["group_size"]
+            for i, done in enumerate(batch):
+                rows = slice(i * g, (i + 1) * g)
+                results.put(("done", rank, done.number, {
+                    "ids": samples.completion_ids[rows].tolist(), "mask": samples.completion_mask[rows].tolist(),
+                    "logp": samples.logp[rows].tolist(), "finished": samples.finished[rows].tolist(), "versions": versions,
+                }))
     except Stopped:
         return
     except Exception as e:  # the trainer turns it into one line
@@ -221,6 +235,7 @@ class AsyncRollouts:
         cfg = self.cfg
         settings = {"stop": tuple(cfg.stop), "timeout": w.timeout_s, "refresh_every_tokens": w.refresh_every_tokens, "group_size": cfg.group_size,
                     "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "seed": self.run.seed,
+                    "jobs_per_worker": -(-w.queued_groups // w.count),
                     "device": str(next(policy.parameters()).device)}
         worker_model = copy.deepcopy(policy).cpu()
         for rank in range(w.count):
