@@ -41,12 +41,8 @@ def no_workers_left():
     return not [p for p in multiprocessing.active_children() if p.name.startswith("rollout-worker")]
 
 
-def test_deterministic_async_is_exact_and_off_policy(micro, tmp_path):
-    history, weights = train(micro, tmp_path / "a")
-    again, weights_again = train(micro, tmp_path / "b")
-    assert all(torch.equal(weights[k], weights_again[k]) for k in weights)
-    wall = ("async/wait_s", "tokens_per_s")
-    assert [{k: v for k, v in h.items() if k not in wall} for h in history] == [{k: v for k, v in h.items() if k not in wall} for h in again]
+def test_deterministic_async_is_off_policy_and_resumes_bit_exactly(micro, tmp_path):
+    history, straight = train(micro, tmp_path / "straight")
     assert no_workers_left()
     first, later = history[0], history[1:]
     assert first["async/token_lag_max"] == 0 and first["mismatch/k3"] < 1e-9  # block 1 is decoded under version 0 only
@@ -56,12 +52,7 @@ def test_deterministic_async_is_exact_and_off_policy(micro, tmp_path):
         assert h["pool/occupancy"] == 4 and h["pool/rejected_groups"] == 1  # PACE: P = 4 > P* = 3
         assert "decoupled/weight_mean" in h
     assert any(h["advantage_abs_mean"] > 0 for h in history)
-    moved = max(float((weights[k] - v).abs().max()) for k, v in micro[4].items())
-    assert moved > 1e-4
-
-
-def test_interrupted_deterministic_run_resumes_bit_exactly(micro, tmp_path):
-    _, straight = train(micro, tmp_path / "straight")
+    assert max(float((straight[k] - v).abs().max()) for k, v in micro[4].items()) > 1e-4
 
     def interrupt(step, result):
         if step == 3:  # after update 3, before its checkpoint: the run stops with blocks 4 and 5 in flight
@@ -70,9 +61,10 @@ def test_interrupted_deterministic_run_resumes_bit_exactly(micro, tmp_path):
     with pytest.raises(KeyboardInterrupt):
         train(micro, tmp_path / "resumed", on_step=interrupt)
     assert sorted(p.name for p in (tmp_path / "resumed").glob("step-*")) == ["step-000001", "step-000002"]
-    history, resumed = train(micro, tmp_path / "resumed", resume=True)
-    assert len(history) == 4
-    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+    resumed_history, resumed = train(micro, tmp_path / "resumed", resume=True)
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)  # another process tree, the same bits
+    wall = ("async/wait_s", "tokens_per_s")
+    assert [{k: v for k, v in h.items() if k not in wall} for h in history] == [{k: v for k, v in h.items() if k not in wall} for h in resumed_history]
     assert no_workers_left()
 
 
@@ -107,3 +99,32 @@ def test_async_refuses_what_it_does_not_support(micro, tmp_path):
         train(micro, tmp_path, workers=micro[0].rl.workers.model_copy(update={"queued_groups": 2}))
     with pytest.raises(UserError, match="dynamic_sampling"):
         train(micro, tmp_path, dynamic_sampling=True)
+
+
+def test_free_running_resume_neither_loses_nor_repeats_a_prompt(micro, tmp_path):
+    """Interrupted after update 3 (checkpoint 2 on disk) and resumed: every prompt handed out is trained once, or is
+    still pooled or in flight at the last checkpoint (step 3 of the resumed run)."""
+    from collections import Counter
+
+    from posttrain.trainers.online_rl import PromptStream
+
+    free = micro[0].rl.workers.model_copy(update={"deterministic": False})
+    trained: list[str] = []
+
+    def record(step, result, stop_at=None):
+        if stop_at is not None and step == stop_at:
+            raise KeyboardInterrupt
+        trained.extend(e.prompt for e in result.prompts)
+
+    unfiltered = {"workers": free, "pool_policy": "none"}  # nothing rejected: every prompt is trained or still waiting
+    with pytest.raises(KeyboardInterrupt):
+        train(micro, tmp_path, on_step=lambda s, r: record(s, r, stop_at=3), **unfiltered)
+    history, _ = train(micro, tmp_path, resume=True, on_step=lambda s, r: record(s, r) if s == 3 else None, **unfiltered)
+    assert len(history) == 4 and len(trained) == 3 * 3
+    state = torch.load(tmp_path / "step-000003" / "trainer.pt", weights_only=True)["parts"]["async"]
+    examples = micro[2]
+    left = [examples[j["example"]].prompt for j in state["pending"]]
+    left += [examples[p["example"]].prompt for p in state["payloads"].values()]
+    handed_out = [e.prompt for e in PromptStream(examples, 0).take(state["next_number"])]
+    assert Counter(trained) + Counter(left) == Counter(handed_out)
+    assert no_workers_left()

@@ -135,7 +135,9 @@ def worker_main(rank: int, model, tokenizer, examples, settings: dict, shared: S
             try:
                 job = jobs.get(timeout=1.0)
             except queue.Empty:
-                if os.getppid() != trainer:  # the trainer was killed (kill -9 leaves no one to stop us)
+                # the trainer was killed (kill -9 leaves no one to stop us), or is stopping while a killed worker
+                # still holds the queue's lock (get() times out instead of seeing the stop signal)
+                if os.getppid() != trainer or shared.stopping.is_set():
                     return
                 continue
             if job is None:
@@ -253,8 +255,9 @@ class AsyncRollouts:
             self.shared.stopping.set()
         for _ in self.processes:
             self.jobs.put(None)
+        deadline = time.monotonic() + 2.0  # a worker killed mid-write can leave a queue lock held: the others may not exit
         for p in self.processes:
-            p.join(timeout=5)
+            p.join(timeout=max(deadline - time.monotonic(), 0.01))
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)
