@@ -173,7 +173,21 @@ class CriticConfig(Section):
     warmup_steps: int = Field(ge=0)  # updates in which only the critic learns (the policy does not move)
 
 
+class AsyncWorkersConfig(Section):
+    """The rollout workers of `rl.mode: async` (trainers/async_rl.py)."""
+
+    count: int = Field(ge=1)  # worker processes on this machine, each generating whole groups
+    queued_groups: int = Field(ge=1)  # prompts handed out ahead of the trainer (bounds the in-flight work)
+    timeout_s: float = Field(gt=0)  # a worker or weight sync silent this long ends the run with one line
+    deterministic: bool  # a fixed schedule of weight refreshes instead of wall-clock races (exact resume, tests)
+    refresh_every_tokens: int = Field(ge=1)  # deterministic: a worker loads the newest published weights every this many decode steps
+
+
 class RLConfig(Section):
+    mode: Literal["sync", "async"]  # async: rollout workers generate while the trainer updates (docs/async.md)
+    correction: Annotated[str, Registered("corrections")]  # off-policy correction of the loss (objectives/off_policy.py)
+    pool_policy: Annotated[str, Registered("pool_policies")]  # async: which pooled groups are rejected before a draw (rollout/pool.py)
+    workers: AsyncWorkersConfig
     preset: Annotated[str | None, Registered("presets")]  # a named method (objectives/presets.py), expanded below explicit overrides
     advantage: Annotated[str, Registered("advantages")]
     loss: Annotated[str, Registered("losses")]
@@ -203,7 +217,7 @@ class RLConfig(Section):
     critic: CriticConfig  # the value model, when the objective reads one (`gae` advantage, `value` term)
     # per-method settings, keyed by the registered name of the estimator / loss / reward that declares them
     # (`options=<Section model>` in its registry entry); e.g. `options: {qglas: {gamma_max: 0.5}}`
-    options: Annotated[Options, OptionsOf("advantages", "losses", "rewards", "auxiliaries")]
+    options: Annotated[Options, OptionsOf("advantages", "losses", "rewards", "auxiliaries", "corrections", "pool_policies")]
 
     @field_validator("rewards")
     @classmethod
