@@ -124,6 +124,10 @@ def _check_meta(cfg: Config, registries: dict[str, Registry]) -> None:
 
     check_providers(rl)
 
+    if cfg.eval.best_of_n.n > 1 and not registries["samplers"].entry(cfg.eval.sampler).meta.get("stochastic"):
+        raise UserError(f"eval.best_of_n.n: {cfg.eval.sampler} draws one answer per prompt; best-of-N needs a stochastic eval.sampler "
+                        f"({', '.join(e.name for e in registries['samplers'] if e.meta.get('stochastic'))})")
+
     trained = [r.name for r in cfg.reward_model.rl_rewards if r.name in registries["reward_models"] and r.name != cfg.reward_model.kind]
     if trained:  # rl_rm hands its reward_model input to the reward named `kind` only
         kind = cfg.reward_model.kind
