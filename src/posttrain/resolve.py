@@ -11,7 +11,8 @@ before any work:
   use that declares options has its block;
 - meta rules: a component registered for some tasks only (meta `tasks`) refuses the others; every tensor the
   objective `needs` has a registered provider (trainers/extras.py); a flow backend's meta requirements hold;
-  the `rl_rm` stage's reward list names the trained reward-model kind. (A field that takes only some entries of
+  the `rl_rm` stage's reward list names the trained reward-model kind; best-of-N (`eval.best_of_n.n` > 1) needs a
+  stochastic `eval.sampler`. (A field that takes only some entries of
   a registry says so in its marker: `Registered("presets", meta="distill")`, checked with the names.)
 """
 

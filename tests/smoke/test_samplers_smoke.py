@@ -31,7 +31,8 @@ def test_samplers_experiment_runs_every_arm_and_reports_claims(tmp_path, monkeyp
     argv = ["--dataset", "arithmetic", "--micro", "--steps", "1", "--prompts", "6", "--k", "2", "--chunk", "6", "--tracking-uri", uri,
             "--seeds", "1", "--json", str(out)]
     assert experiment.claim_of(argv) == "samplers_arithmetic"
-    data = experiment.C.run_seeds(experiment.main, "samplers_arithmetic", argv, figure=experiment.claim_figure)
+    data = experiment.C.run_seeds(experiment.main, "samplers_arithmetic", argv, script=str(REPO / "experiments" / "samplers_compare.py"),
+                                  figure=experiment.claim_figure)
     arms = data["per_seed"][0]["arms"]
     for arm in ("greedy", "temperature", "beam", "power", "power_matched", "ppt", "ttsd", "beam_wide", "temperature_vote", "bon_likelihood",
                 "bon_oracle", "rl_greedy", "context_plain", "context_positive", "context_negative"):
