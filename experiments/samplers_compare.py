@@ -224,11 +224,12 @@ def figure(per_seed: list[dict], names: list[str] | None = None):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     arms = [r["arms"] for r in per_seed]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
     for i, arm in enumerate(n for n in names or NAMES if all(n in s for s in arms)):
-        color = f"C{i % 10}"
+        color = plt.cm.tab20(i % 20)
         acc = [s[arm]["accuracy"] for s in arms]
         tokens = summary([s[arm]["forward_tokens"] for s in arms])["mean"]
         left.scatter([tokens] * len(acc), acc, color=color, alpha=0.3, s=12)
@@ -238,6 +239,7 @@ def figure(per_seed: list[dict], names: list[str] | None = None):
         right.errorbar([tokens], [gain["mean"]], yerr=err, fmt="o", capsize=3, color=color)
     for ax in (left, right):
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # the minor labels overlap on a short range
         ax.set_xlabel("forward tokens per answer (prompt + generated, all contexts)")
     right.axhline(0.0, color="grey", lw=0.8)
     left.set_ylabel("held-out accuracy (dots: seeds)")
