@@ -138,6 +138,7 @@ def main() -> None:
         ("--width", int, 4, "beam / TTSD width"), ("--top-k", int, 8, "TTSD expansion"), ("--beta", float, 1.0, "TTSD beta"),
         ("--k", int, 8, "temperature samples per prompt"), ("--chunk", int, 50, "prompts per batch"),
         ("--max-votes", int, 256, "most temperature samples per prompt for the vote at TTSD's compute"),
+        ("--figure", Path, None, "run as a script: where the figure over the seeds goes (default docs/samplers_accuracy_vs_compute*.png)"),
     ])
     if args.dataset not in CLAIM:
         raise SystemExit(f"--dataset: {args.dataset!r} is not one of {', '.join(CLAIM)}")
@@ -270,6 +271,6 @@ if __name__ == "__main__":
     results = C.run_seeds(main, claim_of(argv), figure=claim_figure)
     if results and "--micro" not in argv:
         dataset = argv[argv.index("--dataset") + 1] if "--dataset" in argv else "arithmetic"
-        replot_to = FIGURES.get(dataset, FIGURES["arithmetic"])
+        replot_to = Path(argv[argv.index("--figure") + 1]) if "--figure" in argv else FIGURES.get(dataset, FIGURES["arithmetic"])
         figure(results["per_seed"]).savefig(replot_to, dpi=120)
         print(f"wrote {replot_to}")
