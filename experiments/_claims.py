@@ -57,7 +57,12 @@ def compare(metric: str, better: str, worse: str, column: str | None = None, low
 
 
 HELDOUT = "heldout_greedy_after"
-# claim experiment (script stem) -> the differences it claims (see each script's docstring)
+# samplers_compare.py (issue 16), on either dataset: PPT vs power, TTSD vs temperature and beam, the contexts, sampling vs RL
+SAMPLERS = [compare("accuracy", "ppt", "power_matched"), compare("accuracy", "ppt", "power"), compare("accuracy", "ttsd", "temperature"),
+            compare("accuracy", "ttsd", "temperature_vote"), compare("accuracy", "ttsd", "beam"), compare("accuracy", "ttsd", "beam_wide"),
+            compare("accuracy", "context_positive", "context_plain"), compare("accuracy", "context_plain", "context_negative"),
+            compare("accuracy", "ppt", "rl_greedy"), compare("accuracy", "power", "rl_greedy")]
+# claim (the script stem, or a claims.py CLAIMS name when one script runs several) -> the differences it claims
 COMPARISONS: dict[str, list[Compare]] = {
     "witness_vs_grpo": [compare("tv_after", "witness_reward", "grpo", lower=True), compare("tv_after", "witness_raw", "grpo", lower=True),
                         compare("tv_after", "witness_raw", "witness_reward", lower=True)],
@@ -86,6 +91,8 @@ COMPARISONS: dict[str, list[Compare]] = {
     "sdrl_strategies": [compare("distinct_strategies", "sdrl", "correctness"), compare("strategy_entropy", "sdrl", "correctness"),
                         compare("heldout_success", "sdrl", "correctness")],
     "aura_ppo": [compare("score", "ppo", "sft"), compare("directional_accuracy", "ppo", "sft"), compare("magnitude_agreement", "ppo", "sft")],
+    "samplers_arithmetic": SAMPLERS,
+    "samplers_word_problems": SAMPLERS,
 }
 
 
@@ -161,8 +168,10 @@ def _split(argv: list[str]) -> _Args:
     return _Args(known.seeds, known.seed, known.json, rest)
 
 
-def run_seeds(main: Callable[[], None], claim: str, argv: list[str] | None = None, script: str | None = None) -> dict:
-    """Run the one-seed experiment `main` on each seed and write the claim's results (see the module docstring)."""
+def run_seeds(main: Callable[[], None], claim: str, argv: list[str] | None = None, script: str | None = None,
+              figure: Callable[[list[dict]], tuple] | None = None) -> dict:
+    """Run the one-seed experiment `main` on each seed and write the claim's results (see the module docstring).
+    `figure(per_seed) -> (matplotlib figure, artifact name)`, when given, goes to the claim's parent run."""
     argv = list(sys.argv[1:] if argv is None else argv)
     script = script or sys.argv[0]
     if "-h" in argv or "--help" in argv:
@@ -186,7 +195,7 @@ def run_seeds(main: Callable[[], None], claim: str, argv: list[str] | None = Non
                 per_seed.append(json.loads(out.read_text()))
         rows = summarise(claim, per_seed)
         text = print_summary(claim, seeds, rows)
-        parent = _log_parent(rows, text)
+        parent = _log_parent(rows, text, figure(per_seed) if figure else None)
     finally:
         sys.argv = saved
         CURRENT.clear()
@@ -227,7 +236,7 @@ def parent_run(cfg) -> str | None:
     return CURRENT["parent"]
 
 
-def _log_parent(rows: list[dict], text: str) -> str | None:
+def _log_parent(rows: list[dict], text: str, figure: tuple | None = None) -> str | None:
     if CURRENT.get("parent") is None:
         return None
     from posttrain.tracking import stage_run
@@ -240,4 +249,6 @@ def _log_parent(rows: list[dict], text: str) -> str | None:
         tracker.log_metrics({k: v for k, v in metrics.items() if not math.isnan(v)})
         tracker.log_table([{k: (json.dumps(v) if isinstance(v, list) else v) for k, v in r.items()} for r in rows], "claims_table.json")
         tracker.log_text(text, "claims_summary.txt")
+        if figure is not None:
+            tracker.log_figure(*figure)
     return CURRENT["parent"]

@@ -22,7 +22,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 
 from posttrain import resolve  # noqa: E402
 from posttrain.eval.harness import evaluate  # noqa: E402
-from posttrain.models import build_tiny, load_pretrained, save_pretrained, train_char_tokenizer  # noqa: E402
+from posttrain.models import build_tiny, load_pretrained, prepare_model, save_pretrained, train_char_tokenizer  # noqa: E402
 from posttrain.runtime import seed_everything  # noqa: E402
 from posttrain.tasks import build_task  # noqa: E402
 from posttrain.tracking import stage_run  # noqa: E402
@@ -69,20 +69,28 @@ def load_config(args, overrides: list[str]):
     return resolve.load(args.params, (MICRO if args.micro else []) + overrides + extra + args.set)
 
 
-def sft_start(cfg, seed: int):
-    """(task, train, heldout, checkpoint dir, SFT held-out metrics); the SFT model is trained once per config."""
+def sft_start(cfg, seed: int, sft_data=None, variant: str = ""):
+    """(task, train, heldout, checkpoint dir, SFT held-out metrics); the SFT model is trained once per config. With
+    `model.path` the checkpoint there is fine-tuned (prompt format from `model.*`, as the sft stage does), else a tiny
+    model with a character tokenizer; `sft_data(train, seed)` replaces the SFT examples (`variant` names it in the cache)."""
     task = build_task(cfg.task)
     splits = task.splits(seed)
     train, held = splits["train"], splits["heldout"]
-    path = CACHE / f"sft_{cfg.section_hash('task', 'model', 'sft')}_s{seed}"
+    path = CACHE / f"sft_{cfg.section_hash('task', 'model', 'sft')}{variant}_s{seed}"
     if not (path / "done").exists():
         seed_everything(seed)
-        tok = train_char_tokenizer([task.alphabet()])
-        model = build_tiny(cfg.model, tok)
-        train_sft(model, tok, list(train[: cfg.sft.n_examples or None]), cfg.sft, seed, on_log=lambda s, m: None)
+        if cfg.model.path:
+            model, tok = load_pretrained(cfg.model.path, cfg.model.dtype)
+            model = prepare_model(model, tok, cfg.model, torch.device("cpu"))
+        else:
+            tok = train_char_tokenizer([task.alphabet()])
+            model = build_tiny(cfg.model, tok)
+        examples = sft_data(train, seed) if sft_data else train
+        train_sft(model, tok, list(examples[: cfg.sft.n_examples or None]), cfg.sft, seed, on_log=lambda s, m: None)
         save_pretrained(model, tok, path)
         (path / "done").write_text("ok")
     model, tok = load_pretrained(path)
+    model = prepare_model(model, tok, cfg.model, torch.device("cpu"), train=False)
     metrics, _ = evaluate(model, tok, task, held, cfg.eval, seed)
     return task, train, held, path, metrics
 

@@ -41,14 +41,17 @@ CLAIMS: dict[str, tuple[str, list[str]]] = {
     "sdrl_strategies": ("sdrl_strategies", ["--steps", "100"]),
     "safe_rl_vlm": ("safe_rl_vlm", ["--steps", "40"]),
     "aura_ppo": ("aura_ppo", ["--steps", "60"]),
+    "samplers_arithmetic": ("samplers_compare", ["--dataset", "arithmetic", "--steps", "200", "--prompts", "200"]),
+    "samplers_word_problems": ("samplers_compare", ["--dataset", "word_problems", "--steps", "60", "--prompts", "100", "--chunk", "25",
+                                                    "--max-votes", "32"]),
 }
 
 
-def load_main(script: str):
+def load_module(script: str):
     spec = importlib.util.spec_from_file_location(f"claim_{script}", HERE / f"{script}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.main
+    return module
 
 
 def run_claim(name: str, seeds: int, out_dir: Path, common: list[str], extra: list[str]) -> dict:
@@ -56,7 +59,8 @@ def run_claim(name: str, seeds: int, out_dir: Path, common: list[str], extra: li
 
     script, flags = CLAIMS[name]
     argv = [*flags, *common, *extra, "--seeds", str(seeds), "--json", str(out_dir / f"{name}.json")]
-    results = run_seeds(load_main(script), script, argv, script=str(HERE / f"{script}.py"))
+    module = load_module(script)  # a script's `claim_figure(per_seed)`, if it has one, goes to the claim's MLflow parent run
+    results = run_seeds(module.main, name, argv, script=str(HERE / f"{script}.py"), figure=getattr(module, "claim_figure", None))
     return results
 
 

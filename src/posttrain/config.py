@@ -217,7 +217,10 @@ class RLConfig(Section):
     critic: CriticConfig  # the value model, when the objective reads one (`gae` advantage, `value` term)
     # per-method settings, keyed by the registered name of the estimator / loss / reward that declares them
     # (`options=<Section model>` in its registry entry); e.g. `options: {qglas: {gamma_max: 0.5}}`
-    options: Annotated[Options, OptionsOf("advantages", "losses", "rewards", "auxiliaries", "corrections", "pool_policies")]
+    options: Annotated[Options, OptionsOf("advantages", "losses", "rewards", "auxiliaries", "corrections", "pool_policies", "samplers")]
+    # the sampler that draws the rollouts (rollout/samplers.py; its settings in rl.options.<sampler>): `temperature` is
+    # the policy's own distribution at rl.temperature; any other is off-policy and the trainer recomputes old_logp
+    sampler: Annotated[str, Registered("samplers", meta="stochastic", why="draws one answer per prompt (a group needs rl.group_size different ones)")]
 
     @field_validator("rewards")
     @classmethod
@@ -245,6 +248,13 @@ class CriticStageConfig(Section):
     checkpoint_every: int = Field(ge=0)  # 0: no checkpoints
 
 
+class BestOfNConfig(Section):
+    """Best-of-N in `eval` (eval/best_of_n.py): N answers per prompt from `eval.sampler`, one kept per prompt."""
+
+    n: int = Field(ge=0)  # answers drawn per prompt; 0: off (N > 1 needs a stochastic sampler: checked by posttrain.resolve)
+    picks: tuple[Literal["oracle", "vote", "likelihood"], ...] = Field(min_length=1)  # the scorers, each reported as bon_<pick>_accuracy
+
+
 class EvalConfig(Section):
     n_prompts: int = Field(gt=0)
     samples_per_prompt: int = Field(gt=0)
@@ -256,6 +266,7 @@ class EvalConfig(Section):
     # inference-time sampler (rollout/samplers.py) reported as sampler_* next to greedy_* and sampled_*
     sampler: Annotated[str, Registered("samplers")] = "greedy"
     options: Annotated[Options, OptionsOf("samplers")] = {}  # per-sampler settings: eval.options.<sampler>.<key>
+    best_of_n: BestOfNConfig
 
 
 class GPUConfig(Section):

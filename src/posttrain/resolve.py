@@ -11,7 +11,8 @@ before any work:
   use that declares options has its block;
 - meta rules: a component registered for some tasks only (meta `tasks`) refuses the others; every tensor the
   objective `needs` has a registered provider (trainers/extras.py); a flow backend's meta requirements hold;
-  the `rl_rm` stage's reward list names the trained reward-model kind. (A field that takes only some entries of
+  the `rl_rm` stage's reward list names the trained reward-model kind; best-of-N (`eval.best_of_n.n` > 1) needs a
+  stochastic `eval.sampler`. (A field that takes only some entries of
   a registry says so in its marker: `Registered("presets", meta="distill")`, checked with the names.)
 """
 
@@ -127,6 +128,10 @@ def _check_meta(cfg: Config, registries: dict[str, Registry]) -> None:
     from posttrain.trainers.extras import check_providers
 
     check_providers(rl)
+
+    if cfg.eval.best_of_n.n > 1 and not registries["samplers"].entry(cfg.eval.sampler).meta.get("stochastic"):
+        raise UserError(f"eval.best_of_n.n: {cfg.eval.sampler} draws one answer per prompt; best-of-N needs a stochastic eval.sampler "
+                        f"({', '.join(e.name for e in registries['samplers'] if e.meta.get('stochastic'))})")
 
     trained = [r.name for r in cfg.reward_model.rl_rewards if r.name in registries["reward_models"] and r.name != cfg.reward_model.kind]
     if trained:  # rl_rm hands its reward_model input to the reward named `kind` only

@@ -374,3 +374,101 @@ def test_chunked_draws_add_their_counts_and_weight_their_rates(monkeypatch):
     assert out.texts == ["a", "b", "c"] and out.forward_tokens == {"prompt": 3, "generated": 6}
     assert out.stats["mh_moves"] == 6.0 and out.stats["mh_acceptance"] == pytest.approx(1 / 3)
     assert out.stats["mean_score"] == pytest.approx(7 / 3)
+
+
+# --- stop strings end every sampler's sequences (forward tokens are not spent past them) -------------------------
+
+STOP = ("1", "5", "a", "e", " ", "==", "cc")  # what the tiny random model writes often (greedily it repeats one character)
+
+
+def with_and_without_stops(tiny_lm, name, options):
+    """(tokenizer, answers without stop strings, answers with them) of sampler `name`, the same random numbers."""
+    from dataclasses import replace
+
+    model, tok = tiny_lm
+    prompts, request = ["12+34=", "5+6=", "abc", "7*8="], SampleRequest(max_new_tokens=10, n=2)
+    free = draw(name, model, tok, prompts, request, options, torch.Generator().manual_seed(3))
+    return tok, free, draw(name, model, tok, prompts, replace(request, stop=STOP), options, torch.Generator().manual_seed(3))
+
+
+@pytest.mark.parametrize("name, options", [
+    ("greedy", None),
+    ("power", PowerOptions(alpha=1.0, blocks=1, mcmc_steps=0, full_tail=False)),  # ancestral: the same draws with or without stops
+    ("ppt", PPTOptions(alpha=1.0, replicas=1, blocks=1, mcmc_steps=0, swap="deo", swap_every=1, full_tail=True)),
+    ("beam", BeamOptions(width=1, length_penalty=0.0)),
+    ("ttsd", TTSDOptions(width=1, top_k=4, beta=0.5, length_penalty=0.0, positive="expert: ", negative="careless: ")),
+])
+def test_a_stop_string_ends_a_sequence_where_the_cut_text_ends(tiny_lm, name, options):
+    from posttrain.models.sampling import StopStrings
+
+    tok, free, stopped = with_and_without_stops(tiny_lm, name, options)
+    cut = [StopStrings(tok, STOP).cut(t) for t in free.texts]
+    assert cut != free.texts, "some answer must hold a stop string for this test to mean anything"
+    assert stopped.texts == cut
+    assert stopped.forward_tokens["generated"] < free.forward_tokens["generated"]
+    assert stopped.samples.completion_mask.sum() < free.samples.completion_mask.sum()
+    held = [any(s in t for s in STOP) for t in tok.batch_decode(stopped.samples.completion_ids, skip_special_tokens=True)]
+    assert torch.equal(stopped.samples.finished[torch.tensor(held)], torch.ones(sum(held), dtype=torch.bool))  # ended, as at EOS
+
+
+@pytest.mark.parametrize("name, options", [
+    ("power", PowerOptions(alpha=4.0, blocks=2, mcmc_steps=2, full_tail=False)),
+    ("ppt", PPTOptions(alpha=4.0, replicas=3, blocks=2, mcmc_steps=1, swap="deo", swap_every=1, full_tail=True)),
+    ("ttsd", TTSDOptions(width=3, top_k=4, beta=0.5, length_penalty=1.0, positive="expert: ", negative="careless: ")),
+])
+def test_mh_moves_replicas_and_beams_stop_at_the_token_that_completes_a_stop_string(tiny_lm, name, options):
+    tok, free, stopped = with_and_without_stops(tiny_lm, name, options)
+    assert stopped.total_forward_tokens <= free.total_forward_tokens
+    if name != "ttsd":  # a beam that stops is replaced by the next candidate (as at EOS), so the search may run as long
+        assert stopped.total_forward_tokens < free.total_forward_tokens
+    hits = 0
+    for ids, mask in zip(stopped.samples.completion_ids, stopped.samples.completion_mask):
+        tokens = ids[mask.bool()].tolist()
+        before = tok.decode(tokens[:-1], skip_special_tokens=True)
+        assert not any(s in before for s in STOP)  # nothing was generated past a stop string
+        hits += any(s in tok.decode(tokens, skip_special_tokens=True) for s in STOP)
+    assert hits > 0
+
+
+# --- best-of-N ----------------------------------------------------------------------------------------------------
+
+def test_best_of_n_picks_by_verifier_vote_and_likelihood_by_hand():
+    from posttrain.eval.best_of_n import best_of_n, best_of_n_metrics
+    from posttrain.models.sampling import Samples
+    from posttrain.rollout.samplers import Sampled
+    from posttrain.tasks import Example
+
+    task = SimpleNamespace(parse=lambda t: t if t.isdigit() else None,
+                           correctness_reward=lambda t, finished, e: float(t == e.answer))
+    examples = [Example("a", "7", "7"), Example("b", "9", "9")]
+    texts = ["3", "7", "3", "x", "9", "x"]  # prompt a: 7 is right, 3 the majority; b: one parsable answer, right
+    logp = torch.tensor([[-1.0, -1.0], [-0.1, -3.0], [-2.0, 0.0], [-0.2, -0.2], [-5.0, 0.0], [-0.1, 0.0]])
+    mask = torch.tensor([[1, 1], [1, 1], [1, 1], [1, 1], [1, 0], [1, 1]])  # mean log-probs -1, -1.55, -1 | -0.2, -5, -0.05
+    samples = Samples(torch.zeros(6, 2, dtype=torch.long), mask, logp * mask, torch.ones(6, dtype=torch.bool))
+    sampled = Sampled(samples, texts, 3, {"prompt": 6, "generated": 12})
+    picks = best_of_n(sampled, task, examples, ("oracle", "vote", "likelihood"))
+    assert picks == {"oracle": [1, 4], "vote": [0, 4], "likelihood": [0, 5]}
+    m = best_of_n_metrics("bon", sampled, task, examples, ("oracle", "vote", "likelihood"))
+    assert (m["bon_oracle_accuracy"], m["bon_vote_accuracy"], m["bon_likelihood_accuracy"]) == (1.0, 0.5, 0.0)
+    assert m["bon_n"] == 3 and m["bon_forward_tokens_per_prompt"] == 9.0
+
+
+def test_eval_reports_best_of_n_from_the_configured_sampler(tiny_lm, cfg, params_path):
+    from posttrain import resolve
+    from posttrain.errors import UserError
+    from posttrain.eval.harness import evaluate
+    from posttrain.tasks import build_task
+
+    model, tok = tiny_lm
+    task = build_task(cfg.task)
+    held = task.splits(0)["heldout"][:3]
+    from posttrain.config import BestOfNConfig
+
+    eval_cfg = resolve.updated(cfg.eval, "eval", sampler="power", n_prompts=3, batch_size=3, n_table=0,
+                               best_of_n=BestOfNConfig(n=3, picks=("oracle", "vote")), options={"power": {"mcmc_steps": 1, "blocks": 2}})
+    metrics, _ = evaluate(model, tok, task, held, eval_cfg, seed=0)
+    assert metrics["bon_n"] == 3 and {"bon_oracle_accuracy", "bon_vote_accuracy"} <= set(metrics) and "bon_likelihood_accuracy" not in metrics
+    assert metrics["bon_oracle_accuracy"] >= metrics["bon_vote_accuracy"]  # the verifier's pick is an upper bound
+    assert metrics["bon_forward_tokens_per_prompt"] > 2 * metrics["sampler_forward_tokens_per_answer"]  # N power draws, counted
+    with pytest.raises(UserError, match="eval.best_of_n.n: greedy draws one answer per prompt"):
+        resolve.load(params_path, ["eval.best_of_n.n=4", "eval.sampler=greedy"])

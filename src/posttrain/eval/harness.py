@@ -3,17 +3,22 @@ samples pass@1, pass@k and majority@k (eval/sampling.py); then the inference-tim
 (rollout/samplers.py) as `sampler_*`: accuracy, format rate, pass@k over its answers where it draws several,
 tokens per answer and forward tokens per answer (all, prompt, generated and per context), so samplers compare
 at matched compute. Greedy and sampled passes report their forward tokens per answer too. A multi-turn task (one
-with a `sampler`: the text world, the market sandbox) is evaluated on its episodes, greedy or sampled turn by turn."""
+with a `sampler`: the text world, the market sandbox) is evaluated on its episodes, greedy or sampled turn by turn.
+With `eval.best_of_n.n` > 0, best-of-N over that many answers per prompt from `eval.sampler` (eval/best_of_n.py) as `bon_*`: one accuracy
+per pick (`bon_oracle_accuracy`, `bon_vote_accuracy`, `bon_likelihood_accuracy`) and the forward tokens per prompt
+the N draws cost."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.config import EvalConfig
 from posttrain.errors import UserError
+from posttrain.eval.best_of_n import best_of_n_metrics
 from posttrain.eval.sampling import sample_metrics as over_samples
 from posttrain.rollout.samplers import Sampled, SampleRequest, draw, samplers
 from posttrain.tasks import Example, Task
@@ -49,6 +54,11 @@ def evaluate(
         chosen = draw(cfg.sampler, model, tokenizer, examples, request, cfg.options_for(cfg.sampler), generator)
     metrics.update(answer_metrics("sampler", chosen, task, examples))
     metrics.update({f"sampler_{k}": float(v) for k, v in chosen.stats.items()})
+    best = getattr(cfg, "best_of_n", None)
+    if best is not None and best.n > 0:
+        bon_request = replace(request, n=best.n)
+        drawn = draw(cfg.sampler, model, tokenizer, examples, bon_request, cfg.options_for(cfg.sampler), generator)
+        metrics.update(best_of_n_metrics("bon", drawn, task, examples, best.picks))
     return metrics, rows
 
 

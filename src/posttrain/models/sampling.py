@@ -108,8 +108,12 @@ class StopStrings:
         return bool(self.stop)
 
     def __call__(self, tokens: Tensor) -> Tensor:
-        tails = self.tokenizer.batch_decode(tokens[:, -self.window :].cpu(), skip_special_tokens=True)
-        return torch.tensor([any(s in tail for s in self.stop) for tail in tails], device=tokens.device)
+        return torch.tensor(self.holds(tokens[:, -self.window :].tolist()), device=tokens.device)
+
+    def holds(self, rows: Sequence[Sequence[int]]) -> list[bool]:
+        """Whether the text of each row's last tokens (rows of any length) holds a stop string."""
+        tails = self.tokenizer.batch_decode([list(r)[-self.window :] for r in rows], skip_special_tokens=True)
+        return [any(s in tail for s in self.stop) for tail in tails]
 
     def cut(self, text: str) -> str:
         ends = [i for i in (text.find(s) for s in self.stop) if i >= 0]

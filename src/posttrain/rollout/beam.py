@@ -11,6 +11,7 @@ over tokens, so it is approximated by beam search on the additive prefix score
 Each context has its own rows in one KV cache and every beam of every prompt and context advances in one forward
 per step. A beam expands by the `top_k` most likely tokens of the base model; the best finished hypothesis by
 score / length^length_penalty is the answer. With beta -> infinity (or c+ == c-) it is plain beam search.
+A hypothesis whose text completes a stop string finishes there, as at EOS (the token that completes it included).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from transformers import DynamicCache
 from posttrain.config import Section
 from posttrain.models.chat import encode_prompts
 from posttrain.models.decoders import positions_from_mask
+from posttrain.models.sampling import StopStrings
 from posttrain.rollout.samplers import Sampled, SampleRequest, decoded, samplers, samples_from_rows, with_context
 
 
@@ -61,9 +63,12 @@ class TTSDOptions(Section):
 
 @torch.no_grad()
 def beam_search(model, tokenizer, prompts: Sequence, max_new_tokens: int, width: int, top_k: int, length_penalty: float,
-                contexts: Sequence[str] = (), beta: float = 1.0) -> tuple[list[Tensor], list[Tensor], list[bool], list[float], dict[str, int]]:
+                contexts: Sequence[str] = (), beta: float = 1.0, stop: StopStrings | None = None,
+                ) -> tuple[list[Tensor], list[Tensor], list[bool], list[float], dict[str, int]]:
     """Best hypothesis per prompt: (tokens, base log-probs, finished, score, forward tokens). With `contexts`
-    (c+, c-) the score adds the (1/beta)-scaled log-odds of the token under them."""
+    (c+, c-) the score adds the (1/beta)-scaled log-odds of the token under them; `stop` ends a hypothesis at a
+    stop string as EOS does."""
+    stop = stop if stop else None
     device = next(model.parameters()).device
     names = ["plain", *(["positive", "negative"] if contexts else [])]
     c, n, b, eos = len(names), len(prompts), width, tokenizer.eos_token_id
@@ -107,10 +112,11 @@ def beam_search(model, tokenizer, prompts: Sequence, max_new_tokens: int, width:
                 token = int(top[i, src, tok])
                 new_tokens = torch.cat([tokens[i, src], top[i, src, tok : tok + 1]])
                 new_logps = torch.cat([base_logps[i, src], base[i, src, token : token + 1]])
-                if token == eos or t == max_new_tokens - 1:
+                ends = token == eos or (stop is not None and stop.holds([new_tokens.tolist()])[0])
+                if ends or t == max_new_tokens - 1:
                     length = new_tokens.shape[0]
-                    finished[i].append((score / length**length_penalty, new_tokens, new_logps, score, token == eos))
-                    if token == eos:
+                    finished[i].append((score / length**length_penalty, new_tokens, new_logps, score, ends))
+                    if ends:
                         continue
                 keep_src[i, kept], keep_tok[i, kept], keep_score[i, kept] = src, token, score
                 kept += 1
@@ -153,7 +159,8 @@ def _sampled(tokenizer, request: SampleRequest, found, device) -> Sampled:
 @samplers.register("beam", stochastic=False, options=BeamOptions)
 def beam(model, tokenizer, prompts, request: SampleRequest, options: BeamOptions, generator=None) -> Sampled:
     """Beam search on the summed log-prob with length normalisation (Wu et al. 2016, arXiv 1609.08144, eq. 14)."""
-    found = beam_search(model, tokenizer, prompts, request.max_new_tokens, options.width, options.width, options.length_penalty)
+    found = beam_search(model, tokenizer, prompts, request.max_new_tokens, options.width, options.width, options.length_penalty,
+                        stop=StopStrings(tokenizer, request.stop))
     return _sampled(tokenizer, request, found, next(model.parameters()).device)
 
 
@@ -161,5 +168,5 @@ def beam(model, tokenizer, prompts, request: SampleRequest, options: BeamOptions
 def ttsd(model, tokenizer, prompts, request: SampleRequest, options: TTSDOptions, generator=None) -> Sampled:
     """Beam search on base log-prob + (1/beta) log p(.|c+)/p(.|c-), three contexts with their own KV rows (test-time self-distillation, 2026)."""
     found = beam_search(model, tokenizer, prompts, request.max_new_tokens, options.width, options.top_k, options.length_penalty,
-                        (options.positive, options.negative), options.beta)
+                        (options.positive, options.negative), options.beta, StopStrings(tokenizer, request.stop))
     return _sampled(tokenizer, request, found, next(model.parameters()).device)

@@ -10,7 +10,9 @@ lengths are right-aligned in one cache (left padding masked out), one forward pe
 Per produced token the engine records the chosen token's raw logit and `logsumexp(a * logits)` for every
 power `a` of a ladder, so the log-prob of the token under the base model (a = 1) and under any proposal
 softmax(a * logits) (temperature 1/a) can be read back after a replica exchange without another forward.
-`forward_tokens` counts the tokens run through the model (padding excluded).
+`forward_tokens` counts the tokens run through the model (padding excluded). With `stop` (a `StopStrings`) a
+proposal also ends, like at EOS, on the token after which the completion's text holds a stop string: the trace
+is `ended` and nothing past it is generated or paid for.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
 from posttrain.models.decoders import positions_from_mask
-from posttrain.models.sampling import categorical
+from posttrain.models.sampling import StopStrings, categorical
 
 
 @dataclass
@@ -64,8 +66,10 @@ class _Cached:
 class KVEngine:
     """Continuations of a causal LM (any `model.forward` with a `DynamicCache`), batched across requests."""
 
-    def __init__(self, model: PreTrainedModel, ladder: Sequence[float], eos_id: int, pad_id: int, generator: torch.Generator | None):
+    def __init__(self, model: PreTrainedModel, ladder: Sequence[float], eos_id: int, pad_id: int, generator: torch.Generator | None,
+                 stop: StopStrings | None = None):
         self.model, self.ladder, self.eos_id, self.pad_id, self.generator = model, tuple(ladder), eos_id, pad_id, generator
+        self.stop = stop if stop else None
         self.device = next(model.parameters()).device
         self.forward_tokens = {"prompt": 0, "generated": 0}
 
@@ -113,6 +117,9 @@ class KVEngine:
         keeps = torch.tensor([r.keep for r in requests], device=self.device)
         produced = torch.zeros(n, dtype=torch.long, device=self.device)
         active = max_new > 0
+        stopped = torch.zeros(n, dtype=torch.bool, device=self.device)
+        # each row's completion so far (kept prefix + new tokens), for the stop test: only its last tokens are read
+        tails = [r.trace.tokens[: r.keep].tolist()[-self.stop.window :] for r in requests] if self.stop else []
         tokens, logits_kept, lses, fed = [], [], [], []
         while bool(active.any()):
             mask = torch.cat([mask, active.long()[:, None]], dim=1)
@@ -131,7 +138,13 @@ class KVEngine:
             logits_kept.append(logits.gather(-1, token[:, None]).squeeze(-1))
             lses.append(torch.logsumexp(ladder[None, :, None] * logits[:, None, :], dim=-1))  # [n, A]
             produced = produced + active.long()
-            active = active & (token != self.eos_id) & (produced < max_new)
+            if self.stop:
+                rows = active.nonzero().flatten().tolist()
+                for i in rows:
+                    tails[i] = [*tails[i], int(token[i])][-self.stop.window :]
+                hits = self.stop.holds([tails[i] for i in rows])
+                stopped[[i for i, hit in zip(rows, hits) if hit]] = True
+            active = active & (token != self.eos_id) & ~stopped & (produced < max_new)
             token = torch.where(active, token, torch.full_like(token, self.pad_id))
             position = position + 1
         tokens_t, logit_t, lse_t = torch.stack(tokens, 1), torch.stack(logits_kept, 1), torch.stack(lses, 1)
@@ -152,7 +165,7 @@ class KVEngine:
             old = r.trace
             out_traces.append(Trace(
                 torch.cat([old.tokens[: r.keep], new_tokens]), torch.cat([old.logit[: r.keep], logit_t[i, :k]]),
-                torch.cat([old.lse[: r.keep], lse_t[i, :k]]), cached, ended=bool(k > 0 and new_tokens[-1] == self.eos_id),
+                torch.cat([old.lse[: r.keep], lse_t[i, :k]]), cached, ended=bool(k > 0 and (new_tokens[-1] == self.eos_id or stopped[i])),
             ))
         return out_traces
 

@@ -160,9 +160,10 @@ class PPTOptions(Section):
 
 
 def run_chains(model, prompt_ids: Tensor, prompt_mask: Tensor, ladder: Sequence[float], n: int, max_new_tokens: int, eos_id: int,
-               pad_id: int, generator, **kwargs) -> tuple[list[Trace], dict[str, int], dict[str, float]]:
-    """`tempered_chains` on the KV engine of `model`: (traces, forward tokens, chain statistics)."""
-    engine = KVEngine(model, sorted({1.0, *ladder}), eos_id, pad_id, generator)
+               pad_id: int, generator, stop=None, **kwargs) -> tuple[list[Trace], dict[str, int], dict[str, float]]:
+    """`tempered_chains` on the KV engine of `model`: (traces, forward tokens, chain statistics). `stop` (a
+    `StopStrings`) ends a sequence where its text holds a stop string, as EOS does."""
+    engine = KVEngine(model, sorted({1.0, *ladder}), eos_id, pad_id, generator, stop)
     stats: dict[str, float] = {}
     traces = tempered_chains(engine, prompt_ids, prompt_mask, n=n, ladder=ladder, max_new_tokens=max_new_tokens,
                              generator=generator, stats=stats, **kwargs)

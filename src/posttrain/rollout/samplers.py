@@ -13,8 +13,9 @@ ttsd         test-time self-distillation: beam search on base log-prob plus the 
 A sampler is `fn(model, tokenizer, prompts, request, options, generator) -> Sampled`: `request.n` answers per
 prompt for a stochastic sampler (registry meta `stochastic`), one for a deterministic one. Every sampler reports
 the forward tokens it spent (tokens run through the model, padding excluded), split into prompt and generated
-and, for TTSD, per context, so samplers are compared at matched compute. Stop strings end greedy and temperature
-rows where they appear; the other samplers' answers are cut before them.
+and, for TTSD, per context, so samplers are compared at matched compute. Stop strings (`request.stop`) end a
+sequence of every sampler like EOS, on the token that completes one (an MH proposal, a replica, a beam
+hypothesis), so nothing is generated or counted past it; the answer's text is cut before the stop string.
 """
 
 from __future__ import annotations
@@ -143,7 +144,7 @@ def _chains(model, tokenizer, prompts, request: SampleRequest, ladder, generator
     was_training = model.training
     model.eval()
     traces, spent, stats = run_chains(model, ids, mask, ladder, request.n, request.max_new_tokens, tokenizer.eos_token_id,
-                                      tokenizer.pad_token_id, generator, **kwargs)
+                                      tokenizer.pad_token_id, generator, StopStrings(tokenizer, request.stop), **kwargs)
     model.train(was_training)
     samples = samples_from_rows([t.tokens for t in traces], [_base_logp(t) for t in traces],
                                 [t.ended for t in traces], tokenizer.pad_token_id, device)

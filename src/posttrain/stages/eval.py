@@ -1,4 +1,5 @@
-"""Stage `eval`: held-out greedy and sampled accuracy of any checkpoint, plus a table of completions.
+"""Stage `eval`: held-out greedy and sampled accuracy of any checkpoint, the `eval.sampler` pass and best-of-N
+(`eval.best_of_n`, eval/harness.py), plus a table of completions.
 
 Inputs: `data` (heldout.jsonl) and `model` (a directory with `model/`). Outputs: metrics.json,
 samples.jsonl.

@@ -382,6 +382,8 @@ def check_async(run: RLRun) -> None:
         raise UserError(f"rl.mode async: task {type(run.task).__name__} samples multi-turn episodes; use rl.mode sync")
     if cfg.dynamic_sampling:
         raise UserError("rl.mode async: rl.dynamic_sampling is not supported (the pool policy decides what is trained)")
+    if cfg.sampler != "temperature":
+        raise UserError(f"rl.mode async: rl.sampler {cfg.sampler} is not supported (the workers sample at rl.temperature); use rl.mode sync")
     if cfg.workers.queued_groups < cfg.prompts_per_step:
         raise UserError(f"rl.workers.queued_groups ({cfg.workers.queued_groups}) must be at least rl.prompts_per_step ({cfg.prompts_per_step})")
 

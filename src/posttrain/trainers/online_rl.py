@@ -17,6 +17,10 @@ The objective is whatever `rl.advantage` / `rl.loss` / `rl.loss_agg` / `rl.aux` 
   the first rl.critic.warmup_steps updates only those parts are stepped, so the policy does not move. Otherwise
   the critic is frozen (RFPO's pretrained critic).
 
+Rollouts come from `rl.sampler` (rollout/samplers.py): `temperature` is the policy's own sampling at
+rl.temperature (the log-probs recorded on the way are old_logp); another sampler (power, ppt) is not the policy's
+distribution, so old_logp is recomputed as the policy's log-prob of the drawn tokens (docs/samplers.md).
+
 `state_dict()` holds all of it, keyed by registry names, so a checkpoint needs no method names.
 """
 
@@ -27,7 +31,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -40,7 +44,7 @@ from posttrain.errors import UserError
 from posttrain.registry import Registry, update_section
 from posttrain.models.logprobs import completion_forward, sequence_logprobs
 from posttrain.models.value import critic_from_policy, load_critic, save_critic, token_values
-from posttrain.models.sampling import StopStrings, decode_completions, encode_prompts, sample
+from posttrain.models.sampling import Samples, StopStrings, decode_completions, encode_prompts, sample
 from posttrain.objectives import aggregations, advantages, auxiliaries, losses, needs_of, policy_reads, trains_critic
 from posttrain.objectives.presets import presets
 from posttrain.objectives.aggregation import aggregate
@@ -51,6 +55,7 @@ from posttrain.objectives.value_loss import CriticOutputs
 from posttrain.rewards import reward_matrix, rewards
 from posttrain.rollout import PolicyOutputs, RolloutBatch
 from posttrain.rollout.pool import pool_policies
+from posttrain.rollout.samplers import SampleRequest, draw, samplers
 from posttrain.tasks import Example, Task
 from posttrain.trainers import distributed
 from posttrain.runtime import progress
@@ -63,7 +68,7 @@ from posttrain.trainers.extras import ExtraContext, check_providers, extras, pro
 def rl_registries() -> dict[str, Registry]:
     """The registries an rl section names entries of (the keys its config markers use)."""
     return {"advantages": advantages, "losses": losses, "loss_aggregations": aggregations, "auxiliaries": auxiliaries,
-            "rewards": rewards, "presets": presets, "extras": extras,
+            "rewards": rewards, "presets": presets, "extras": extras, "samplers": samplers,
             "corrections": corrections, "pool_policies": pool_policies}
 
 
@@ -157,6 +162,8 @@ class OnlineRL:
         self.needs = needs_of(cfg)
         self.reads = policy_reads(cfg)
         self.models = dict(run.models)
+        if cfg.sampler != "temperature" and hasattr(run.task, "sampler"):
+            raise UserError(f"rl.sampler: {cfg.sampler} draws single-turn answers; task {run.task.cfg.name!r} samples whole episodes (use temperature)")
         missing = sorted(roles_needed(cfg, optional=False) - set(self.models) - {"reference", "critic"})
         if missing:
             need = next(n for n in sorted(self.needs) if extras.entry(n).meta.get("role") == missing[0])
@@ -222,23 +229,30 @@ class OnlineRL:
         prompt_ids, prompt_mask = encode_prompts(tok, prompts, self.device)  # the chat template's, when there is one
         start = time.perf_counter()
         stop = StopStrings(tok, cfg.stop)  # multi-turn envs sample whole episodes, by their own rules
-        sampler = run.task.sampler(tok) if hasattr(run.task, "sampler") else partial(sample, stop=stop or None)
-        samples = sampler(
-            run.policy, prompt_ids, prompt_mask, group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
-            eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, temperature=cfg.temperature, generator=self.generator,
-        )
+        extra: dict[str, float] = {}
+        texts = None
+        if cfg.sampler != "temperature":
+            samples, texts, extra = self.sampler_rollout(prompts, prompt_ids, prompt_mask)
+        else:
+            sampler = run.task.sampler(tok) if hasattr(run.task, "sampler") else partial(sample, stop=stop or None)
+            samples = sampler(
+                run.policy, prompt_ids, prompt_mask, group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
+                eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, temperature=cfg.temperature, generator=self.generator,
+            )
         seconds = time.perf_counter() - start
-        batch, texts = self.score(prompts, prompt_ids, prompt_mask, samples, stop)
+        batch, texts = self.score(prompts, prompt_ids, prompt_mask, samples, stop, texts)
         tokens = float(samples.completion_mask.sum())
-        metrics = {"tokens_per_s": tokens / max(seconds, 1e-9), "completion_length": tokens / batch.size}
+        metrics = {"tokens_per_s": tokens / max(seconds, 1e-9), "completion_length": tokens / batch.size, **extra}
         if hasattr(run.task, "rollout_metrics"):  # a task's own figures of a batch (the market sandbox: each tool's share of the calls)
             metrics.update(run.task.rollout_metrics(texts))
         return batch, texts, metrics
 
-    def score(self, prompts: list[Example], prompt_ids, prompt_mask, samples, stop: StopStrings) -> tuple[RolloutBatch, list[str]]:
-        """Decode and score the samples of `prompts` (group_size rows each, prompt-major) into a RolloutBatch."""
+    def score(self, prompts: list[Example], prompt_ids, prompt_mask, samples, stop: StopStrings,
+              texts: list[str] | None = None) -> tuple[RolloutBatch, list[str]]:
+        """Decode (unless the sampler already gave the `texts`) and score the samples of `prompts` (group_size rows
+        each, prompt-major) into a RolloutBatch."""
         cfg, run = self.cfg, self.run
-        texts = decode_completions(run.tokenizer, samples, stop)
+        texts = decode_completions(run.tokenizer, samples, stop) if texts is None else texts
         expanded = [e for e in prompts for _ in range(cfg.group_size)]
         rewards, names, weights = reward_matrix(cfg.rewards, run.task, expanded, texts, samples.finished.tolist(), **reward_context(cfg, samples))
         batch = RolloutBatch(
@@ -254,6 +268,24 @@ class OnlineRL:
             reward_weights=weights.to(self.device),
         )
         return batch, texts
+
+    def sampler_rollout(self, prompts: list[Example], prompt_ids, prompt_mask) -> tuple[Samples, list[str], dict[str, float]]:
+        """`rl.group_size` answers per prompt from `rl.sampler` (rollout/samplers.py). Its answers are not draws
+        from the policy, so the log-probs it recorded are replaced by the policy's own on the drawn tokens (one
+        no-grad forward at rl.temperature, the trainer's forward): old_logp is pi_old(y_t | x, y_<t), and the
+        loss's ratio pi_theta / pi_old is taken against the policy before the update, not against the sampler."""
+        cfg, policy, tok = self.cfg, self.run.policy, self.run.tokenizer
+        request = SampleRequest(cfg.max_new_tokens, cfg.group_size, cfg.temperature, tuple(cfg.stop))
+        drawn = draw(cfg.sampler, policy, tok, prompts, request, cfg.options_for(cfg.sampler), self.generator)
+        s = drawn.samples
+        with torch.no_grad():
+            logp = completion_forward(policy, prompt_ids.repeat_interleave(cfg.group_size, 0), prompt_mask.repeat_interleave(cfg.group_size, 0),
+                                      s.completion_ids, s.attention, cfg.temperature).logp
+        samples = replace(s, logp=logp.float() * s.completion_mask)
+        metrics = {f"rollout/{k}": float(v) for k, v in drawn.stats.items()}
+        metrics["rollout/forward_tokens_per_sample"] = drawn.total_forward_tokens / max(len(drawn.texts), 1)
+        metrics["rollout/sampler_logp_gap"] = float(((s.logp - samples.logp) * s.completion_mask).sum() / s.completion_mask.sum().clamp(min=1))
+        return samples, drawn.texts, metrics
 
     def collect(
         self, prompts: list[Example], more_prompts: Callable[[int], list[Example]] | None
