@@ -1,7 +1,9 @@
 """Every training stage resumes bit-for-bit: run straight through in one directory; in another, SIGKILLed right after
 a checkpoint (which one is drawn by a seeded generator; in the later phase of a two-phase stage too), then
-`--resume`d: equal weights, history and metrics, no staging directory left. rl, distill and flow_rl have their own
-kill tests (tests/integration/test_resume.py, tests/unit/test_flow_resume.py). The runs go through the CLI in
+`--resume`d: equal weights, history and metrics, no staging directory left. The GRPO rl stage, distill and flow_rl
+have their own kill tests (tests/integration/test_resume.py, tests/unit/test_flow_resume.py); the rl stage's PPO
+preset is here (a trained critic: its weights in outputs/rl/critic and its optimiser group resume with the policy's),
+and so is RFPO's `critic` pretraining. The runs go through the CLI in
 this process and the killed run is a fork of it (helpers.kill_resume_and_compare), so a case takes seconds."""
 
 from __future__ import annotations
@@ -50,6 +52,13 @@ CASES = {
     "edit": Case("edit", {"edit": {**MICRO_EDIT, "n_edits": 6, "steps_per_edit": 2, "checkpoint_every": EVERY}},
                  {"base": ("knowledge_outputs", "knowledge")}, (("checkpoints", 2), ("checkpoints", 4))),
     "care": Case("care", {"care": {**MICRO_CARE, "sft_steps": 4, "rl_steps": 6, "checkpoint_every": EVERY}}, {}, LATER_PHASE),
+    # PPO: the critic trains from step 1 with the policy frozen for the first warm-up update, so a kill at step 2 or 4
+    # catches both phases of the optimiser (the critic's group alone, then both) in the checkpoint
+    "rl_ppo": Case("rl", {"rl": {"preset": "ppo", "steps": 6, "checkpoint_every": EVERY, "log_every": 1,
+                                 "critic": {"path": None, "lr": 0.0005, "warmup_steps": 1}}}, TEXT, FIRST_THREE[:2]),
+    # RFPO's success critic: labelled rollouts are sampled again on resume (seeded), the minibatch draw is checkpointed
+    "critic": Case("critic", {"critic": {"n_prompts": 8, "samples_per_prompt": 2, "n_heldout_prompts": 4, "steps": 6, "batch_size": 8,
+                                         "warmup_steps": 1, "log_every": 2, "checkpoint_every": EVERY}}, TEXT, FIRST_THREE[:2]),
     "knowledge": Case("knowledge", {"edit": {**MICRO_EDIT, "pretrain": {**MICRO_EDIT["pretrain"], "steps": 8, "checkpoint_every": EVERY}}},
                       {}, FIRST_THREE),
 }
