@@ -91,6 +91,15 @@ COMPARISONS: dict[str, list[Compare]] = {
     "sdrl_strategies": [compare("distinct_strategies", "sdrl", "correctness"), compare("strategy_entropy", "sdrl", "correctness"),
                         compare("heldout_success", "sdrl", "correctness")],
     "aura_ppo": [compare("score", "ppo", "sft"), compare("directional_accuracy", "ppo", "sft"), compare("magnitude_agreement", "ppo", "sft")],
+    # PPO and GRPO each from the same SFT start (after vs before), then PPO vs GRPO (a one-sided row: a match reads as
+    # an inconclusive verdict with a narrow interval around 0)
+    "ppo_vs_grpo": [Compare(HELDOUT, "ppo", "sft", row("ppo", HELDOUT), row("ppo", "heldout_greedy_before")),
+                    Compare(HELDOUT, "grpo", "sft", row("grpo", HELDOUT), row("grpo", "heldout_greedy_before")),
+                    compare(HELDOUT, "ppo", "grpo")],
+    # RFPO (no verifier in RL) vs its start and supervised PPO; binarised vs raw score, and the raw score's length exploit
+    "rfpo_vs_ppo": [Compare(HELDOUT, "rfpo", "sft", row("rfpo", HELDOUT), row("rfpo", "heldout_greedy_before")),
+                    compare(HELDOUT, "rfpo", "ppo"), compare(HELDOUT, "rfpo", "rfpo_raw"),
+                    compare("len_last", "rfpo", "rfpo_raw", lower=True)],
     "samplers_arithmetic": SAMPLERS,
     "samplers_word_problems": SAMPLERS,
 }

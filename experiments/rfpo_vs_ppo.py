@@ -3,22 +3,25 @@ length-debiased critic reward improves held-out accuracy from the SFT start with
 training step, comparably to supervised PPO (verifier reward), while the raw (non-binarised) critic score is open
 to the critic's length bias.
 
-Per seed: the SFT start (cached), a success critic pretrained on the SFT policy's verifier-labelled rollouts
-(trainers/critic.py: the only place labels are read), then three arms on the same RL budget from the same start:
-`ppo` (preset ppo: verifier reward, learned critic), `rfpo` (preset rfpo: binarised debiased reward, frozen critic as
-the GAE baseline), `rfpo_raw` (rfpo with binarize false: the raw score V(s_L)). Reported per seed and arm: held-out
-greedy accuracy gain over SFT, the last-window completion length; over seeds: mean gains with 95% t intervals and
-the paired differences rfpo - ppo and rfpo - rfpo_raw, each with a verdict (experiments/ppo_vs_grpo.py's rules).
+One seed (`--seed`; the claims harness runs 3): the SFT start (cached), a success critic pretrained on the SFT
+policy's verifier-labelled rollouts (trainers/critic.py: the only place labels are read), then three arms on the
+same RL budget from the same start: `ppo` (preset ppo: verifier reward, learned critic), `rfpo` (preset rfpo:
+binarised debiased reward, frozen critic as the GAE baseline), `rfpo_raw` (rfpo with binarize false: the raw score
+V(s_L)). The results table has one row per arm: held-out greedy accuracy before and after RL, the gain, the mean
+completion length over the first and the last fifth of the steps, and the critic's held-out AUC and Brier score.
 
+The harness (experiments/_claims.py) pairs the arms by seed: RFPO's held-out accuracy after RL against the SFT
+start's, RFPO against supervised PPO and against the raw score, and the raw score's length exploit (RFPO's late
+completions shorter than the raw score's).
+
+    .venv/bin/python experiments/claims.py --claim rfpo_vs_ppo
     .venv/bin/python experiments/rfpo_vs_ppo.py [--steps N] [--seeds 3] [--json FILE] [--micro]
 """
 
 from __future__ import annotations
 
-import time
-
 import _common as C
-from ppo_vs_grpo import interval, resolve_preset, verdict_match, verdict_positive
+from ppo_vs_grpo import resolve_preset
 from posttrain import resolve
 from posttrain.models.value import save_critic
 from posttrain.trainers.critic import train_critic
@@ -53,46 +56,33 @@ def arm_settings(cfg, arm: str, critic_path) -> dict:
 
 
 def main() -> None:
-    args = C.parse_args(__doc__.split("\n")[0], 100)  # --seed / --seeds from the claims harness
-    t0 = time.time()
-    seeds = list(range(args.seed, args.seed + args.seeds))
-    per_seed, gains, last = [], {a: [] for a in ARMS}, {}
-    for seed in seeds:
-        cfg = C.load_config(type(args)(**{**vars(args), "seed": seed}), CRITIC_MICRO if args.micro else [])
-        task, train, held, path, sft = C.sft_start(cfg, seed)
-        critic_path, critic_final = pretrained_critic(cfg, task, train, held, path, seed)
-        row = {"seed": seed, "sft_greedy": sft["greedy_accuracy"], "critic_auc": critic_final["heldout_auc"],
-               "critic_brier": critic_final["heldout_brier"], "critic_brier_base": critic_final["heldout_brier_base_rate"]}
-        for arm in ARMS:
-            rl_cfg = resolve.updated(cfg.rl, "rl", **arm_settings(cfg, arm, critic_path))
-            history, after, seconds = C.run_arm(cfg, rl_cfg, task, train, held, path, seed)
-            gain = after["greedy_accuracy"] - sft["greedy_accuracy"]
-            k = max(1, len(history) // 5)
-            row[f"{arm}_gain"], row[f"{arm}_len_last"] = gain, C.window_mean(history, "completion_length", False, k)
-            row[f"{arm}_len_first"] = C.window_mean(history, "completion_length", True, k)
-            gains[arm].append(gain)
-            last[arm] = {"history": history, "cfg": cfg.model_copy(update={"rl": rl_cfg}), "after": after}
-            print(f"seed {seed} {arm}: SFT {sft['greedy_accuracy']:.3f} -> {after['greedy_accuracy']:.3f}, length "
-                  f"{row[f'{arm}_len_first']:.2f} -> {row[f'{arm}_len_last']:.2f} ({seconds:.0f}s)", flush=True)
-        per_seed.append(row)
-    text = C.print_table(f"\nRFPO vs supervised PPO on arithmetic, {args.steps} steps, seeds {seeds}", per_seed)
-    summary = {}
+    """One seed (`--seed`): the critic's held-out figures and each arm's accuracy and lengths, as the results table."""
+    args = C.parse_args(__doc__.split("\n")[0], 100)
+    cfg = C.load_config(args, CRITIC_MICRO if args.micro else [])
+    task, train, held, path, sft = C.sft_start(cfg, args.seed)
+    critic_path, critic = pretrained_critic(cfg, task, train, held, path, args.seed)
+    figures = {"critic_auc": critic["heldout_auc"], "critic_brier": critic["heldout_brier"], "critic_brier_base": critic["heldout_brier_base_rate"]}
+    table, last = [], {}
     for arm in ARMS:
-        mean, low, high = interval(gains[arm])
-        summary[f"{arm}_gain"] = {"mean": mean, "ci95": [low, high], "verdict": verdict_positive(low, high)}
-    for a, b in (("rfpo", "ppo"), ("rfpo", "rfpo_raw")):
-        mean, low, high = interval([x - y for x, y in zip(gains[a], gains[b])])
-        summary[f"{a}_minus_{b}"] = {"mean": mean, "ci95": [low, high], "verdict_match": verdict_match(low, high)}
-    for key, s in summary.items():
-        print(f"{key}: {s['mean']:+.4f} [{s['ci95'][0]:+.4f}, {s['ci95'][1]:+.4f}] {s.get('verdict', s.get('verdict_match'))}", flush=True)
+        rl_cfg = resolve.updated(cfg.rl, "rl", **arm_settings(cfg, arm, critic_path))
+        history, after, seconds = C.run_arm(cfg, rl_cfg, task, train, held, path, args.seed)
+        k = max(1, len(history) // 5)
+        row = {"arm": arm, "heldout_greedy_before": sft["greedy_accuracy"], "heldout_greedy_after": after["greedy_accuracy"],
+               "gain": after["greedy_accuracy"] - sft["greedy_accuracy"], "len_first": C.window_mean(history, "completion_length", True, k),
+               "len_last": C.window_mean(history, "completion_length", False, k), **figures, "seconds": round(seconds, 1)}
+        table.append(row)
+        last[arm] = (history, cfg.model_copy(update={"rl": rl_cfg}), after)
+        print(f"seed {args.seed} {arm}: SFT {sft['greedy_accuracy']:.3f} -> {after['greedy_accuracy']:.3f}, length "
+              f"{row['len_first']:.2f} -> {row['len_last']:.2f} ({seconds:.0f}s)", flush=True)
+    text = C.print_table(f"\nRFPO vs supervised PPO on arithmetic, {args.steps} steps, seed {args.seed}", table)
     runs = {}
     if cfg.tracking.enabled:
-        for arm in ARMS:
-            final = {"gain_mean": summary[f"{arm}_gain"]["mean"], **{f"heldout_{k}": v for k, v in last[arm]["after"].items()}}
-            runs[arm] = C.log_arm(last[arm]["cfg"], f"rfpo_vs_ppo/{arm}", last[arm]["history"], final, per_seed, text)
-    C.write_json(args, {"claim": "rfpo_vs_ppo", "steps": args.steps, "seeds": seeds, "per_seed": per_seed, "summary": summary,
-                        "gains": gains, "mlflow_runs": runs, "runtime_s": round(time.time() - t0, 1)})
+        for row in table:
+            history, arm_cfg, after = last[row["arm"]]
+            final = {"gain": row["gain"], **{f"heldout_{k}": v for k, v in after.items()}}
+            runs[row["arm"]] = C.log_arm(arm_cfg, f"rfpo_vs_ppo/{row['arm']}", history, final, table, text)
+    C.write_json(args, {"claim": "rfpo_vs_ppo", "steps": args.steps, "seed": args.seed, "critic": critic, "table": table, "mlflow_runs": runs})
 
 
 if __name__ == "__main__":
-    main()
+    C.run_seeds(main, "rfpo_vs_ppo")

@@ -331,3 +331,19 @@ def moto_server(*buckets: str) -> Iterator[tuple[str, subprocess.Popen]]:
         os.killpg(server.pid, signal.SIGCONT)  # a frozen server cannot act on SIGTERM
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
+
+
+def claim_in_process(monkeypatch, tmp_path: Path, script: str, claim: str, argv: list[str]) -> dict:
+    """experiments/`script`.py's one-seed `main` under the claims harness (`run_seeds`) in this process, with its
+    experiments cache under `tmp_path`: the claim's results."""
+    import importlib.util
+
+    monkeypatch.syspath_prepend(str(REPO / "experiments"))
+    monkeypatch.setenv("POSTTRAIN_EXP_CACHE", str(tmp_path / "cache"))
+    spec = importlib.util.spec_from_file_location(f"{script}_smoke", REPO / "experiments" / f"{script}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    from _claims import run_seeds
+
+    monkeypatch.setattr(sys, "argv", [f"{script}.py"])
+    return run_seeds(module.main, claim, argv, script=str(REPO / "experiments" / f"{script}.py"))

@@ -5,13 +5,11 @@ claims harness."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 
 import torch
 
-from helpers import REPO, copy_outputs, fork_safe_params, kill_resume_and_compare, posttrain_here
+from helpers import claim_in_process, copy_outputs, fork_safe_params, kill_resume_and_compare, posttrain_here
 
 MARKET = {
     "task": {"name": "market", "n_train": 40, "n_heldout": 8},
@@ -66,17 +64,8 @@ def test_market_ppo_from_params_logs_the_score_and_tool_shares_and_resumes_after
 def test_the_claim_script_runs_through_the_harness(tmp_path, monkeypatch):
     """The micro run (its numbers are meaningless). Its MLflow path is `_common.log_arm`, the one every claim script
     uses (tests/smoke/test_experiments.py checks it), so this run skips it."""
-    monkeypatch.syspath_prepend(str(REPO / "experiments"))
-    monkeypatch.setenv("POSTTRAIN_EXP_CACHE", str(tmp_path / "cache"))
-    spec = importlib.util.spec_from_file_location("aura_ppo_smoke", REPO / "experiments" / "aura_ppo.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    from _claims import run_seeds
-
     out = tmp_path / "aura.json"
-    monkeypatch.setattr(sys, "argv", ["aura_ppo.py"])
-    claim = run_seeds(module.main, "aura_ppo", ["--micro", "--steps", "1", "--seeds", "1", "--no-mlflow", "--json", str(out)],
-                      script=str(REPO / "experiments" / "aura_ppo.py"))
+    claim = claim_in_process(monkeypatch, tmp_path, "aura_ppo", "aura_ppo", ["--micro", "--steps", "1", "--seeds", "1", "--no-mlflow", "--json", str(out)])
     assert json.loads(out.read_text())["claim"] == "aura_ppo" and claim["command"].startswith(".venv/bin/python experiments/aura_ppo.py ")
     assert {c["metric"] for c in claim["comparisons"]} == {"score", "directional_accuracy", "magnitude_agreement"}
     (seed,) = claim["per_seed"]

@@ -57,9 +57,8 @@ def test_summary_pairs_the_arms_by_seed(monkeypatch):
 
 def test_every_claim_experiment_has_comparisons_and_a_claims_entry():
     runner = load("claims_runner", REPO / "experiments" / "claims.py")
-    # not yet on the harness: the image claims (single runs), and three scripts that loop over the harness's --seeds
-    # themselves and report their own per-seed values, 95% t intervals and verdicts (one SFT start or critic per seed)
-    own_seed_loop = {"ppo_vs_grpo", "rfpo_vs_ppo", "async_simulator"}
+    # not yet on the harness: the image claims (single runs), and the async simulator, which loops over --seeds itself
+    own_seed_loop = {"async_simulator"}
     scripts = {p.stem for p in (REPO / "experiments").glob("*.py") if not p.stem.startswith("_")} - {"claims", "curate_geometric", "flow_gdpo_vs_sum"} - own_seed_loop
     assert set(runner.CLAIMS) <= set(H.COMPARISONS) and {script for script, _ in runner.CLAIMS.values()} == scripts
     for script in scripts:

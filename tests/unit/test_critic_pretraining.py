@@ -1,5 +1,5 @@
 """RFPO's critic pretraining (trainers/critic.py) learns to tell solved from failed rollouts from their states, and the
-`critic` stage's resume is tests/reliability/test_critic_resume.py."""
+`critic` stage's resume after a kill is a case of tests/reliability/test_resume_all_stages.py."""
 
 from __future__ import annotations
 
