@@ -78,3 +78,5 @@ def test_a_killed_stage_resumes_bit_for_bit(name, request, tmp_path):
         fork_safe_params(root, **sections)
     finished = "checkpoints" if folder != "checkpoints" else None  # a kill in the second phase: the first is done
     kill_resume_and_compare(*roots, case.stage, args, kill_at=step, checkpoints=folder, in_process=True, finished=finished)
+    if name == "rl_ppo":  # the critic is among the weights compared: saved with the policy, on both sides
+        assert all(sorted((root / "outputs" / "rl" / "critic").glob("*.safetensors")) for root in roots)
