@@ -43,6 +43,7 @@ def test_aura_commands_inputs_outputs_and_params(tmp_path):
             assert not dep.startswith("outputs/") or dep in produced or dep.rstrip("/") + "/model" in produced, (name, dep)
             assert (REPO / dep).exists() or dep.startswith("outputs/"), (name, dep)
     assert "--resume" in shlex.split(aura["rl"]["cmd"]) and "--resume" in shlex.split(aura["sft"]["cmd"])
+    assert "outputs/aura/rl/critic" in aura["rl"]["outs"]  # PPO's trained critic is versioned with the policy
     cfg = resolve.load(REPO / "aura" / "params.yaml", [])
     assert cfg.task.name == "market" and cfg.rl.preset == "ppo" and cfg.rl.advantage == "gae" and "value" in cfg.rl.aux
     assert [r.name for r in cfg.rl.rewards if r.weight > 0] == ["aura"]
