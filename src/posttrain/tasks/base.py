@@ -53,6 +53,11 @@ class Task(ABC):
         """1.0 when the parsed answer equals the reference answer."""
         return float(self.parse(completion) == example.answer)
 
+    def think_trace(self, completion: str) -> str:
+        """The reasoning part of a completion, for a teacher's think trace (ThinkOPD): a task whose completions
+        write worked steps before the answer returns the steps; by default the whole completion."""
+        return completion
+
     def sample_metrics(self, completion: str, example: Example) -> dict[str, float]:
         """Task-specific per-completion metrics, averaged by the evaluation (e.g. Hit@k); none by default."""
         return {}
