@@ -114,7 +114,11 @@ def summarise(claim: str, per_seed: list[dict]) -> list[dict]:
     """One row per claimed difference: each side's mean and interval, the per-seed values, the paired difference."""
     out = []
     for c in COMPARISONS.get(claim, []):
-        better, worse = [c.get_better(r) for r in per_seed], [c.get_worse(r) for r in per_seed]
+        try:
+            better, worse = [c.get_better(r) for r in per_seed], [c.get_worse(r) for r in per_seed]
+        except StopIteration:  # an arm the run left out (e.g. reward_model_rl --arms): nothing to compare
+            print(f"{claim}: {c.metric} {c.better} vs {c.worse} skipped (an arm was not run)", flush=True)
+            continue
         diff = [b - w for b, w in zip(better, worse)]
         mb, lb, hb = t_interval(better)
         mw, lw, hw = t_interval(worse)
