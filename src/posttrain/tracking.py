@@ -365,19 +365,12 @@ def register_models(cfg: Config, pipeline_run: str) -> list[str]:
     return registered
 
 
-OBJECTIVE_STAGES = ("rl", "rl_rm", "distill")  # the stages that train with the rl section's objective
-
-
-# pipeline stages that do not train with the rl section's objective: their runs carry no `objective` / `arm` (a
-# sweep's data and sft are shared by every arm; an eval inherits the tags of the model it evaluates)
-NO_RL_OBJECTIVE = ("data", "sft", "eval", "flow_eval", "compare", "reward_model", "preference", "city", "curate", "flow_sft",
-                   "flow_rl", "knowledge", "edit")
-
-
-def objective_tags(cfg: Config, stage: str) -> dict[str, str]:
-    """`objective` (advantage+loss) and `arm` (the preset, else the advantage: a sweep arm's name) of a run that
-    trains with the rl settings (the OBJECTIVE_STAGES, and the experiments' arms); none for NO_RL_OBJECTIVE."""
-    if stage in NO_RL_OBJECTIVE:
+def objective_tags(cfg: Config, rl_objective: bool | None) -> dict[str, str]:
+    """`objective` (advantage+loss) and `arm` (the preset, else the advantage: a sweep arm's name) of a run that trains
+    with the rl settings: a stage registered with `rl_objective=True`, or an experiment's arm (`None`, not a pipeline
+    stage). A stage that does not (data, sft, eval, ...) carries neither: a sweep's data and sft are shared by every
+    arm, and an evaluation inherits the tags of the model it evaluates."""
+    if rl_objective is False:
         return {}
     return {"objective": f"{cfg.rl.advantage}+{cfg.rl.loss}", "arm": cfg.rl.preset or cfg.rl.advantage}
 
@@ -394,9 +387,10 @@ def _inherited_objective(mlflow, tags: Mapping[str, str]) -> dict[str, str]:
     return {k: source[k] for k in ("objective", "arm") if k in source}
 
 
-def run_name(cfg: Config, stage: str, tags: Mapping[str, str]) -> str:
-    """What a run is, for MLflow's lists and legends: `rl grpo+clip seed 0`, `eval rl`, `sft`."""
-    if stage in OBJECTIVE_STAGES:
+def run_name(cfg: Config, stage: str, tags: Mapping[str, str], rl_objective: bool | None) -> str:
+    """What a run is, for MLflow's lists and legends: `rl grpo+clip seed 0`, `eval rl`, `sft`; an experiment's run
+    (`rl_objective` None) is named as its caller named it."""
+    if rl_objective:
         label = tags.get("objective", f"{cfg.rl.advantage}+{cfg.rl.loss}")
         if tags.get("arm") and tags["arm"] != cfg.rl.advantage:  # a preset: its name says more than its parts
             label = f"{tags['arm']} ({label})"
@@ -409,13 +403,15 @@ def run_name(cfg: Config, stage: str, tags: Mapping[str, str]) -> str:
 
 @contextmanager
 def stage_run(cfg: Config, stage: str, launcher: str, run_id: str | None = None, extra_tags: Mapping[str, str] | None = None,
-              root: Path | None = None) -> Iterator[Tracker]:
+              root: Path | None = None, rl_objective: bool | None = None) -> Iterator[Tracker]:
     """Open (or, given `run_id`, reopen) the stage's MLflow run; mark it FAILED if the stage raises. Calls that fail
-    are kept under `root` (the stage's output) for `relog`; see `Tracker`."""
+    are kept under `root` (the stage's output) for `relog`; see `Tracker`. `rl_objective`: whether a pipeline stage
+    trains with the rl section's objective (its registry flag); None for a run that is not a pipeline stage's (an
+    experiment's arm: tagged with the objective, named `stage`). See `objective_tags` and `run_name`."""
     if not cfg.tracking.enabled:
         yield Tracker()
         return
-    tags = {"stage": stage, "git_sha": git_sha(), "launcher": launcher, **objective_tags(cfg, stage)}
+    tags = {"stage": stage, "git_sha": git_sha(), "launcher": launcher, **objective_tags(cfg, rl_objective)}
     if os.environ.get("POSTTRAIN_PIPELINE_RUN"):  # set by Kubeflow / Airflow: lets their exit task find the runs
         tags["pipeline_run"] = os.environ["POSTTRAIN_PIPELINE_RUN"]
     tags.update(extra_tags or {})
@@ -432,7 +428,7 @@ def stage_run(cfg: Config, stage: str, launcher: str, run_id: str | None = None,
             experiment_id = experiment.experiment_id
         if run_id is None:
             tags.update(_inherited_objective(mlflow, tags))
-        run = mlflow.start_run(run_id=run_id, experiment_id=experiment_id, run_name=None if run_id else run_name(cfg, stage, tags), tags=tags)
+        run = mlflow.start_run(run_id=run_id, experiment_id=experiment_id, run_name=None if run_id else run_name(cfg, stage, tags, rl_objective), tags=tags)
         if run_id is None:
             params = [(k, redact_uri(v) if isinstance(v, str) else v) for k, v in flatten(cfg.model_dump(mode="json")).items()]
             for i in range(0, len(params), 90):  # MLflow accepts at most 100 params per batch

@@ -41,19 +41,25 @@ def test_arms_are_known_and_unique_in_params_and_at_preflight():
 
 
 def test_only_rl_trained_runs_carry_an_objective_and_names_say_what_a_run_is():
+    from posttrain.stages import stages
+
+    # the flag is declared where each stage registers, and only the stages that train with the rl settings set it
+    flagged = {name for name in stages.names() if stages.entry(name).meta.get("rl_objective")}
+    assert flagged == {"rl", "rl_rm", "distill"}, flagged
     cfg = resolve.load(PARAMS)
-    assert objective_tags(cfg, "sft") == {} and objective_tags(cfg, "data") == {}  # shared by every arm of a sweep
-    assert objective_tags(cfg, "respo_vs_clip/clip") == {"objective": "grpo+clip", "arm": "grpo"}  # an experiment's arm keeps them
-    tags = objective_tags(cfg, "rl")
+    assert objective_tags(cfg, False) == {}  # sft, data: shared by every arm of a sweep
+    assert objective_tags(cfg, None) == {"objective": "grpo+clip", "arm": "grpo"}  # an experiment's arm keeps them
+    tags = objective_tags(cfg, True)
     assert tags == {"objective": "grpo+clip", "arm": "grpo"}
-    assert run_name(cfg, "rl", tags) == "rl grpo+clip seed 0"
+    assert run_name(cfg, "rl", tags, True) == "rl grpo+clip seed 0"
+    assert run_name(cfg, "respo_vs_clip/clip", tags, None) == "respo_vs_clip/clip"  # an experiment names its own runs
     dr = resolve_config(PARAMS, [], arm_overrides("dr_grpo"))
-    assert run_name(dr, "rl", objective_tags(dr, "rl")) == "rl dr_grpo+clip seed 0"
+    assert run_name(dr, "rl", objective_tags(dr, True), True) == "rl dr_grpo+clip seed 0"
     dapo = resolve_config(PARAMS, [], arm_overrides("dapo"))
-    assert run_name(dapo, "rl", objective_tags(dapo, "rl")) == "rl dapo (grpo+clip) seed 0"  # a preset says more than its parts
-    assert run_name(cfg, "eval", {"input.model.stage": "sft"}) == "eval sft"
-    assert run_name(cfg, "eval", {"input.model.stage": "rl", "objective": "rloo+clip", "arm": "rloo"}) == "eval rl rloo"
-    assert run_name(cfg, "sft", {}) == "sft"
+    assert run_name(dapo, "rl", objective_tags(dapo, True), True) == "rl dapo (grpo+clip) seed 0"  # a preset says more than its parts
+    assert run_name(cfg, "eval", {"input.model.stage": "sft"}, False) == "eval sft"
+    assert run_name(cfg, "eval", {"input.model.stage": "rl", "objective": "rloo+clip", "arm": "rloo"}, False) == "eval rl rloo"
+    assert run_name(cfg, "sft", {}, False) == "sft"
 
 
 def test_compare_reads_the_arms_of_its_own_sweep_run_only(tmp_path, monkeypatch):

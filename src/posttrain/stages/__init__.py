@@ -25,12 +25,14 @@ from posttrain.registry import Entry, Registry
 
 stages: Registry = Registry("stage")
 # registry meta of a stage: inputs {name: default dir}, requires {name: [files]}, resumable; for the launchers
-# (orchestration/graph.py): gpu (default True), deterministic (default True: cacheable)
+# (orchestration/graph.py): gpu (default True), deterministic (default True: cacheable); for tracking: rl_objective (default
+# False: whether the stage trains with the rl section's objective, so its run is tagged with the objective and arm)
 
 from posttrain.stages import compare, critic, data, distill, eval, preference, reward_model, rl, rl_rm, sft  # noqa: E402,F401,A004  (registers)
 from posttrain.stages import edit, knowledge  # noqa: E402,F401  (registers: lifelong knowledge editing)
 from posttrain.stages import care  # noqa: E402,F401  (registers: CARE's rubric generator)
 from posttrain.stages import city, curate, flow_eval, flow_rl, flow_sft  # noqa: E402,F401  (registers: the image pipeline)
+from posttrain.stages import safe_rl  # noqa: E402,F401  (registers: VLM-Safe-RL, drive_encoder and safe_rl)
 
 RUN_FILE = "mlflow_run.json"  # in every stage output: which stage and MLflow run made it (lineage for `compare`)
 
@@ -106,7 +108,8 @@ def _run_locked(entry: Entry, cfg: Config, inputs: dict[str, Path], out_dir: Pat
     staging.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(staging / PENDING, ignore_errors=True)  # an earlier attempt's unsent log: its redone steps log again
     try:
-        with stage_run(cfg, entry.name, launcher, recorded if resume else None, _lineage_tags(inputs), root=staging) as tracker:
+        with stage_run(cfg, entry.name, launcher, recorded if resume else None, _lineage_tags(inputs), root=staging,
+                       rl_objective=entry.meta.get("rl_objective", False)) as tracker:
             if tracker.run_id:
                 run_id_file.write_text(tracker.run_id)
             metrics = entry.obj(cfg, inputs, staging, tracker=tracker, resume=resume)

@@ -38,6 +38,7 @@ def distill_rl_config(cfg: Config) -> RLConfig:
     inputs={"data": "outputs/data", "policy": "outputs/sft", "teacher": "outputs/rl", "base": "outputs/sft"},
     requires={"data": ["train.jsonl"], "policy": ["model/config.json"], "teacher": ["model/config.json"], "base": ["model/config.json"]},
     resumable=True,
+    rl_objective=True,  # trains with the rl section's objective: its run is tagged with it (tracking.objective_tags)
 )
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     from posttrain.models.teacher import load_teacher

@@ -37,6 +37,7 @@ def reward_curve(history: list[dict[str, float]]):
     inputs={"data": "outputs/data", "policy": "outputs/sft"},
     requires={"data": ["train.jsonl"], "policy": ["model/config.json"]},
     resumable=True,
+    rl_objective=True,  # trains with the rl section's objective: its run is tagged with it (tracking.objective_tags)
 )
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     return train_and_save(cfg, inputs, out_dir, tracker, resume)

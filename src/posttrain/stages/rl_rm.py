@@ -18,6 +18,7 @@ from posttrain.stages import rl, stages
     inputs={"data": "outputs/data", "policy": "outputs/sft", "reward_model": "outputs/reward_model"},
     requires={"data": ["train.jsonl"], "policy": ["model/config.json"], "reward_model": ["model/config.json"]},
     resumable=True,
+    rl_objective=True,  # trains with the rl section's objective: its run is tagged with it (tracking.objective_tags)
 )
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     kind = cfg.reward_model.kind
