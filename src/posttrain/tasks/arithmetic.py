@@ -118,6 +118,15 @@ class Arithmetic(Task):
         return "".join(dict.fromkeys("0123456789-=" + "".join(self.cfg.operations) + tags + worked))
 
 
+def planted_error(answer: str, rng: random.Random) -> str:
+    """`answer` with one digit changed (never a leading zero), so it is wrong but still well formed."""
+    digits = [i for i, ch in enumerate(answer) if ch.isdigit()]
+    i = rng.choice(digits)
+    leading = i == digits[0] and len(digits) > 1
+    choices = [d for d in "0123456789" if d != answer[i] and not (leading and d == "0")]
+    return answer[:i] + rng.choice(choices) + answer[i + 1 :]
+
+
 def worked_steps(a: int, op: str, b: int, route: str, digits: int) -> str:
     """The steps of `a op b` (`digits`-digit operands) along `route` (module docstring), without the answer. The
     split route writes a zero-padded, so that its first step differs from a column step whatever the operands."""
