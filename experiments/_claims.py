@@ -67,7 +67,8 @@ COMPARISONS: dict[str, list[Compare]] = {
     "gats_vs_opd": [compare("train_acc_first", "gats", "grpo"), compare(HELDOUT, "gats", "opd_const")],
     "sipo_vs_grpo": [compare("train_acc_last", "sipo", "grpo"), compare(HELDOUT, "sipo", "grpo")],
     "ride_vs_oprd": [compare(HELDOUT, "ride", "oprd"), compare(HELDOUT, "ride", "output_space")],
-    "pr_opd_text_world": [compare("heldout_sampled_after", "pr_opd", "grpo"), compare("train_acc_last", "pr_opd", "grpo")],
+    "pr_opd_text_world": [compare("heldout_sampled_after", "pr_opd", "grpo"), compare("train_acc_last", "pr_opd", "grpo"),
+                          compare("heldout_sampled_after", "uniopsd", "grpo"), compare("train_acc_last", "uniopsd", "grpo")],
     "reward_model_rl": [Compare(HELDOUT, "bt", "start", row("bt", HELDOUT), row("bt", "heldout_greedy_before")),
                         Compare(HELDOUT, "trm", "start", row("trm", HELDOUT), row("trm", "heldout_greedy_before")),
                         compare(HELDOUT, "verifier", "bt")],
@@ -78,8 +79,13 @@ COMPARISONS: dict[str, list[Compare]] = {
     "glime_vs_naive": [compare("generalization", "glime", "naive"), compare("retention", "glime", "naive"),
                        compare("locality", "glime", "naive")],
     "care_dialogue": [compare("true_quality_after", "generator", "uniform", key="weights")],
+    "safe_rl_vlm": [compare("catastrophe_rate", "ppo_lag", "ppo", lower=True), compare("cost", "ppo_lag", "ppo", lower=True),
+                    compare("progress", "ppo", "ppo_lag"), compare("catastrophe_rate", "ppo_lag_vlm", "ppo_lag", lower=True),
+                    compare("lambda_mean", "ppo_lag_vlm", "ppo_lag_vlm_kappa0"),
+                    compare("catastrophe_rate", "ppo_lag_vlm", "ppo_lag_vlm_kappa0", lower=True)],
     "sdrl_strategies": [compare("distinct_strategies", "sdrl", "correctness"), compare("strategy_entropy", "sdrl", "correctness"),
                         compare("heldout_success", "sdrl", "correctness")],
+    "aura_ppo": [compare("score", "ppo", "sft"), compare("directional_accuracy", "ppo", "sft"), compare("magnitude_agreement", "ppo", "sft")],
 }
 
 

@@ -39,6 +39,8 @@ CLAIMS: dict[str, tuple[str, list[str]]] = {
     "glime_vs_naive": ("glime_vs_naive", []),
     "care_dialogue": ("care_dialogue", ["--steps", "100"]),
     "sdrl_strategies": ("sdrl_strategies", ["--steps", "100"]),
+    "safe_rl_vlm": ("safe_rl_vlm", ["--steps", "40"]),
+    "aura_ppo": ("aura_ppo", ["--steps", "60"]),
 }
 
 

@@ -125,6 +125,23 @@ def micro_params(directory: Path, **sections: dict) -> Path:
 FORK_SAFE = {"pipeline": {"device": "cpu", "threads": 1}, "tracking": {"enabled": False}}  # see _kill_a_fork
 
 
+def micro_rl_parts(directory: Path, overrides: list[str], n_examples: int):
+    """(cfg, task, train examples, tokenizer, starting state dict, model) of a random micro policy on the micro
+    config with `overrides`: for tests that drive `OnlineRL` in this process."""
+    import torch
+
+    from posttrain import resolve
+    from posttrain.models import build_tiny, train_char_tokenizer
+    from posttrain.tasks import build_task
+
+    cfg = resolve.load(micro_params(directory), overrides)
+    task = build_task(cfg.task)
+    tokenizer = train_char_tokenizer([task.alphabet()])
+    torch.manual_seed(0)
+    model = build_tiny(cfg.model, tokenizer)
+    return cfg, task, task.splits(0)["train"][:n_examples], tokenizer, {k: v.clone() for k, v in model.state_dict().items()}, model
+
+
 def fork_safe_params(directory: Path, **sections: dict) -> Path:
     """micro_params for stages run in this process and in forks of it (kill_resume_and_compare(in_process=True))."""
     return micro_params(directory, **{**FORK_SAFE, **sections})

@@ -173,7 +173,21 @@ class CriticConfig(Section):
     warmup_steps: int = Field(ge=0)  # updates in which only the critic learns (the policy does not move)
 
 
+class AsyncWorkersConfig(Section):
+    """The rollout workers of `rl.mode: async` (trainers/async_rl.py)."""
+
+    count: int = Field(ge=1)  # worker processes on this machine, each generating whole groups
+    queued_groups: int = Field(ge=1)  # prompts handed out ahead of the trainer (bounds the in-flight work)
+    timeout_s: float = Field(gt=0)  # a worker or weight sync silent this long ends the run with one line
+    deterministic: bool  # a fixed schedule of weight refreshes instead of wall-clock races (exact resume, tests)
+    refresh_every_tokens: int = Field(ge=1)  # deterministic: a worker loads the newest published weights every this many decode steps
+
+
 class RLConfig(Section):
+    mode: Literal["sync", "async"]  # async: rollout workers generate while the trainer updates (docs/async.md)
+    correction: Annotated[str, Registered("corrections")]  # off-policy correction of the loss (objectives/off_policy.py)
+    pool_policy: Annotated[str, Registered("pool_policies")]  # async: which pooled groups are rejected before a draw (rollout/pool.py)
+    workers: AsyncWorkersConfig
     preset: Annotated[str | None, Registered("presets")]  # a named method (objectives/presets.py), expanded below explicit overrides
     advantage: Annotated[str, Registered("advantages")]
     loss: Annotated[str, Registered("losses")]
@@ -203,7 +217,7 @@ class RLConfig(Section):
     critic: CriticConfig  # the value model, when the objective reads one (`gae` advantage, `value` term)
     # per-method settings, keyed by the registered name of the estimator / loss / reward that declares them
     # (`options=<Section model>` in its registry entry); e.g. `options: {qglas: {gamma_max: 0.5}}`
-    options: Annotated[Options, OptionsOf("advantages", "losses", "rewards", "auxiliaries")]
+    options: Annotated[Options, OptionsOf("advantages", "losses", "rewards", "auxiliaries", "corrections", "pool_policies")]
 
     @field_validator("rewards")
     @classmethod
@@ -521,6 +535,74 @@ class FlowEvalConfig(Section):
     n_grid: int = Field(ge=0)  # rows in the logged source / target / generated grid
 
 
+class DrivingEnvConfig(Section):  # safe_rl.env: the driving environment (envs/driving.py)
+    lanes: int = Field(ge=2, le=6)
+    cars: int = Field(ge=1)  # other cars around the ego car (one hit, or left behind, is respawned ahead)
+    horizon: int = Field(ge=2)  # steps per episode (the time left is a state feature)
+    image_size: int = Field(ge=16, multiple_of=8)  # camera frames are image_size x image_size RGB
+    speed_min: float = Field(gt=0)  # road units per step
+    speed_max: float = Field(gt=0)
+    speed_step: float = Field(gt=0)  # speed change of a speed-up / slow-down action
+    steer_step: float = Field(gt=0)  # lateral move of a steer action (a lane is 1 wide)
+    traffic_speed: tuple[float, float]  # other cars' speeds, uniform in [low, high]
+    danger_ttc: float = Field(gt=0)  # captions: "about to crash" when a car in the ego lane is reached within this many steps
+    edge_margin: float = Field(ge=0)  # captions: "about to leave the road" within this distance of the edge
+
+    @model_validator(mode="after")
+    def _ranges(self) -> "DrivingEnvConfig":
+        low, high = self.traffic_speed
+        if not (self.speed_min < self.speed_max and 0 <= low <= high):
+            raise ValueError("needs speed_min < speed_max and 0 <= traffic_speed[0] <= traffic_speed[1]")
+        return self
+
+
+class DriveEncoderConfig(Section):  # safe_rl.encoder: stage drive_encoder, a tiny CLIP trained by InfoNCE on the env's frames
+    n_frames: int = Field(gt=0)  # training frames (a random driver's episodes), each with its state's caption phrases
+    n_heldout: int = Field(gt=1)  # held-out frames: retrieval accuracy and the safe / danger score gap
+    steps: int = Field(gt=0)
+    batch_size: int = Field(ge=2)
+    lr: float = Field(gt=0)
+    warmup_steps: int = Field(ge=0)
+    max_grad_norm: float = Field(gt=0)
+    hidden_size: int = Field(gt=0)  # both towers
+    layers: int = Field(gt=0)
+    heads: int = Field(gt=0)
+    patch_size: int = Field(gt=0)
+    embed_dim: int = Field(gt=0)  # the shared image-text embedding
+    log_every: int = Field(gt=0)
+
+
+class SafeRLConfig(Section):  # stages drive_encoder + safe_rl: VLM-Safe-RL (specs §16), PPO-Lagrangian in the driving env
+    env: DrivingEnvConfig
+    encoder: DriveEncoderConfig
+    safe_prompt: str = Field(min_length=1)  # T_safe
+    danger_prompt: str = Field(min_length=1)  # T_danger
+    iterations: int = Field(gt=0)  # rollout + update rounds; the multiplier moves once per round
+    envs: int = Field(gt=0)  # episodes per round
+    epochs: int = Field(gt=0)  # passes over a round's steps
+    minibatches: int = Field(gt=0)
+    lr: float = Field(gt=0)
+    hidden_size: int = Field(gt=0)  # policy and both critics: MLPs over [image embedding, state features]
+    gamma: float = Field(ge=0, le=1)
+    gae_lambda: float = Field(ge=0, le=1)
+    clip_eps: float = Field(gt=0)
+    value_clip: float = Field(gt=0)
+    entropy_coef: float = Field(ge=0)
+    max_grad_norm: float = Field(gt=0)
+    lagrangian: bool  # false: plain PPO (lambda stays lambda_init; costs are logged only)
+    lambda_init: float = Field(ge=0)
+    lambda_lr: float = Field(ge=0)  # eta_l
+    cost_limit: float = Field(ge=0)  # d
+    cost_measure: Literal["episodic", "progress"]  # J_C in the multiplier update: sum_t c_t, or sum_t c_t / max(progress, p_min)
+    p_min: float = Field(gt=0, le=1)
+    alpha_clip: float = Field(ge=0)  # reward shaping weight of the VLM safety score
+    kappa: float = Field(ge=0)  # weight of the VLM risk term in the multiplier update
+    risk_threshold: float  # s_thr: the allowed mean VLM risk (-s)
+    eval_episodes: int = Field(gt=0)  # greedy episodes after training (catastrophe rate, cost, progress; one as a GIF)
+    log_every: int = Field(gt=0)
+    checkpoint_every: int = Field(ge=0)  # rounds between checkpoints: `posttrain safe_rl --resume`; 0: none
+
+
 class Config(Section):
     pipeline: PipelineConfig
     tracking: TrackingConfig
@@ -543,6 +625,7 @@ class Config(Section):
     flow_sft: FlowSFTConfig
     flow_rl: FlowRLConfig
     flow_eval: FlowEvalConfig
+    safe_rl: SafeRLConfig
 
     def section_hash(self, *sections: str) -> str:
         """A stable digest of the named sections (used to refuse resuming under changed settings)."""

@@ -165,6 +165,7 @@ def check_names(model: BaseModel, registries: Mapping[str, Registry], prefix: st
 _KIND_WORD = {
     "advantages": "estimator", "losses": "loss", "rewards": "reward", "auxiliaries": "auxiliary term", "tasks": "task",
     "reward_models": "reward model", "preference_objectives": "preference objective", "edit_methods": "edit method", "samplers": "sampler",
+    "corrections": "off-policy correction", "pool_policies": "pool policy",
 }
 
 

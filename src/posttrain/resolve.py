@@ -40,6 +40,8 @@ def all_registries() -> dict[str, Registry]:
     from posttrain.objectives.presets import presets
     from posttrain.rewards.care_reward import care_weight_sources
     from posttrain.rewards.image import image_rewards
+    from posttrain.objectives.off_policy import corrections
+    from posttrain.rollout.pool import pool_policies
     from posttrain.rollout.samplers import samplers
     from posttrain.trainers.extras import extras
 
@@ -68,6 +70,8 @@ def all_registries() -> dict[str, Registry]:
         "instruction_writers": instruction_writers,
         "flow_backends": flow_backends,
         "samplers": samplers,
+        "corrections": corrections,
+        "pool_policies": pool_policies,
     }
     plugins.load(registries)  # the installed plugins' parts (entry points `posttrain.plugins`), once per process
     return registries

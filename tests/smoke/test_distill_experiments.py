@@ -16,7 +16,7 @@ ARMS = {
     "gats_vs_opd": ({"grpo", "opd_const", "gats"}, ["--teacher-steps", "2"]),
     "sipo_vs_grpo": ({"grpo", "sipo"}, []),
     "ride_vs_oprd": ({"oprd", "ride", "output_space"}, ["--teacher-steps", "2"]),
-    "pr_opd_text_world": ({"grpo", "pr_opd"}, ["--warm-start", "1", "--eval-samples", "1"]),
+    "pr_opd_text_world": ({"grpo", "pr_opd", "uniopsd"}, ["--warm-start", "1", "--eval-samples", "1"]),
 }
 
 
@@ -40,6 +40,8 @@ def test_distillation_experiment_runs_and_writes_json(name, tmp_path):
         assert data["claim"] == name and set(data["arms"]) == arms and data["steps"] == 2
         assert {row["arm"] for row in data["table"]} == arms
         assert all(len(a["train_accuracy_curve"]) >= 1 and "sampled_accuracy" in a["heldout_after"] for a in data["arms"].values())
+        if name == "pr_opd_text_world":  # what each method was fed on the start is recorded with the claim
+            assert {"uniopsd_tiers_differ", "pr_opd_admissible", "pr_opd_goal_named_after_success"} <= set(data["signals"])
         if name == "sipo_vs_grpo":
             assert data["arms"]["sipo"]["signal"]["groups"] == 2 * 4  # 2 steps x 4 prompts (micro)
         if not logged:

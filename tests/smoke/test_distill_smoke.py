@@ -118,3 +118,49 @@ def test_text_world_multi_turn_training_takes_two_steps(tmp_path, method):
     if method == "pr_opd":  # warm start (step 1) then the representation term (step 2)
         assert result.metrics["pr_opd/rep_loss"] > 0 and "pr_opd" in trainer.modules
         assert any(p.grad is None and not torch.equal(p, torch.eye(p.shape[0])) for p in trainer.modules["pr_opd"].parameters() if p.dim() == 2)
+
+
+def test_uniopsd_on_the_text_world_gives_step_credit_at_anchors_unlike_the_episode_credit(tmp_path):
+    """One UniOPSD update on real text-world episodes: the rollouts share anchor states beyond the prompt, the
+    step tier is non-zero and differs from the episode tier, the peer teacher scores taught rows, and a group's
+    lone success is untaught. The tiny policy is biased towards the world's actions (l, r, s) so episodes walk
+    and some succeed."""
+    from posttrain.models import build_tiny, train_char_tokenizer
+    from posttrain.objectives.distill.uniopsd import tiers
+    from posttrain.tasks import build_task
+    from posttrain.trainers.extras import success
+
+    overrides = ["task.name=text_world", "task.n_train=60", "task.n_heldout=20", "rl.max_new_tokens=10", "rl.group_size=6",
+                 "rl.preset=uniopsd", "rl.rewards=[{name: correctness}]"]
+    cfg = resolve.load(micro_params(tmp_path), overrides)
+    task = build_task(cfg.task)
+    tokenizer = train_char_tokenizer([task.alphabet()])
+    torch.manual_seed(0)
+    model = build_tiny(cfg.model, tokenizer)
+    bias = torch.zeros(len(tokenizer))
+    bias[tokenizer.convert_tokens_to_ids(list("lrs"))] = 6.0
+
+    def towards_actions(module, args, out):
+        out.logits.add_(bias.to(out.logits.dtype))
+
+    model.register_forward_hook(towards_actions)
+    examples = task.splits(0)["train"]
+    run = RLRun(model, tokenizer, task, examples, cfg.rl, seed=0, checkpoint_dir=REPO / "unused", config_hash="x")
+    trainer, stream = OnlineRL(run, total_steps=1), PromptStream(examples, 0)
+    batch = trainer.step(stream.take(8)).batch
+    opts = cfg.rl.options_for("uniopsd")
+    steps, tier = tiers(batch, batch.extras["peer_logp_gap"], cfg.rl, opts)
+    first = torch.zeros_like(steps.row, dtype=torch.bool)
+    first[torch.unique_consecutive(steps.row, return_counts=True)[1].cumsum(0)[:-1]] = True
+    first[0] = True
+    later = steps.anchor[~first]
+    assert later.unique(return_counts=True)[1].max() >= 2, "no two rollouts met at a state beyond the prompt"
+    assert tier.a_step.abs().sum() > 0 and not torch.allclose(tier.a_step, tier.a_episode, atol=1e-4)
+    ok = success(batch)
+    assert 0 < int(ok.sum()) < batch.size
+    taught = (batch.extras["peer_logp_gap"] != 0).any(-1)
+    assert taught.any(), "no rollout had a successful peer"
+    for g in batch.group.unique():
+        rows = (batch.group == g).nonzero().squeeze(-1)
+        if int(ok[rows].sum()) == 1:  # the lone success is not its own teacher; its failed peers are taught by it
+            assert not taught[rows[ok[rows]]].any()

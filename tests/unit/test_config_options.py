@@ -46,7 +46,7 @@ def test_options_are_validated_and_typed(toy_estimator, tmp_path):
     [
         (["rl.options.toy_with_options.strenght=1"], "unknown key 'rl.options.toy_with_options.strenght' (did you mean 'rl.options.toy_with_options.strength'?)"),
         (["rl.options.toy_with_options.strength=-1"], "rl.options.toy_with_options.strength: Input should be greater than 0"),
-        (["rl.options.nobody.x=1"], "rl.options.nobody: no registered estimator, loss, reward or auxiliary term named 'nobody' takes options"),
+        (["rl.options.nobody.x=1"], "rl.options.nobody: no registered estimator, loss, reward, auxiliary term, off-policy correction or pool policy named 'nobody' takes options"),
     ],
 )
 def test_bad_options_are_one_line_errors_naming_the_key(toy_estimator, tmp_path, overrides, needle):

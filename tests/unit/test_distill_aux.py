@@ -231,6 +231,68 @@ def test_pr_opd_with_zero_weight_or_in_warm_start_adds_nothing(micro):
     assert float(loss.detach()) > 0 and all(p.grad is not None for p in projectors.parameters())  # trained through the trainer's backward
 
 
+def test_pr_opd_reflection_holds_the_trajectory_and_its_outcome_and_does_not_end_with_the_task_prompt():
+    from posttrain.tasks import Example
+
+    e = Example(prompt="c1>", completion="r2>s", answer="2")
+    ok, failed = contexts.reflection_prompt(e, "l0>s", True), contexts.reflection_prompt(e, "l0>s", False)
+    assert ok.startswith("c1>") and "l0>s" in ok and ok != failed
+    assert ok.endswith(contexts.OUTCOME_OK + contexts.SEP) and failed.endswith(contexts.OUTCOME_FAILED + contexts.SEP)
+    assert not ok.endswith(e.prompt)  # what follows is a lesson on the episode, not another answer to the task
+
+
+def test_pr_opd_a_skill_that_is_the_answer_is_rejected():
+    from posttrain.objectives.distill.pr_opd import admissible_skill
+    from posttrain.tasks import build_task
+
+    assert not admissible_skill("42", "42", solves=True)  # the arithmetic answer itself
+    assert not admissible_skill("so 42", "42", solves=False)  # contains the reference completion
+    assert admissible_skill("carry the 1", "42", solves=False)
+    world = build_task(resolve.load(PARAMS, ["task.name=text_world", "task.n_train=60", "task.n_heldout=20"]).task)
+    e = world.example("c", 1)  # goal of room c is cell 2: the answer is the walk `r2>s`
+    for skill, verdict in (("rs", False), ("r2>s", False), ("g2", True), ("g4", True)):
+        assert admissible_skill(skill, e.completion, world.correctness_reward(skill, True, e) > 0) is verdict, skill
+    assert all(admissible_skill(k, e.completion, world.correctness_reward(k, True, e) > 0) for k in world.skill_vocabulary())
+
+
+def test_pr_opd_text_world_skills_are_picked_after_reflection_and_change_the_teacher(tmp_path):
+    """On the text world the policy picks each skill from the task's vocabulary by its own log-probs after the
+    reflection prompt (which depend on the trajectory), and the skill-reading teacher's hidden states differ
+    from the plain student pass: L_rep at identity projectors is > 0."""
+    from posttrain.envs.rollout import env_sampler
+    from posttrain.envs.text_world import KeyRoom
+    from posttrain.models import build_tiny, train_char_tokenizer
+    from posttrain.models.sampling import encode_prompts
+    from posttrain.tasks import build_task
+    from posttrain.trainers.extras import ExtraContext, candidate_logp, decode_transcripts, row_examples, skill_hidden, write_skills
+
+    cfg = resolve.load(PARAMS, ["task.name=text_world", "task.n_train=60", "task.n_heldout=20", "model.hidden_size=32", "model.intermediate_size=64",
+                                "model.layers=2", "rl.options.pr_opd.warm_start=0"])
+    task = build_task(cfg.task)
+    tok = train_char_tokenizer([task.alphabet()])
+    torch.manual_seed(0)
+    model = build_tiny(cfg.model, tok)
+    examples = task.splits(0)["train"][:3]
+    ids, mask = encode_prompts(tok, [e.prompt for e in examples], torch.device("cpu"))
+    out = env_sampler(tok, KeyRoom)(model, ids, mask, group_size=2, max_new_tokens=6, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
+                                     generator=torch.Generator().manual_seed(0))
+    batch = RolloutBatch(ids.repeat_interleave(2, 0), mask.repeat_interleave(2, 0), out.completion_ids, out.completion_mask,
+                         torch.arange(3).repeat_interleave(2), out.logp, torch.tensor([[1.0], [0.0]] * 3), ("correctness",), torch.ones(1),
+                         attention_mask=out.attention_mask)
+    ctx = ExtraContext(model, tok, task, cfg.rl, {}, 1, torch.Generator().manual_seed(0))
+    rows = row_examples(examples, batch)
+    reflections = [contexts.reflection_prompt(e, t, i % 2 == 0) for i, (e, t) in enumerate(zip(rows, decode_transcripts(tok, batch)))]
+    assert all(t in r for t, r in zip(decode_transcripts(tok, batch), reflections))
+    scores = candidate_logp(ctx, reflections, task.skill_vocabulary())
+    assert scores.shape == (6, 5) and (scores < 0).all() and not torch.allclose(scores[0], scores[1])  # read after the episode
+    skills = write_skills(ctx, rows, reflections)
+    assert all(k in task.skill_vocabulary() for k in skills)
+    teacher = skill_hidden(ctx, examples, batch)
+    with torch.no_grad():
+        own = completion_forward(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.attention_mask, hidden=True).hidden
+    assert representation_loss(own, teacher, batch.completion_mask, Projectors(teacher.shape[0], teacher.shape[-1])) > 1e-4
+
+
 # --- ROFT ------------------------------------------------------------------------------------------------
 
 def test_roft_loss_mask_covers_retrospection_tokens_only(micro):

@@ -15,6 +15,7 @@ from posttrain.objectives.distill.sipo import redistribution, sipo_advantage
 from posttrain.objectives.distill.uniopsd import (
     StepTier, TrustState, UniOPSDOptions, c_star, fused_advantage, reliability, step_tier_from, token_lambda,
 )
+from posttrain.objectives.grpo import group_normalize
 from posttrain.rollout import RolloutBatch
 
 PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
@@ -163,7 +164,8 @@ def test_sipo_gives_signal_in_an_all_fail_group_where_grpo_gives_none():
 
 # --- UniOPSD ---------------------------------------------------------------------------------------------
 
-UOPTS = UniOPSDOptions(lam0=0.5, warmdown_steps=100, eps_w=0.2, a_reliability=0.5, rho_decay=0.9, rho_shrink_z=2.33, step_advantage_w=1.0, eps=1e-6)
+UOPTS = UniOPSDOptions(lam0=0.5, warmdown_steps=100, eps_w=0.2, a_reliability=0.5, rho_decay=0.9, rho_shrink_z=2.33, step_advantage_w=1.0,
+                       gamma=0.95, mode="mean_norm", anchor="observation", eps=1e-6)
 
 
 def tier_and_gap(seed=0):
@@ -173,7 +175,8 @@ def tier_and_gap(seed=0):
     gap = torch.randn(8, 5, generator=g) * 0.5
     gap[6:] = 0.0  # two rows without a teacher
     mask = torch.ones(8, 5, dtype=torch.long)
-    return step_tier_from(returns, anchor, gap, mask, 1.0, 1e-4, 1e-6), gap, mask
+    a_episode = group_normalize(returns, anchor, "group", 1e-4)
+    return step_tier_from(a_episode, returns, anchor, gap, mask, 1.0, "group", 1e-4, 1e-6), gap, mask
 
 
 def test_uniopsd_full_trust_in_the_step_advantage_is_the_decoupled_form():
@@ -239,7 +242,7 @@ def test_uniopsd_estimator_on_a_batch_is_episode_plus_token_weighted_step_credit
     batch = make_batch([1.0, 0.0, 0.0, 1.0]).with_extras(peer_logp_gap=gap, uniopsd_rho=torch.tensor(0.0), train_step=torch.tensor(1.0))
     adv = advantages.get("uniopsd")(batch, cfg)
     r = torch.tensor([1.0, 0.0, 0.0, 1.0])
-    a_e = (r - r.mean()) / (r.std() + cfg.std_eps)
+    a_e = r - r.mean()  # mode mean_norm; one step per single-turn rollout, its anchor the prompt: A^S = omega A^E
     a_s = opts.step_advantage_w * a_e
     w = torch.clamp(torch.exp(torch.sign(a_s)[:, None] * gap), 1 - opts.eps_w, 1 + opts.eps_w)
     lam = opts.lam0  # first update: no warm-down yet

@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from helpers import REPO, micro_params
+from helpers import REPO, micro_rl_parts
 from posttrain import resolve
 from posttrain.config import CriticConfig
 from posttrain.errors import UserError
@@ -24,15 +24,7 @@ PPO = ["rl.preset=ppo", "rl.max_new_tokens=4", "rl.prompts_per_step=3", "rl.grou
 
 @pytest.fixture(scope="module")
 def micro(tmp_path_factory):
-    from posttrain.models import build_tiny, train_char_tokenizer
-    from posttrain.tasks import build_task
-
-    cfg = resolve.load(micro_params(tmp_path_factory.mktemp("ppo")), PPO)
-    task = build_task(cfg.task)
-    tokenizer = train_char_tokenizer([task.alphabet()])
-    torch.manual_seed(0)
-    model = build_tiny(cfg.model, tokenizer)
-    return cfg, task, task.splits(0)["train"][:50], tokenizer, {k: v.clone() for k, v in model.state_dict().items()}, model
+    return micro_rl_parts(tmp_path_factory.mktemp("ppo"), PPO, 50)
 
 
 def trainer_for(micro, **rl_updates) -> tuple[OnlineRL, PromptStream]:

@@ -60,8 +60,8 @@ def examples_frame(task: Task, splits: dict[str, list[Example]]) -> pd.DataFrame
 
 
 def verified(task: Task, example: Example) -> bool:
-    """The task's verifier accepts the reference completion as well-formed and correct."""
-    return task.format_reward(example.completion, True) == 1.0 and task.correctness_reward(example.completion, True, example) == 1.0
+    """The task accepts the reference completion (`Task.reference_verified`: well-formed and correct by default)."""
+    return task.reference_verified(example)
 
 
 def validate_examples(frame: pd.DataFrame, task: Task, expected_rows: dict[str, int]) -> dict[str, Any]:

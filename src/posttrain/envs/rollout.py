@@ -23,10 +23,11 @@ from posttrain.models.sampling import Samples, categorical
 @torch.no_grad()
 def multi_turn_sample(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, envs: list[Env], first_observations: list[str], max_tokens: int,
-    temperature: float = 1.0, generator: torch.Generator | None = None,
+    temperature: float = 1.0, generator: torch.Generator | None = None, greedy: bool = False,
 ) -> Samples:
     """Run one episode per env (already reset; `first_observations` are what reset returned, the prompts)
-    until every episode is done or has used `max_tokens` completion tokens (actions + observations)."""
+    until every episode is done or has used `max_tokens` completion tokens (actions + observations); `greedy`
+    takes the most likely action token at every turn."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -47,7 +48,7 @@ def multi_turn_sample(
             mask[r, width - len(row):] = 1
         logits = model(input_ids=batch, attention_mask=mask, position_ids=positions_from_mask(mask), logits_to_keep=1).logits[:, -1].float()
         logp_all = torch.log_softmax(logits / temperature, dim=-1)
-        tokens = categorical(logp_all, generator)
+        tokens = logp_all.argmax(-1) if greedy else categorical(logp_all, generator)
         for r, i in enumerate(live):
             token = int(tokens[r])
             ids[i].append(token)
@@ -88,6 +89,6 @@ def env_sampler(tokenizer: PreTrainedTokenizerBase, make_env: Callable[[str], En
         texts = tokenizer.batch_decode(prompt_ids.masked_fill(prompt_mask == 0, pad_id).cpu(), skip_special_tokens=True)
         envs = [make_env(text) for text in texts for _ in range(group_size)]
         first = [env.reset() for env in envs]
-        return multi_turn_sample(model, tokenizer, envs, first, max_new_tokens, temperature, generator)
+        return multi_turn_sample(model, tokenizer, envs, first, max_new_tokens, temperature, generator, greedy)
 
     return sample

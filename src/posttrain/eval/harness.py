@@ -2,7 +2,8 @@
 samples pass@1, pass@k and majority@k (eval/sampling.py); then the inference-time sampler `eval.sampler`
 (rollout/samplers.py) as `sampler_*`: accuracy, format rate, pass@k over its answers where it draws several,
 tokens per answer and forward tokens per answer (all, prompt, generated and per context), so samplers compare
-at matched compute. Greedy and sampled passes report their forward tokens per answer too."""
+at matched compute. Greedy and sampled passes report their forward tokens per answer too. A multi-turn task (one
+with a `sampler`: the text world, the market sandbox) is evaluated on its episodes, greedy or sampled turn by turn."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.config import EvalConfig
+from posttrain.errors import UserError
 from posttrain.eval.sampling import sample_metrics as over_samples
 from posttrain.rollout.samplers import Sampled, SampleRequest, draw, samplers
 from posttrain.tasks import Example, Task
@@ -20,9 +22,12 @@ from posttrain.tasks import Example, Task
 def evaluate(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task, examples: Sequence[Example], cfg: EvalConfig, seed: int
 ) -> tuple[dict[str, float], list[dict[str, object]]]:
+    episodes = task.sampler(tokenizer) if hasattr(task, "sampler") else None  # a multi-turn environment plays its episodes
+    if episodes is not None and cfg.sampler not in ("greedy", "temperature"):
+        raise UserError(f"eval.sampler {cfg.sampler} cannot play the episodes of a multi-turn task; use greedy or temperature")
     examples = list(examples)[: cfg.n_prompts]
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
-    request = SampleRequest(cfg.max_new_tokens, cfg.samples_per_prompt, cfg.temperature, tuple(cfg.stop), cfg.batch_size)
+    request = SampleRequest(cfg.max_new_tokens, cfg.samples_per_prompt, cfg.temperature, tuple(cfg.stop), cfg.batch_size, episodes)
     metrics: dict[str, float] = {"n_prompts": float(len(examples))}
     rows: list[dict[str, object]] = []
     if not examples:

@@ -52,9 +52,12 @@ def sample(
     greedy: bool = False,
     generator: torch.Generator | None = None,
     stop: Callable[[Tensor], Tensor] | None = None,
+    between_steps: Callable[[int], None] | None = None,
 ) -> Samples:
     """Sample `group_size` completions for each prompt row of `prompt_ids` (left-padded). A row ends at EOS or
-    when `stop(tokens so far)` [N, t] -> [N] bool (a `StopStrings`) says its text now holds a stop string."""
+    when `stop(tokens so far)` [N, t] -> [N] bool (a `StopStrings`) says its text now holds a stop string.
+    `between_steps(t)` runs before the forward that produces token t's logits (t >= 1): an asynchronous rollout
+    worker loads newer weights there (trainers/async_rl.py), and the rest of the rollout decodes under them."""
     was_training = model.training
     model.eval()
     decoder = decoder_for(model)
@@ -81,6 +84,8 @@ def sample(
         ended |= hit
         if steps == max_new_tokens or bool(ended.all()):
             break
+        if between_steps is not None:
+            between_steps(steps)
         with autocast(model):
             logits = decoder.step(token)
     model.train(was_training)

@@ -25,9 +25,9 @@ Invariants (tests/unit/test_async_pool.py): P <= P* gives R = 0 and R <= P - P*;
 E; all tokens at v_now gives E = 0; a long trajectory whose tokens came mostly after a refresh has Gp < Gn; E is
 monotone increasing in W.
 
-Only the pool logic lives here (pure functions over tensors, plain-Python pool); there are no workers, no trainer
-integration and no config keys yet (docs/async.md lists what is missing). `experiments/async_simulator.py` runs it
-over simulated time.
+Only the pool logic lives here (pure functions over tensors, plain-Python pool). `rl.pool_policy` selects a policy
+(options `rl.options.<name>`); trainers/async_rl.py runs the workers and draws from the pool under it, and
+`experiments/async_simulator.py` runs the same logic over simulated time.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ rows where they appear; the other samplers' answers are cut before them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -42,6 +42,7 @@ class SampleRequest:
     temperature: float = 1.0  # the `temperature` sampler's T
     stop: tuple[str, ...] = ()
     chunk: int = 0  # > 0: at most this many prompts at a time
+    episodes: Callable | None = None  # a multi-turn task's episode sampler (`Task.sampler`), for greedy and temperature
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,7 @@ def _ancestral(model, tokenizer, prompts, request: SampleRequest, greedy: bool, 
     device = next(model.parameters()).device
     _, prompt_mask = encode_prompts(tokenizer, prompts, device)
     samples, texts = generate(model, tokenizer, prompts, request.max_new_tokens, group_size=k, temperature=request.temperature,
-                              greedy=greedy, generator=generator, stop=request.stop)
+                              greedy=greedy, generator=generator, stop=request.stop, sampler=request.episodes)
     steps = samples.completion_ids.shape[1]
     lengths = samples.completion_mask.sum(-1)
     # the prompt is encoded once per prompt (its keys shared by the k rows); a row's produced tokens are fed back

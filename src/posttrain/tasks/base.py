@@ -53,6 +53,11 @@ class Task(ABC):
         """1.0 when the parsed answer equals the reference answer."""
         return float(self.parse(completion) == example.answer)
 
+    def reference_verified(self, example: Example) -> bool:
+        """The data stage's check of a reference completion: well formed and accepted by the verifier. A task whose
+        references are demonstrations, right only as often as their author is, checks them its own way."""
+        return self.format_reward(example.completion, True) == 1.0 and self.correctness_reward(example.completion, True, example) == 1.0
+
     def sample_metrics(self, completion: str, example: Example) -> dict[str, float]:
         """Task-specific per-completion metrics, averaged by the evaluation (e.g. Hit@k); none by default."""
         return {}

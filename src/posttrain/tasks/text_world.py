@@ -40,6 +40,11 @@ class TextWorld(Task):
     def alphabet(self) -> str:
         return ROOMS + "0123456789lrsg>=-"
 
+    def skill_vocabulary(self) -> list[str]:
+        """PR-OPD's structured hindsight skills: `g<cell>`, "this room's goal is cell <cell>". A fact about the
+        room, reusable from each of its start states, not an episode's answer (the action string)."""
+        return [f"g{cell}" for cell in range(CELLS)]
+
     def sampler(self, tokenizer):
         """Multi-turn sampling for the RL loop (see trainers/online_rl.rollout)."""
         return env_sampler(tokenizer, KeyRoom)

@@ -39,10 +39,12 @@ def skill_context(example: Example, skill: str) -> str:
     return f"{skill}{SEP}{example.prompt}" if skill else example.prompt
 
 
-def hindsight_prompt(example: Example, response: str, success: bool) -> str:
-    """What the policy reads to write a hindsight skill for its own trajectory: the response, its outcome
-    (as a label character), and the prompt."""
-    return f"{response}{OUTCOME_OK if success else OUTCOME_FAILED}{example.prompt}"
+def reflection_prompt(example: Example, trajectory: str, success: bool) -> str:
+    """What the policy reads before it writes a hindsight skill for its own episode: the task, the whole
+    trajectory as it lived it (actions and observations), its outcome (a label character) and SEP. It ends
+    with the outcome, not with the task prompt, so what follows is read as a lesson about the episode rather
+    than as another answer to the task."""
+    return f"{example.prompt}{trajectory}{OUTCOME_OK if success else OUTCOME_FAILED}{SEP}"
 
 
 def retrospection_prompt(example: Example, attempt: str, feedback: str) -> str:

@@ -34,7 +34,8 @@ from posttrain.models.teacher import teacher_forward
 from posttrain.models.value import token_values
 from posttrain.objectives import advantages, auxiliaries, losses, needs_of
 from posttrain.objectives.distill.gats import GATSState, gap_weight
-from posttrain.objectives.distill.uniopsd import TrustState, step_tier
+from posttrain.objectives.distill.pr_opd import admissible_skill, pick_skills
+from posttrain.objectives.distill.uniopsd import TrustState, step_tier, successful_peers
 from posttrain.registry import Registry
 from posttrain.rewards import reward_matrix
 from posttrain.rollout import RolloutBatch
@@ -128,6 +129,12 @@ def score_under(model, ctx: ExtraContext, context_texts: list[str], batch: Rollo
     """The batch's completions read by `model` after per-row context texts (no gradient)."""
     ids, mask = encode_prompts(ctx.tokenizer, context_texts, batch.completion_ids.device)
     return teacher_forward(model, ids, mask, batch.completion_ids, batch.attention_mask, ctx.cfg.temperature, hidden)
+
+
+def decode_transcripts(tokenizer: PreTrainedTokenizerBase, batch: RolloutBatch) -> list[str]:
+    """Each completion as the policy read it: its actions and the environment's observations (no EOS or padding)."""
+    ids = batch.completion_ids.masked_fill(batch.attention_mask == 0, tokenizer.pad_token_id)
+    return tokenizer.batch_decode(ids.cpu(), skip_special_tokens=True)
 
 
 def episode_sampler(ctx: ExtraContext):
@@ -253,19 +260,16 @@ def contrast_logp_gap(ctx: ExtraContext, prompts, batch) -> Tensor:
 
 @extras.register("peer_logp_gap")
 def peer_logp_gap(ctx: ExtraContext, prompts, batch) -> Tensor:
-    """[B, T] UniOPSD's Delta = logp_T - logp_S, the teacher being the policy with a successful peer of the
-    same group in context; 0 on rows of groups without a success (untaught rows)."""
-    examples, texts, ok = row_examples(prompts, batch), decode_completions(ctx.tokenizer, batch), success(batch).tolist()
-    peer_texts, taught = [], []
-    group_of = {i: rows for rows in group_rows(batch) for i in rows}
-    for i in range(batch.size):
-        rows = group_of[i]
-        peers = [j for j in rows if ok[j] and j != i] or [j for j in rows if ok[j]]
-        taught.append(bool(peers))
-        peer_texts.append(contexts.peer_context(examples[i], texts[peers[0]] if peers else ""))
+    """[B, T] UniOPSD's Delta = logp_T - logp_S, the teacher being the policy with another successful rollout of
+    the same group in context (its whole transcript, observations included); 0 on rows with no such peer
+    (untaught rows: groups without a success, and a group's lone success)."""
+    examples, ok = row_examples(prompts, batch), success(batch).tolist()
+    texts = decode_transcripts(ctx.tokenizer, batch)
+    peers = successful_peers(ok, batch.group.tolist())
+    peer_texts = [contexts.peer_context(e, texts[j] if j is not None else "") for e, j in zip(examples, peers)]
     teacher = score_under(ctx.policy, ctx, peer_texts, batch).logp
     gap = (teacher - batch.old_logp) * batch.completion_mask
-    return gap * torch.tensor(taught, dtype=gap.dtype, device=gap.device)[:, None]
+    return gap * torch.tensor([j is not None for j in peers], dtype=gap.dtype, device=gap.device)[:, None]
 
 
 @extras.register("trace_logprobs", role="teacher", optional_role=True)
@@ -285,14 +289,45 @@ def trace_logprobs(ctx: ExtraContext, prompts, batch) -> Tensor:
 @torch.no_grad()
 def skill_hidden(ctx: ExtraContext, prompts, batch) -> Tensor:
     """[L, B, T, d] PR-OPD's teacher: the policy re-reading its own response with a hindsight skill k_i it
-    wrote itself (from the response and its outcome) prepended. Empty during the GRPO warm start."""
+    wrote itself after a reflection prompt holding the task, its trajectory and the outcome (see `write_skills`).
+    Empty during the GRPO warm start."""
     opts = ctx.cfg.options_for("pr_opd")
     if ctx.step <= opts.warm_start:  # no skills written, no teacher pass
         return torch.empty(0)
-    examples, texts, ok = row_examples(prompts, batch), decode_completions(ctx.tokenizer, batch), success(batch).tolist()
-    hindsight = [contexts.hindsight_prompt(e, t, s) for e, t, s in zip(examples, texts, ok)]
-    _, skills = generate(ctx.policy, ctx.tokenizer, hindsight, opts.skill_tokens, temperature=ctx.cfg.temperature, generator=ctx.generator)
+    examples, ok = row_examples(prompts, batch), success(batch).tolist()
+    reflections = [contexts.reflection_prompt(e, t, s) for e, t, s in zip(examples, decode_transcripts(ctx.tokenizer, batch), ok)]
+    skills = write_skills(ctx, examples, reflections)
     return score_under(ctx.policy, ctx, [contexts.skill_context(e, k) for e, k in zip(examples, skills)], batch, hidden=True).hidden
+
+
+def write_skills(ctx: ExtraContext, examples: list[Example], reflections: list[str]) -> list[str]:
+    """One hindsight skill per reflection: picked by the policy from the task's skill vocabulary when it has
+    one (sampled from the policy's own log-probs of each candidate after the reflection), else `skill_tokens`
+    sampled tokens; a skill that is the answer (pr_opd.admissible_skill) becomes "" (no teacher signal)."""
+    opts = ctx.cfg.options_for("pr_opd")
+    vocabulary = getattr(ctx.task, "skill_vocabulary", None)
+    if vocabulary is None:
+        _, skills = generate(ctx.policy, ctx.tokenizer, reflections, opts.skill_tokens, temperature=ctx.cfg.temperature, generator=ctx.generator)
+    else:
+        candidates = list(vocabulary())
+        chosen = pick_skills(candidate_logp(ctx, reflections, candidates), ctx.cfg.temperature, ctx.generator)
+        skills = [candidates[k] for k in chosen.tolist()]
+    return [k if admissible_skill(k, e.completion, ctx.task.correctness_reward(k, True, e) > 0) else "" for k, e in zip(skills, examples)]
+
+
+def candidate_logp(ctx: ExtraContext, contexts_: list[str], candidates: list[str]) -> Tensor:
+    """[N, V] the policy's log-probability of each candidate text after each context (no gradient)."""
+    device = ctx.device
+    ids, mask = encode_prompts(ctx.tokenizer, [c for c in contexts_ for _ in candidates], device)
+    encoded = [ctx.tokenizer(c, add_special_tokens=False).input_ids for c in candidates]
+    width = max(map(len, encoded))
+    comp = torch.full((len(candidates), width), ctx.tokenizer.pad_token_id, dtype=torch.long, device=device)
+    comp_mask = torch.zeros_like(comp)
+    for v, row in enumerate(encoded):
+        comp[v, : len(row)], comp_mask[v, : len(row)] = torch.tensor(row, device=device), 1
+    comp, comp_mask = comp.repeat(len(contexts_), 1), comp_mask.repeat(len(contexts_), 1)
+    logp = teacher_forward(ctx.policy, ids, mask, comp, comp_mask, ctx.cfg.temperature, full=False).logp
+    return (logp * comp_mask).sum(-1).view(len(contexts_), len(candidates))
 
 
 @extras.register("retrospections")

@@ -46,9 +46,11 @@ from posttrain.objectives.presets import presets
 from posttrain.objectives.aggregation import aggregate
 from posttrain.objectives.diagnostics import composition_metrics
 from posttrain.objectives.kl import k3_kl
+from posttrain.objectives.off_policy import corrections, mismatch_figures, weighted_advantages
 from posttrain.objectives.value_loss import CriticOutputs
 from posttrain.rewards import reward_matrix, rewards
 from posttrain.rollout import PolicyOutputs, RolloutBatch
+from posttrain.rollout.pool import pool_policies
 from posttrain.tasks import Example, Task
 from posttrain.trainers import distributed
 from posttrain.runtime import progress
@@ -61,7 +63,8 @@ from posttrain.trainers.extras import ExtraContext, check_providers, extras, pro
 def rl_registries() -> dict[str, Registry]:
     """The registries an rl section names entries of (the keys its config markers use)."""
     return {"advantages": advantages, "losses": losses, "loss_aggregations": aggregations, "auxiliaries": auxiliaries,
-            "rewards": rewards, "presets": presets, "extras": extras}
+            "rewards": rewards, "presets": presets, "extras": extras,
+            "corrections": corrections, "pool_policies": pool_policies}
 
 
 def resolve_rl(rl: RLConfig, **update) -> RLConfig:
@@ -225,7 +228,17 @@ class OnlineRL:
             eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, temperature=cfg.temperature, generator=self.generator,
         )
         seconds = time.perf_counter() - start
-        texts = decode_completions(tok, samples, stop)
+        batch, texts = self.score(prompts, prompt_ids, prompt_mask, samples, stop)
+        tokens = float(samples.completion_mask.sum())
+        metrics = {"tokens_per_s": tokens / max(seconds, 1e-9), "completion_length": tokens / batch.size}
+        if hasattr(run.task, "rollout_metrics"):  # a task's own figures of a batch (the market sandbox: each tool's share of the calls)
+            metrics.update(run.task.rollout_metrics(texts))
+        return batch, texts, metrics
+
+    def score(self, prompts: list[Example], prompt_ids, prompt_mask, samples, stop: StopStrings) -> tuple[RolloutBatch, list[str]]:
+        """Decode and score the samples of `prompts` (group_size rows each, prompt-major) into a RolloutBatch."""
+        cfg, run = self.cfg, self.run
+        texts = decode_completions(run.tokenizer, samples, stop)
         expanded = [e for e in prompts for _ in range(cfg.group_size)]
         rewards, names, weights = reward_matrix(cfg.rewards, run.task, expanded, texts, samples.finished.tolist(), **reward_context(cfg, samples))
         batch = RolloutBatch(
@@ -240,9 +253,7 @@ class OnlineRL:
             reward_names=names,
             reward_weights=weights.to(self.device),
         )
-        tokens = float(samples.completion_mask.sum())
-        metrics = {"tokens_per_s": tokens / max(seconds, 1e-9), "completion_length": tokens / batch.size}
-        return batch, texts, metrics
+        return batch, texts
 
     def collect(
         self, prompts: list[Example], more_prompts: Callable[[int], list[Example]] | None
@@ -307,21 +318,29 @@ class OnlineRL:
             return PolicyOutputs(logp=None, scored=scored)
         return PolicyOutputs(logp=out.logp, entropy=out.entropy, logprobs=out.logprobs, hidden=out.hidden, scored=scored)
 
-    def step(self, prompts: list[Example], more_prompts: Callable[[int], list[Example]] | None = None) -> StepResult:
+    def step(self, prompts: list[Example], more_prompts: Callable[[int], list[Example]] | None = None,
+             collected: tuple[RolloutBatch, list[str], list[Example], dict[str, float]] | None = None) -> StepResult:
         """One update on `prompts`: rollout, rewards, extras, advantages, `epochs_per_batch` policy passes (an
-        optimizer step each) and one schedule step. With `rl.dynamic_sampling`, `more_prompts(n)` supplies refill prompts."""
+        optimizer step each) and one schedule step. With `rl.dynamic_sampling`, `more_prompts(n)` supplies refill prompts.
+        `collected` (batch, texts, prompts, metrics): a batch sampled elsewhere (the async workers) instead of a rollout."""
         cfg, policy = self.cfg, self.run.policy
         estimate, policy_loss = advantages.get(cfg.advantage), losses.get(cfg.loss)
         self.step_index += 1
-        batch, texts, prompts, metrics = self.collect(prompts, more_prompts)
+        batch, texts, prompts, metrics = collected or self.collect(prompts, more_prompts)
         batch = provide(self.needs, self.context, prompts, batch)
         adv = estimate(batch, cfg)
         warmup = self.critic_warmup()
         terms = [name for name in cfg.aux if not warmup or auxiliaries.entry(name).meta.get("critic")]
+        correct, proximal = corrections.get(cfg.correction), None
         for _ in range(cfg.epochs_per_batch):
             outputs = self.policy_forward(batch)
             if outputs.logp is not None:
-                loss, loss_metrics = policy_loss(outputs.logp, batch.old_logp, adv, batch.completion_mask, cfg)
+                if proximal is None:  # the first pass runs before any step of this update: the proximal policy, v_now
+                    proximal = outputs.logp.detach()
+                    metrics.update(mismatch_figures(batch.old_logp, proximal, batch.completion_mask))
+                fixed = correct(batch.old_logp, proximal, batch.completion_mask, cfg.options_for(cfg.correction))
+                loss, loss_metrics = policy_loss(outputs.logp, fixed.old_logp, weighted_advantages(adv, fixed.weight), fixed.mask, cfg)
+                loss_metrics.update(fixed.metrics)
             else:
                 loss, loss_metrics = torch.zeros((), device=self.device), {}
             if cfg.beta > 0 and not warmup:
@@ -364,6 +383,10 @@ def train_online_rl(
     table of the last step's completions. `on_log` sees every `log_every`-th step's metrics; `on_step`, when
     given, every step's whole result (batch, texts, prompts, metrics), for experiments that inspect batches."""
     cfg, policy = run.cfg, run.policy
+    if cfg.mode == "async":  # rollout worker processes and the trajectory pool
+        from posttrain.trainers.async_rl import train_async
+
+        return train_async(run, resume, on_log, on_step)
     ctx = distributed.current()
     if ctx.active and (cfg.prompts_per_step % ctx.world_size or cfg.dynamic_sampling):
         raise UserError(f"under torchrun rl.prompts_per_step ({cfg.prompts_per_step}) must be a multiple of the {ctx.world_size} processes and rl.dynamic_sampling off")

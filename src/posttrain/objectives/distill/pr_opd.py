@@ -1,12 +1,22 @@
 """PR-OPD, privileged representation on-policy self-distillation (2026, github.com/balibata/PR-OPD;
-derived from its abstract):
+derived from its abstract, spec section 3):
 after a GRPO warm start, the policy writes a hindsight skill k_i for each of its own trajectories, re-reads
 the trajectory with k_i prepended (teacher pass, stop-gradient), and every layer's projected student hidden
 state (skill-free pass) is pulled to the teacher's on the response tokens, on top of GRPO:
 
+    k_i = pi.write(reflection(x, tau_i, R_i))          (after reading its trajectory and the outcome)
     H^T_{l,t} = sg hidden_l(pi; [k_i; x; y_i])[t],   H^S_{l,t} = hidden_l(pi; [x; y_i])[t]
     L_rep = (1/L) sum_l mask-mean_t || P_l(H^S_{l,t}) - H^T_{l,t} ||^2 / d          (P_l linear, init identity)
     L = L_GRPO + lambda_rep L_rep      (L_rep = 0 during the first `warm_start` updates)
+
+The skill (the `skill_hidden` provider in trainers/extras.py) is written after the reflection prompt
+(trainers/contexts.reflection_prompt: the task, the whole trajectory with its observations, the outcome).
+A task may declare a structured skill vocabulary (`skill_vocabulary()`, e.g. the text world's `g<cell>`,
+"this room's goal is cell c"): the policy then picks its skill by sampling from its own distribution over
+the candidates after the reflection (`pick_skills`), since a tiny model writes no useful free text; other
+tasks get `skill_tokens` freely sampled tokens. A skill must be a reusable instruction, not the answer
+(`admissible_skill`): one the task's verifier accepts as a solution of the episode, or one that contains
+the reference completion, is dropped (that row's teacher pass then equals its student pass).
 
 The projectors are a trainable side module (registry meta `module`): the trainer builds them (identity
 init), puts them in its optimiser at lr = rl.lr * projector_lr_scale, steps them with the policy after the
@@ -61,6 +71,21 @@ def make_projectors(model_config, opts: PROPDOptions) -> Projectors:
     projectors = Projectors(model_config.num_hidden_layers, model_config.hidden_size)
     projectors.lr_scale = opts.projector_lr_scale
     return projectors
+
+
+def admissible_skill(skill: str, reference: str, solves: bool) -> bool:
+    """The rule that keeps a hindsight skill an instruction: rejected when the verifier accepts the skill
+    itself as a solution of the episode (`solves`) or it contains the episode's reference completion."""
+    reference = reference.strip()
+    return not solves and not (reference and reference in skill)
+
+
+def pick_skills(scores: Tensor, temperature: float, generator: torch.Generator | None = None) -> Tensor:
+    """[B] the index of each row's skill, sampled from softmax(scores / temperature) over the candidates
+    ([B, V] sequence log-probs of each candidate after the row's reflection prompt)."""
+    cdf = torch.softmax(scores.float() / temperature, dim=-1).cumsum(-1)
+    u = torch.rand(scores.shape[0], 1, generator=generator, device=scores.device) * cdf[:, -1:]  # one draw per row
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=scores.shape[-1] - 1)
 
 
 @auxiliaries.register("pr_opd", needs=("skill_hidden", "train_step"), policy=("hidden",), module=make_projectors, options=PROPDOptions)

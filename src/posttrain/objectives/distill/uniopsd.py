@@ -1,28 +1,45 @@
 """UniOPSD, unified on-policy self-distillation with adaptive local credit arbitration (2026, read from
 Zenghuang-Fu/Uniopsd `verl/trainer/ppo/rlsd_utils.py` (compute_opsd_step_tier, compute_rlsd_token_advantage,
-form "fusion") and `rlsd_ray_trainer.py` (rho EMA, c*); restated, no code copied).
+form "fusion") and `rlsd_ray_trainer.py` (rho EMA, c*); its base is GiGPO, Feng et al. 2025, arXiv 2505.10978,
+Eqs. 3 and 5-8 (verl-agent `gigpo/core_gigpo.py`); restated, no code copied).
 
-A self-teacher with a successful peer of the group in context re-scores each row; its gap
-Delta_t = logp_T - logp_S becomes a second estimate of the step advantage, fused with the environment's:
+Credit lives on step-rows (objectives/distill/anchors.py), one per environment step k of every rollout.
+A rollout's steps are the runs of tokens the policy produced between two observations (`completion_mask`; in envs/rollout.py every action is
+one token, so a run is one action, or a few when no-op actions got an empty observation). Step-rows whose
+states coincide form an anchor group (GiGPO Eq. 6): within one rollout group, rows with the same anchor key,
+either the whole observation history before the step (`anchor: history`, prompt + every earlier token) or
+the last observation the policy read (`anchor: observation`, GiGPO's anchor_obs; the prompt at step 0).
 
-    A^E  episode advantage (group-normalised return);  A^S = omega * step advantage within the anchor group
+    A^E_k  episode advantage of the step's rollout: return - group mean (GiGPO Eq. 3; mode mean_norm, or
+           / group std with mean_std_norm)
+    G_k    discounted return from step k: gamma^(K-1-k) R (the outcome R arrives at the last of K steps; Eq. 5)
+    A^S_k  = omega * (G_k - mean of G over the anchor group)  (Eq. 7; / anchor std with mean_std_norm)
+
+A self-teacher with a successful peer of the group in context re-scores each step (the `peer_logp_gap`
+provider: a lone success has no peer, so its rows are untaught); its gap Delta_t = logp_T - logp_S becomes a
+second estimate of the step advantage, fused with the environment's:
+
     A^O  = scale * (mean_t Delta - mean_anchor mean_t Delta),  scale = std(A^S) / std(A^O_raw) on taught rows
     prec_S = n / var(step returns in anchor)  (0 without step evidence),  prec_O = 1 / ((var_t Delta / L) scale^2)
     z_S, z_O = precisions / their median over rows with both evidences
     c*   = u (u - r2) / (u^2 - 2 u r2 + r2),  r2 = min(rho_used^2, u (1 - 1e-6)),  u = a_reliability
     c_k  = k z_S / (k z_S + z_O) with k = c* / (1 - c*) (both);  c* (teacher only);  1 (no teacher, or c* = 1)
     F_k  = c_k A^S + (1 - c_k) A^O;   w_t = clip(exp(sign(F) Delta_t), 1 - eps_w, 1 + eps_w)
-    A_hat_t = A^E + F ((1 - lambda) + lambda w_t),   lambda = lambda0 (1 - step / warmdown) before warmdown, then 0
+    A_hat_t = A^E + F ((1 - lambda) + lambda w_t) on the tokens of step k,
+    lambda = lambda0 (1 - step / warmdown) before warmdown, then 0
 
-rho_used is the shrunken EMA of past steps' Pearson corr(A^S, A^O) (the `uniopsd_rho` provider in trainers/extras.py, which declares TrustState as its state).
-On single-turn tasks every trajectory is one step and its anchor state is the prompt, so the anchor group is
-the rollout group (and A^S coincides with the normalised return times omega). Settings: rl.options.uniopsd.
+rho_used is the shrunken EMA of past steps' Pearson corr(A^S, A^O) (the `uniopsd_rho` provider in
+trainers/extras.py, which declares TrustState as its state). A one-token step has var_t Delta = 0, so every
+such row gets the same (clamped) teacher precision and z_O = 1: the arbitration then follows z_S alone.
+On single-turn tasks every rollout is one step whose anchor is the prompt, so the anchor group is the rollout
+group and A^S = omega * A^E. Settings: rl.options.uniopsd.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from pydantic import Field
@@ -32,6 +49,7 @@ from posttrain.config import Section
 from posttrain.state import DataclassState
 from posttrain.errors import assert_no_grad
 from posttrain.objectives import advantages
+from posttrain.objectives.distill.anchors import StepRows, step_rows
 from posttrain.objectives.grpo import group_moments, group_normalize, weighted_reward
 from posttrain.rollout import RolloutBatch
 
@@ -44,18 +62,21 @@ class UniOPSDOptions(Section):
     rho_decay: float = Field(ge=0, lt=1)
     rho_shrink_z: float = Field(ge=0)
     step_advantage_w: float = Field(ge=0)  # omega
+    gamma: float = Field(ge=0, le=1)  # GiGPO's discount of the step returns
+    mode: Literal["mean_norm", "mean_std_norm"]  # GiGPO's normalisation of both tiers
+    anchor: Literal["history", "observation"]  # which state key makes step-rows one anchor group
     eps: float = Field(gt=0)
 
 
 @dataclass(frozen=True)
 class StepTier:
-    a_episode: Tensor  # [B]
-    a_step: Tensor  # [B]
-    a_teacher: Tensor  # [B] (0 on untaught rows)
-    prec_step: Tensor  # [B]
-    prec_teacher: Tensor  # [B]
-    has_step: Tensor  # [B] bool
-    has_teacher: Tensor  # [B] bool
+    a_episode: Tensor  # [N]
+    a_step: Tensor  # [N]
+    a_teacher: Tensor  # [N] (0 on untaught rows)
+    prec_step: Tensor  # [N]
+    prec_teacher: Tensor  # [N]
+    has_step: Tensor  # [N] bool
+    has_teacher: Tensor  # [N] bool
 
     @property
     def both(self) -> Tensor:
@@ -63,9 +84,11 @@ class StepTier:
 
 
 def step_tier_from(
-    returns: Tensor, anchor: Tensor, gap: Tensor, mask: Tensor, omega: float, std_eps: float, eps: float, scored: Tensor | None = None
+    a_episode: Tensor, returns: Tensor, anchor: Tensor, gap: Tensor, mask: Tensor, omega: float, std_scaling: str, std_eps: float, eps: float,
+    scored: Tensor | None = None,
 ) -> StepTier:
-    """The step tier of every row; rows without a real reward (`scored` False) get no environment advantage."""
+    """The step tier of every step-row (`returns` its G_k, `gap` and `mask` restricted to its tokens); rows
+    without a real reward (`scored` False) get no environment advantage."""
     assert_no_grad(teacher_gap=gap)
     scored = torch.ones_like(returns, dtype=torch.bool) if scored is None else scored
     m = mask.to(gap.dtype)
@@ -73,8 +96,7 @@ def step_tier_from(
     dbar = (gap * m).sum(-1) / length
     var = ((gap - dbar[:, None]) ** 2 * m).sum(-1) / length
     has_teacher = ((gap != 0) & mask.bool()).any(-1)
-    a_episode = group_normalize(returns, anchor, "group", std_eps, scored)
-    a_step = omega * group_normalize(returns, anchor, "group", std_eps, scored)
+    a_step = omega * group_normalize(returns, anchor, std_scaling, std_eps, scored)
     _, dbar_mean, _ = group_moments(dbar, anchor, has_teacher)
     raw = torch.where(has_teacher, dbar - dbar_mean, torch.zeros_like(dbar))
     taught = has_teacher.nonzero().squeeze(-1)
@@ -90,9 +112,29 @@ def step_tier_from(
     return StepTier(a_episode, a_step, scale * raw, prec_step, prec_teacher, has_step, has_teacher)
 
 
-def step_tier(batch: RolloutBatch, gap: Tensor, cfg, opts: UniOPSDOptions) -> StepTier:
+def tiers(batch: RolloutBatch, gap: Tensor, cfg, opts: UniOPSDOptions) -> tuple[StepRows, StepTier]:
+    """The step-rows of a batch and their tiers (`gap` [B, T] is split onto the step-rows)."""
     returns, scored = weighted_reward(batch)
-    return step_tier_from(returns, batch.group, gap, batch.completion_mask, opts.step_advantage_w, cfg.std_eps, opts.eps, scored)
+    std_scaling = "group" if opts.mode == "mean_std_norm" else "none"
+    a_episode = group_normalize(returns, batch.group, std_scaling, cfg.std_eps, scored)
+    steps = step_rows(batch, returns, opts.gamma, opts.anchor)
+    step_gap = gap[steps.row] * steps.mask.to(gap.dtype)
+    tier = step_tier_from(a_episode[steps.row], steps.step_return, steps.anchor, step_gap, steps.mask, opts.step_advantage_w, std_scaling,
+                          cfg.std_eps, opts.eps, scored[steps.row])
+    return steps, tier
+
+
+def step_tier(batch: RolloutBatch, gap: Tensor, cfg, opts: UniOPSDOptions) -> StepTier:
+    return tiers(batch, gap, cfg, opts)[1]
+
+
+def successful_peers(success: list[bool], group: list[int]) -> list[int | None]:
+    """The peer whose hindsight teaches each rollout: the first OTHER successful rollout of its group, None when
+    there is none (so a lone success is never its own teacher: the teacher must know something it did not)."""
+    out = []
+    for i, g in enumerate(group):
+        out.append(next((j for j, (h, ok) in enumerate(zip(group, success)) if h == g and ok and j != i), None))
+    return out
 
 
 def c_star(rho_used: float, u: float) -> float:
@@ -155,7 +197,8 @@ class TrustState(DataclassState):
 def uniopsd(batch: RolloutBatch, cfg) -> Tensor:
     opts: UniOPSDOptions = cfg.options_for("uniopsd")
     gap = batch.extras["peer_logp_gap"]
-    tier = step_tier(batch, gap, cfg, opts)
+    steps, tier = tiers(batch, gap, cfg, opts)
     c = reliability(tier, c_star(float(batch.extras["uniopsd_rho"]), opts.a_reliability))
     lam = token_lambda(int(batch.extras["train_step"]) - 1, opts)
-    return fused_advantage(tier, c, gap, batch.completion_mask, lam, opts.eps_w)
+    per_step = fused_advantage(tier, c, gap[steps.row], steps.mask, lam, opts.eps_w)  # [N, T], each on its own tokens
+    return torch.zeros(gap.shape, dtype=per_step.dtype, device=gap.device).index_add_(0, steps.row, per_step)

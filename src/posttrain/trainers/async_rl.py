@@ -1,0 +1,435 @@
+"""Asynchronous online RL (`rl.mode: async`): rollout worker processes generate whole groups while the trainer updates.
+
+The roles on one machine (docs/async.md says why processes here, and torch.distributed under torchrun beyond it):
+
+- the trainer (this process) owns the policy, the optimiser and the pool (rollout/pool.py). It hands prompts out as
+  jobs, pools the completed groups, draws whole groups under `rl.pool_policy`, scores them, takes one `OnlineRL`
+  step (the off-policy correction `rl.correction` and the mismatch figures included) and publishes the new weights;
+- `rl.workers.count` worker processes (torch.multiprocessing) each hold a copy of the policy. The trainer's weights
+  live in shared memory (`SharedWeights`: two slots, the newest version and the one before it, and a version
+  counter); a worker loads newer weights between decode steps (`sample(between_steps=...)`), so an interrupted
+  rollout continues under the new version and every token is tagged with the version that produced it.
+
+Policy versions: v = the number of updates the trainer has taken; update k trains at v_now = k - 1 and publishes k.
+
+Two schedules:
+
+- free-running (the default): a worker takes the newest weights before every decode step; the trainer keeps
+  `rl.workers.queued_groups` jobs outstanding, pools whatever has completed before each update and waits only when
+  the pool cannot yet give a batch. Wall-clock races decide the versions.
+- deterministic (`rl.workers.deterministic`): a fixed schedule instead of races. The jobs of update k (block k:
+  `queued_groups` prompts, handed out after update k - 2) decode their first `refresh_every_tokens` tokens under
+  version max(0, k - 2), then wait for and continue under version max(0, k - 1): an interrupted rollout, overlapping
+  update k - 1. Before update k the trainer pools exactly block k in prompt order. Each job samples with its own
+  generator (seeded by the run's seed and the job's number), so a group does not depend on which worker ran it.
+  A checkpoint holds the pool, the jobs not yet pooled (prompt, number, versions), the weights of version v - 1
+  (the prefix version of the in-flight block) and the prompt stream; on resume the in-flight jobs are decoded again
+  from their start under the same versions, which gives the same tokens: the run resumes bit-exactly.
+
+A worker that dies, fails or stalls, or a weight sync that does not arrive within `rl.workers.timeout_s`, ends the
+run with one line (UserError) within that time; the workers are stopped on every exit.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import queue
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+from posttrain.errors import UserError
+from posttrain.models.sampling import Samples, StopStrings, concat_samples, encode_prompts, sample
+from posttrain.rollout.pool import Group, TrajectoryPool, pool_policies
+from posttrain.runtime import progress
+from posttrain.trainers import distributed
+from posttrain.trainers.loop import TrainLoop
+from posttrain.trainers.online_rl import OnlineRL, PromptStream, RLRun, StepResult
+
+NEWEST = -1  # a job's version when the worker takes whatever the trainer published last
+
+
+@dataclass(frozen=True)
+class Job:
+    number: int  # the n-th prompt handed out in this run (0-based)
+    example: int  # its index in the run's training examples
+    start: int  # the version its first tokens decode under (NEWEST: free-running)
+    refresh: int  # the version from decode step `refresh_every_tokens` on (NEWEST: free-running)
+
+
+class SharedWeights:
+    """The policy's state in shared memory: two slots (version v in slot v % 2) and the newest version's number.
+    A deterministic schedule reads at most one version behind the newest, so two slots hold everything it reads."""
+
+    def __init__(self, model: torch.nn.Module, ctx):
+        state = model.state_dict()
+        self.slots = [{k: v.detach().to("cpu", copy=True).share_memory_() for k, v in state.items()} for _ in range(2)]
+        self.version = ctx.Value("l", -1)
+        self.lock = ctx.Lock()
+        self.stopping = ctx.Event()
+        self.trainer = os.getpid()  # set by the trainer at the end: a worker waiting for weights leaves
+
+    def publish(self, state: dict[str, torch.Tensor], version: int) -> None:
+        with self.lock:
+            for key, tensor in self.slots[version % 2].items():
+                tensor.copy_(state[key])
+            self.version.value = max(self.version.value, version)
+
+    def slot(self, version: int) -> dict[str, torch.Tensor]:
+        return {k: v.clone() for k, v in self.slots[version % 2].items()}
+
+    def load(self, model: torch.nn.Module, version: int, timeout: float, beat: Callable[[], None]) -> int:
+        """Copy `version` (NEWEST: the newest) into `model`, waiting at most `timeout` s for it to be published."""
+        deadline = time.monotonic() + timeout
+        while version != NEWEST and self.version.value < version:
+            if self.stopping.is_set() or os.getppid() != self.trainer:
+                raise Stopped
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"weight sync: version {version} was not published within {timeout:g}s")
+            beat()
+            time.sleep(0.001)
+        with self.lock:
+            newest = self.version.value
+            version = newest if version == NEWEST else version
+            if newest > version + 1:
+                raise RuntimeError(f"weight sync: version {version} was overwritten (newest is {newest})")
+            with torch.no_grad():
+                for key, tensor in model.state_dict().items():
+                    tensor.copy_(self.slots[version % 2][key])
+        return version
+
+
+class Stopped(Exception):
+    """The trainer is stopping the workers."""
+
+
+def job_generator(seed: int, number: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed * 1_000_003 + number)
+
+
+def worker_main(rank: int, model, tokenizer, examples, settings: dict, shared: SharedWeights, jobs, results, alive) -> None:
+    """One rollout worker: decode each job's group, loading weights between decode steps, and send it back."""
+    torch.set_num_threads(1)
+    try:
+        model.to(settings["device"]).eval().requires_grad_(False)
+        stop = StopStrings(tokenizer, settings["stop"])
+        held = [-2]  # the version in the model
+
+        def beat() -> None:
+            alive[rank] = time.time()
+
+        def hold(version: int) -> None:
+            if version == NEWEST and shared.version.value == held[0]:
+                return
+            if version != held[0]:
+                held[0] = shared.load(model, version, settings["timeout"], beat)
+
+        trainer = os.getppid()
+        while True:
+            try:
+                job = jobs.get(timeout=1.0)
+            except queue.Empty:
+                # the trainer was killed (kill -9 leaves no one to stop us), or is stopping while a killed worker
+                # still holds the queue's lock (get() times out instead of seeing the stop signal)
+                if os.getppid() != trainer or shared.stopping.is_set():
+                    return
+                continue
+            if job is None:
+                return
+            batch = [job]  # free-running, a worker decodes the jobs waiting in the queue together (one forward per step)
+            while job.start == NEWEST and len(batch) < settings["jobs_per_worker"]:
+                try:
+                    more = jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    jobs.put(None)  # the stop signal is another worker's too, or ours after this batch
+                    break
+                batch.append(more)
+            beat()
+            hold(job.start)
+            versions = [held[0]]
+
+            def between(t: int) -> None:  # before the forward that gives token t
+                if job.refresh == NEWEST or t == settings["refresh_every_tokens"]:
+                    hold(job.refresh)
+                versions.append(held[0])
+                beat()
+
+            # deterministic: one job, its own generator, so a group does not depend on its worker or its neighbours
+            ids, mask = encode_prompts(tokenizer, [examples[j.example] for j in batch], settings["device"])
+            samples = sample(model, ids, mask, group_size=settings["group_size"], max_new_tokens=settings["max_new_tokens"],
+                             eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, temperature=settings["temperature"],
+                             generator=job_generator(settings["seed"], job.number), stop=stop or None, between_steps=between)
+            g = settings["group_size"]
+            for i, done in enumerate(batch):
+                rows = slice(i * g, (i + 1) * g)
+                results.put(("done", rank, done.number, {
+                    "ids": samples.completion_ids[rows].tolist(), "mask": samples.completion_mask[rows].tolist(),
+                    "logp": samples.logp[rows].tolist(), "finished": samples.finished[rows].tolist(), "versions": versions,
+                }))
+    except Stopped:
+        return
+    except Exception as e:  # the trainer turns it into one line
+        results.put(("error", rank, f"{type(e).__name__}: {e}" if str(e) else traceback.format_exc(limit=1)))
+        results.close()
+        results.join_thread()  # the line reaches the trainer before this process ends
+        os._exit(1)
+
+
+class AsyncRollouts:
+    """The trainer's side of the workers: jobs handed out, completed groups, the pool, and their checkpointed state."""
+
+    def __init__(self, run: RLRun, stream: PromptStream):
+        self.run, self.cfg, self.stream = run, run.cfg, stream
+        self.workers_cfg = run.cfg.workers
+        self.policy = pool_policies.get(run.cfg.pool_policy)(run.cfg.options_for(run.cfg.pool_policy))
+        self.pool = TrajectoryPool()
+        self.payloads: dict[int, dict[str, Any]] = {}  # job number -> the group's tokens, log-probs, versions
+        self.pending: dict[int, Job] = {}  # handed out, not pooled yet
+        self.received: dict[int, dict[str, Any]] = {}  # completed, not pooled yet (deterministic: not due yet)
+        self.next_number = 0
+        self.previous: dict[str, torch.Tensor] | None = None  # restored weights of version v - 1 (deterministic)
+        self._index = {id(e): i for i, e in enumerate(run.examples)}
+        self.processes: list = []
+        self.generated = self.rejected = 0
+        self.waiting_since = time.time()
+
+    # -- checkpointed state ------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        version = self.shared.version.value
+        return {
+            "pool": [{"prompt": g.prompt, "token_versions": [list(v) for v in g.token_versions], "v_end": list(g.v_end)} for g in self.pool.groups],
+            "payloads": {str(g.prompt): self.payloads[g.prompt] for g in self.pool.groups},
+            "pending": [asdict(job) for job in self.pending.values()],
+            "next_number": self.next_number,
+            "previous": self.shared.slot(version - 1) if version >= 1 else {},
+            "counts": [self.generated, self.rejected],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.pool.groups = [Group(g["prompt"], tuple(map(tuple, g["token_versions"])), tuple(g["v_end"])) for g in state["pool"]]
+        self.payloads = {int(k): v for k, v in state["payloads"].items()}
+        self.pending = {j["number"]: Job(**j) for j in state["pending"]}
+        self.next_number = state["next_number"]
+        self.previous = state["previous"] or None
+        self.generated, self.rejected = state["counts"]
+
+    # -- workers -----------------------------------------------------------------------------------------------
+
+    def start(self, version: int) -> None:
+        """Start the workers with the policy published as `version` (and v - 1 from a checkpoint), and hand out jobs."""
+        policy, w = self.run.policy, self.workers_cfg
+        ctx = mp.get_context("spawn" if next(policy.parameters()).is_cuda else "fork")
+        self.shared = SharedWeights(policy, ctx)
+        if self.previous is not None:
+            self.shared.publish(self.previous, version - 1)
+        self.shared.publish(policy.state_dict(), version)
+        self.jobs, self.results = ctx.Queue(), ctx.Queue()
+        self.alive = ctx.Array("d", [time.time()] * w.count)
+        cfg = self.cfg
+        settings = {"stop": tuple(cfg.stop), "timeout": w.timeout_s, "refresh_every_tokens": w.refresh_every_tokens, "group_size": cfg.group_size,
+                    "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "seed": self.run.seed,
+                    "jobs_per_worker": -(-w.queued_groups // w.count),
+                    "device": str(next(policy.parameters()).device)}
+        worker_model = copy.deepcopy(policy).cpu()
+        for rank in range(w.count):
+            p = ctx.Process(target=worker_main, args=(rank, worker_model, self.run.tokenizer, self.run.examples, settings, self.shared,
+                                                      self.jobs, self.results, self.alive), daemon=True, name=f"rollout-worker-{rank}")
+            p.start()
+            self.processes.append(p)
+        for job in sorted(self.pending.values(), key=lambda j: j.number):  # in flight at the checkpoint: decoded again
+            self.jobs.put(job)
+        if version == 0 and not self.pending:
+            self.hand_out(0)
+
+    def stop(self) -> None:
+        if self.processes:
+            self.shared.stopping.set()
+        for _ in self.processes:
+            self.jobs.put(None)
+        deadline = time.monotonic() + 2.0  # a worker killed mid-write can leave a queue lock held: the others may not exit
+        for p in self.processes:
+            p.join(timeout=max(deadline - time.monotonic(), 0.01))
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        self.processes = []
+
+    def hand_out(self, version: int) -> None:
+        """After `version` is published: deterministic, block version + 2 (block 1 and 2 at the start); free-running,
+        enough jobs that `queued_groups` are outstanding."""
+        w = self.workers_cfg
+        if w.deterministic:
+            blocks = (1, 2) if version == 0 else (version + 2,)
+            for block in blocks:
+                self._issue(w.queued_groups, max(0, block - 2), max(0, block - 1))
+        else:
+            self._issue(w.queued_groups - len(self.pending), NEWEST, NEWEST)
+
+    def _issue(self, n: int, start: int, refresh: int) -> None:
+        for example in self.stream.take(max(n, 0)):
+            job = Job(self.next_number, self._index[id(example)], start, refresh)
+            self.next_number += 1
+            self.pending[job.number] = job
+            self.jobs.put(job)
+
+    def _receive(self, block: bool) -> bool:
+        """Take one message from the workers (waiting at most a second when `block`); False when there was none.
+        A dead, failing or silent worker ends the run with one line."""
+        try:
+            message = self.results.get(timeout=1.0) if block else self.results.get_nowait()
+        except queue.Empty:
+            dead = next(((rank, p) for rank, p in enumerate(self.processes) if not p.is_alive()), None)
+            if dead is not None:
+                try:  # a failing worker sends its error, then exits: that line says more than its exit code
+                    self._message(self.results.get(timeout=0.1))
+                except queue.Empty:
+                    pass
+                raise UserError(f"rl.mode async: rollout worker {dead[0]} died (exit code {dead[1].exitcode})") from None
+            silent = time.time() - max(*self.alive[:], self.waiting_since)
+            if block and silent > self.workers_cfg.timeout_s:
+                raise UserError(f"rl.mode async: no rollout worker progressed for {silent:.0f}s "
+                                f"(rl.workers.timeout_s {self.workers_cfg.timeout_s:g}): a worker or weight sync stalled") from None
+            return False
+        self._message(message)
+        return True
+
+    def _message(self, message: tuple) -> None:
+        kind, rank, *rest = message
+        if kind == "error":
+            raise UserError(f"rl.mode async: rollout worker {rank} failed: {rest[0]}")
+        number, payload = rest
+        self.waiting_since = time.time()
+        if number in self.pending:  # a job re-issued on resume may also arrive from before: keep one
+            self.received[number] = payload
+
+    def _pool(self, number: int) -> None:
+        payload = self.received.pop(number)
+        payload["example"] = self.pending.pop(number).example
+        lengths = [sum(row) for row in payload["mask"]]
+        versions = tuple(tuple(payload["versions"][:n]) for n in lengths)
+        self.pool.add(Group(number, versions, tuple(v[-1] for v in versions)))
+        self.payloads[number] = payload
+        self.generated += 1
+
+    def _forget(self, rejected: list[Group]) -> None:
+        for g in rejected:
+            self.payloads.pop(g.prompt)
+        self.rejected += len(rejected)
+
+    def draw(self, step: int) -> tuple[list[Group], dict[str, float]]:
+        """The groups update `step` trains on (at v_now = step - 1) and the draw's figures, waiting as the mode says."""
+        w, v_now, need = self.workers_cfg, step - 1, self.cfg.prompts_per_step
+        start = self.waiting_since = time.time()
+        if w.deterministic:
+            for number in range((step - 1) * w.queued_groups, step * w.queued_groups):  # block `step`, in prompt order
+                while number not in self.received:
+                    self._receive(block=True)
+                self._pool(number)
+            drawn = self.pool.draw(self.policy, v_now, need)
+            self._forget(drawn.rejected)
+            if drawn.batch is None:
+                raise UserError(f"rl.pool_policy {self.cfg.pool_policy} left fewer than rl.prompts_per_step groups in deterministic mode: "
+                                "raise rl.workers.queued_groups or loosen the policy")
+        else:
+            while True:
+                while self._receive(block=False):
+                    pass
+                for number in sorted(self.received):
+                    self._pool(number)
+                drawn = self.pool.draw(self.policy, v_now, need)
+                self._forget(drawn.rejected)
+                self.hand_out(v_now)  # pooled or rejected groups leave room for new jobs
+                if drawn.batch is not None:
+                    break
+                self._receive(block=True)
+        figures = {**drawn.figures, "async/wait_s": time.time() - start, "async/pending_jobs": float(len(self.pending)),
+                   "async/groups_generated": float(self.generated), "async/groups_rejected_total": float(self.rejected)}
+        return drawn.batch, figures
+
+    def samples_of(self, groups: list[Group]) -> tuple[Samples, torch.Tensor, list[int]]:
+        """The drawn groups' samples (prompt-major rows), each token's version [B, T] (-1 off the produced tokens)
+        and each group's example index."""
+        device = next(self.run.policy.parameters()).device
+        parts, tags, examples = [], [], []
+        for g in groups:
+            p = self.payloads.pop(g.prompt)
+            mask = torch.tensor(p["mask"])
+            parts.append(Samples(torch.tensor(p["ids"]), mask, torch.tensor(p["logp"], dtype=torch.float32), torch.tensor(p["finished"])))
+            tags.append(torch.tensor(p["versions"])[None, :].expand_as(mask).masked_fill(mask == 0, -1))
+            examples.append(p["example"])
+        samples = parts[0] if len(parts) == 1 else concat_samples(parts, self.run.tokenizer.pad_token_id)
+        width = samples.completion_ids.shape[1]
+        tags = torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1]), value=-1) for t in tags])
+        moved = Samples(*(t.to(device) for t in (samples.completion_ids, samples.completion_mask, samples.logp, samples.finished)))
+        return moved, tags, examples
+
+
+def check_async(run: RLRun) -> None:
+    """What asynchronous RL does not support yet, refused before any work with one line."""
+    cfg = run.cfg
+    if distributed.current().active:
+        raise UserError("rl.mode async runs on one machine (worker processes); under torchrun use rl.mode sync")
+    if hasattr(run.task, "sampler"):
+        raise UserError(f"rl.mode async: task {type(run.task).__name__} samples multi-turn episodes; use rl.mode sync")
+    if cfg.dynamic_sampling:
+        raise UserError("rl.mode async: rl.dynamic_sampling is not supported (the pool policy decides what is trained)")
+    if cfg.workers.queued_groups < cfg.prompts_per_step:
+        raise UserError(f"rl.workers.queued_groups ({cfg.workers.queued_groups}) must be at least rl.prompts_per_step ({cfg.prompts_per_step})")
+
+
+def train_async(run: RLRun, resume: bool, on_log: Callable[[int, dict[str, float]], None],
+                on_step: Callable[[int, StepResult], None] | None = None) -> tuple[list[dict[str, float]], list[dict[str, object]]]:
+    """`train_online_rl` for `rl.mode: async`: the same steps, on groups drawn from the workers' pool."""
+    cfg, policy = run.cfg, run.policy
+    check_async(run)
+    loop = TrainLoop(run.checkpoint_dir, run.config_hash, cfg.checkpoint_every, resume, run.max_nonfinite_steps, run.keep_checkpoints,
+                     run.checkpoint_section)
+    trainer = OnlineRL(run, loop=loop)
+    stream = PromptStream(run.examples, run.seed)
+    rollouts = AsyncRollouts(run, stream)
+    parts = {"trainer": trainer, "stream": stream, "async": rollouts}
+    start_step, saved = loop.restore(policy, parts)
+    history: list[dict[str, float]] = saved.get("history", [])
+    policy.train()
+    bar = progress(cfg.steps, f"rl async ({cfg.advantage}+{cfg.loss}, {cfg.pool_policy})", initial=start_step)
+    result = None
+    rollouts.start(start_step)
+    try:
+        for step in range(start_step + 1, cfg.steps + 1):
+            groups, figures = rollouts.draw(step)
+            samples, tags, examples = rollouts.samples_of(groups)
+            prompts = [run.examples[i] for i in examples]
+            ids, mask = encode_prompts(run.tokenizer, prompts, trainer.device)
+            batch, texts = trainer.score(prompts, ids, mask, samples, StopStrings(run.tokenizer, cfg.stop))
+            lag = (step - 1) - tags[samples.completion_mask.cpu().bool()]  # versions each trained token lags v_now
+            figures.update({"completion_length": float(samples.completion_mask.sum()) / batch.size,
+                            "async/token_lag_max": float(lag.max()), "async/token_lag_mean": float(lag.double().mean())})
+            result = trainer.step([], collected=(batch, texts, prompts, figures))
+            rollouts.shared.publish(policy.state_dict(), step)
+            rollouts.hand_out(step)
+            metrics = result.metrics
+            history.append(metrics)
+            if on_step is not None:
+                on_step(step, result)
+            bar.update()
+            if step % cfg.log_every == 0 or step == cfg.steps:
+                on_log(step, metrics)
+            loop.checkpoint(step, cfg.steps, policy, parts, {"history": history})
+    finally:
+        rollouts.stop()
+        bar.close()
+    if result is None:
+        return history, []
+    table = [{"prompt": result.prompts[i // cfg.group_size].prompt, "completion": text,
+              **{n: float(result.batch.rewards[i, k]) for k, n in enumerate(result.batch.reward_names)}} for i, text in enumerate(result.texts)]
+    return history, table
+
