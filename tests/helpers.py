@@ -166,7 +166,12 @@ def posttrain_in_process(*args: str) -> str:
     from posttrain.cli import _register_stage_commands, app
 
     _register_stage_commands()
-    result = CliRunner().invoke(app, list(args), standalone_mode=False)
+    saved = dict(os.environ)  # restored: MLflow's set_tracking_uri exports MLFLOW_TRACKING_URI, which would reach every
+    try:  # later subprocess of this pytest worker (another test's dvc or posttrain command, logging to this test's store)
+        result = CliRunner().invoke(app, list(args), standalone_mode=False)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     assert result.exit_code == 0 and result.exception is None, (result.output, result.exception)
     return result.output
 
@@ -303,13 +308,14 @@ def kill_resume_and_compare(straight: Path, resumed: Path, stage: str, args: lis
 def copy_repro_run(source: Path, target: Path) -> Path:
     """A writable copy of the dvc_repro_run fixture at `target`: the same outputs, DVC cache and MLflow runs, with
     its params.yaml's tracking.uri moved to the copy's own mlflow.db (so tests that log more runs do not see each
-    other's). The artifact root stays the fixture's: it is where the copied runs' artifacts are, and new runs only
+    other's), committed in the copy's Git repository. The artifact root stays the fixture's: it is where the copied runs' artifacts are, and new runs only
     add folders of their own there. `tracking` is no stage's DVC parameter: the copy is up to date."""
     shutil.copytree(source, target, symlinks=True)
     params = target / "params.yaml"
     old, new = f"sqlite:///{source / 'mlflow.db'}", f"sqlite:///{target / 'mlflow.db'}"
     assert old in params.read_text(), f"{params} does not log to {old}"
     params.write_text(params.read_text().replace(old, new))
+    git("commit", "-qam", "the copy's own tracking store", cwd=target)  # `dvc exp run` starts from the commit
     return target
 
 

@@ -6,6 +6,7 @@ import json
 import subprocess
 
 import pytest
+import yaml
 from orch_helpers import BIN, dvc, tool_env
 
 from helpers import copy_repro_run
@@ -32,8 +33,7 @@ def test_dvc_exp_run_of_a_second_objective_then_compare_writes_table_and_plot(dv
 
     from mlflow.tracking import MlflowClient
 
-    params = (repo / "params.yaml").read_text()
-    uri = next(line.split("uri: ")[1] for line in params.splitlines() if line.strip().startswith("uri:"))
+    uri = yaml.safe_load((repo / "params.yaml").read_text())["tracking"]["uri"]  # `dvc exp run -S` re-dumps the file: a long value may wrap
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("posttrain")
     (compare_run,) = client.search_runs([experiment.experiment_id], "tags.stage = 'compare'")
