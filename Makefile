@@ -44,7 +44,7 @@ run: install
 
 # two workers, one torch thread per process: most tests wait on single-threaded subprocesses (CLI, dvc, airflow)
 test: install-dev
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 bench: install-dev
 	$(BIN)/python benchmarks/grpo_step.py --json outputs/bench/grpo_step.json

@@ -5,7 +5,8 @@ models and dvc.yaml), so this file imports neither posttrain nor torch. Each tas
 as a Bash task in the environment Airflow runs in (the default: a laptop running Airflow really trains), or
 as a Kubernetes pod on a GPU node pool when `orchestration.airflow.executor` is `kubernetes`.
 
-Params are validated against the generated JSON Schema when a run is triggered; the `preflight` task then
+Each DAG's trigger form holds the sections its stages read (their dvc.yaml `params:`) and the run-wide ones
+(pipeline, tracking, training). Params are validated against the generated JSON Schema when a run is triggered; the `preflight` task then
 validates them with the config models (the trigger's `conf` too: a key that is no setting, `rl.stepz`, is refused
 by name) and checks MLflow, S3 and credentials before any training starts. The `finalize` teardown and every
 task's failure callback mark the run's unfinished MLflow runs FAILED; when any task failed or was skipped (a run
@@ -58,8 +59,16 @@ def pipeline_state(ti) -> str:
     return "failed" if any(state in FAILED_STATES for task_id, state in states.items() if task_id != ti.task_id) else "ended"
 
 
-def run_params(sweep: bool) -> dict[str, Param]:
-    made = {name: Param(p["default"], description=p["description"], section=p["section"], **p["schema"]) for name, p in SPEC["params"].items()}
+def form_sections(tasks: list[dict]) -> set[str]:
+    """The sections a DAG's form shows: those its tasks' dvc.yaml entries read, and the ones every stage reads."""
+    return {*SPEC["form_sections"], *(section for t in tasks for section in t["sections"])}
+
+
+def run_params(sections: set[str], sweep: bool) -> dict[str, Param]:
+    """The trigger form: a Param per setting of `sections` (a key of another section can still be set through the
+    run's conf: preflight validates every key)."""
+    made = {name: Param(p["default"], description=p["description"], section=p["section"], **p["schema"])
+            for name, p in SPEC["params"].items() if p["section"] in sections}
     if sweep:
         arms = SPEC["sweep_arms"]
         made["objectives"] = Param(
@@ -163,8 +172,9 @@ launch, launch_mapped = (pod_task, pod_mapped) if IN_PODS else (bash_task, bash_
 
 
 def build(dag_id: str, tasks: list[dict], sweep: bool = False) -> DAG:
+    sections = form_sections(SPEC["pipelines"]["text"] if sweep else tasks)  # a sweep runs every text task (per arm)
     with DAG(
-        dag_id, schedule=None, catchup=False, params=run_params(sweep), tags=["posttrain"], doc_md=__doc__,
+        dag_id, schedule=None, catchup=False, params=run_params(sections, sweep), tags=["posttrain"], doc_md=__doc__,
         user_defined_filters={"config_values": config_values, "conf_settings": conf_settings, "pipeline_state": pipeline_state},
         default_args={
             "retries": int(os.environ.get("POSTTRAIN_AIRFLOW_RETRIES", ORCH["retries"])),

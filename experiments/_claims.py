@@ -76,7 +76,14 @@ COMPARISONS: dict[str, list[Compare]] = {
                           compare("heldout_sampled_after", "uniopsd", "grpo"), compare("train_acc_last", "uniopsd", "grpo")],
     "reward_model_rl": [Compare(HELDOUT, "bt", "start", row("bt", HELDOUT), row("bt", "heldout_greedy_before")),
                         Compare(HELDOUT, "trm", "start", row("trm", HELDOUT), row("trm", "heldout_greedy_before")),
-                        compare(HELDOUT, "verifier", "bt")],
+                        compare(HELDOUT, "verifier", "bt"),
+                        Compare(HELDOUT, "bt_disjoint", "start", row("bt_disjoint", HELDOUT), row("bt_disjoint", "heldout_greedy_before")),
+                        Compare(HELDOUT, "trm_disjoint", "start", row("trm_disjoint", HELDOUT), row("trm_disjoint", "heldout_greedy_before")),
+                        # the memorised-verifier effect: a reward model taught the RL prompts' answers should pay more than one that never saw them
+                        compare(HELDOUT, "bt", "bt_disjoint"), compare(HELDOUT, "trm", "trm_disjoint")],
+    "think_opd_worked_steps": [compare(HELDOUT, "think_opd", "uniform"), compare(HELDOUT, "think_opd", "opd"),
+                               Compare("trd", "cross_route", "same_route", lambda r: r["route_compatibility"]["trd_cross_route"],
+                                       lambda r: r["route_compatibility"]["trd_same_route"])],
     "trm_anti_polarisation": [compare("extreme_fraction", "pd_grpo", "pairwise_margin", lower=True),
                               compare("pair_accuracy", "pd_grpo", "pairwise_margin")],
     "gm_dpo_flexbench": [compare("greedy_gpa", "gm_dpo", "dpo", key="objective"), compare("greedy_whr", "gm_dpo", "dpo", lower=True, key="objective")],
@@ -129,7 +136,11 @@ def summarise(claim: str, per_seed: list[dict]) -> list[dict]:
     """One row per claimed difference: each side's mean and interval, the per-seed values, the paired difference."""
     out = []
     for c in COMPARISONS.get(claim, []):
-        better, worse = [c.get_better(r) for r in per_seed], [c.get_worse(r) for r in per_seed]
+        try:
+            better, worse = [c.get_better(r) for r in per_seed], [c.get_worse(r) for r in per_seed]
+        except StopIteration:  # an arm the run left out (e.g. reward_model_rl --arms): nothing to compare
+            print(f"{claim}: {c.metric} {c.better} vs {c.worse} skipped (an arm was not run)", flush=True)
+            continue
         diff = [b - w for b, w in zip(better, worse)]
         mb, lb, hb = t_interval(better)
         mw, lw, hw = t_interval(worse)

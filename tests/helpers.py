@@ -18,6 +18,30 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 POSTTRAIN = str(Path(sys.executable).with_name("posttrain"))
+BIN = Path(sys.executable).parent
+REPRO_STDOUT = Path(".dvc/tmp/first-repro.txt")  # in the dvc_repro_run fixture: what its `dvc repro` printed
+
+
+def tool_env(**extra: str) -> dict[str, str]:
+    """This environment's tools (dvc, posttrain, airflow) first on PATH."""
+    return {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", **extra}
+
+
+def dvc(*args: str, cwd: Path) -> str:
+    """Run this environment's `dvc`; its stdout (a failure shows the tail of both streams)."""
+    result = subprocess.run([str(BIN / "dvc"), *args], cwd=cwd, env=tool_env(), capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+def git(*args: str, cwd: Path) -> None:
+    identity = {"GIT_AUTHOR_NAME": "test", "GIT_AUTHOR_EMAIL": "test@localhost", "GIT_COMMITTER_NAME": "test", "GIT_COMMITTER_EMAIL": "test@localhost"}
+    subprocess.run(["git", *args], cwd=cwd, env=tool_env(**identity), check=True, capture_output=True, timeout=60)
+
+
+def ran_stages(output: str) -> set[str]:
+    """The stages a `dvc repro` ran, by their names in its output (a stage of another dvc.yaml keeps its prefix)."""
+    return {line.split("'")[1] for line in output.splitlines() if line.startswith("Running stage")}
 
 MICRO = {
     "task": {"n_train": 200, "n_heldout": 40},
@@ -142,7 +166,12 @@ def posttrain_in_process(*args: str) -> str:
     from posttrain.cli import _register_stage_commands, app
 
     _register_stage_commands()
-    result = CliRunner().invoke(app, list(args), standalone_mode=False)
+    saved = dict(os.environ)  # restored: MLflow's set_tracking_uri exports MLFLOW_TRACKING_URI, which would reach every
+    try:  # later subprocess of this pytest worker (another test's dvc or posttrain command, logging to this test's store)
+        result = CliRunner().invoke(app, list(args), standalone_mode=False)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     assert result.exit_code == 0 and result.exception is None, (result.output, result.exception)
     return result.output
 
@@ -274,6 +303,20 @@ def kill_resume_and_compare(straight: Path, resumed: Path, stage: str, args: lis
     assert deterministic(metrics_a) == deterministic(json.loads((b / "metrics.json").read_text()))
     assert not staging.exists()
     return history
+
+
+def copy_repro_run(source: Path, target: Path) -> Path:
+    """A writable copy of the dvc_repro_run fixture at `target`: the same outputs, DVC cache and MLflow runs, with
+    its params.yaml's tracking.uri moved to the copy's own mlflow.db (so tests that log more runs do not see each
+    other's), committed in the copy's Git repository. The artifact root stays the fixture's: it is where the copied runs' artifacts are, and new runs only
+    add folders of their own there. `tracking` is no stage's DVC parameter: the copy is up to date."""
+    shutil.copytree(source, target, symlinks=True)
+    params = target / "params.yaml"
+    old, new = f"sqlite:///{source / 'mlflow.db'}", f"sqlite:///{target / 'mlflow.db'}"
+    assert old in params.read_text(), f"{params} does not log to {old}"
+    params.write_text(params.read_text().replace(old, new))
+    git("commit", "-qam", "the copy's own tracking store", cwd=target)  # `dvc exp run` starts from the commit
+    return target
 
 
 def copy_outputs(source: Path, target: Path) -> None:

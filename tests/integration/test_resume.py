@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import POSTTRAIN, copy_outputs, kill_resume_and_compare, micro_params, posttrain
+from helpers import POSTTRAIN, copy_outputs, fork_safe_params, kill_resume_and_compare, micro_params, posttrain
 
 pytestmark = pytest.mark.slow
 RL = {"steps": 40, "checkpoint_every": 5}
@@ -43,9 +43,11 @@ def test_stateful_distillation_resumes_bit_for_bit(pipeline_outputs, tmp_path, m
     roots = []
     for name in ("straight", "resumed"):
         copy_outputs(pipeline_outputs, tmp_path / name)
-        micro_params(tmp_path / name, **sections)
+        fork_safe_params(tmp_path / name, **sections)
         roots.append(tmp_path / name)
-    history = kill_resume_and_compare(*roots, "distill", STATEFUL[method], kill_at=4)
+    # in this process and a fork of it (the CLI's own kill -9 of a subprocess is the test above): the state under test
+    # is the method's, which the in-process run keeps in the same checkpoints
+    history = kill_resume_and_compare(*roots, "distill", STATEFUL[method], kill_at=4, in_process=True)
     assert len(history) == steps
     if method == "pr_opd":  # the representation term (and so the projectors) was live on both sides of the kill
         assert [h["pr_opd/rep_loss"] > 0 for h in history] == [False, False] + [True] * (steps - 2)

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 
 import pytest
+import yaml
 from orch_helpers import BIN, dvc, tool_env
+
+from helpers import copy_repro_run
 
 pytestmark = pytest.mark.slow
 
 
 def test_dvc_exp_run_of_a_second_objective_then_compare_writes_table_and_plot(dvc_repro_run, tmp_path):
-    repo = tmp_path / "repo"
-    shutil.copytree(dvc_repro_run, repo, symlinks=True)  # its grpo run is the first arm; data and sft stay cached
+    repo = copy_repro_run(dvc_repro_run, tmp_path / "repo")  # its grpo run is the first arm; data and sft stay cached
     output = dvc("exp", "run", "-S", "rl.advantage=rloo", cwd=repo)
     ran = {line.split("'")[1] for line in output.splitlines() if line.startswith("Running stage")}
     assert ran == {"rl", "eval@rl", "distill"}, output  # distill reads the rl settings and model
@@ -32,8 +33,7 @@ def test_dvc_exp_run_of_a_second_objective_then_compare_writes_table_and_plot(dv
 
     from mlflow.tracking import MlflowClient
 
-    params = (repo / "params.yaml").read_text()
-    uri = next(line.split("uri: ")[1] for line in params.splitlines() if line.strip().startswith("uri:"))
+    uri = yaml.safe_load((repo / "params.yaml").read_text())["tracking"]["uri"]  # `dvc exp run -S` re-dumps the file: a long value may wrap
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("posttrain")
     (compare_run,) = client.search_runs([experiment.experiment_id], "tags.stage = 'compare'")

@@ -16,6 +16,7 @@ ARMS = {
     "gats_vs_opd": ({"grpo", "opd_const", "gats"}, ["--teacher-steps", "2"]),
     "sipo_vs_grpo": ({"grpo", "sipo"}, []),
     "ride_vs_oprd": ({"oprd", "ride", "output_space"}, ["--teacher-steps", "2"]),
+    "think_opd_worked_steps": ({"opd", "uniform", "think_opd"}, ["--teacher-sft-steps", "2", "--student-sft-steps", "2"]),
     "pr_opd_text_world": ({"grpo", "pr_opd", "uniopsd"}, ["--warm-start", "1", "--eval-samples", "1"]),
 }
 
@@ -40,6 +41,9 @@ def test_distillation_experiment_runs_and_writes_json(name, tmp_path):
         assert data["claim"] == name and set(data["arms"]) == arms and data["steps"] == 2
         assert {row["arm"] for row in data["table"]} == arms
         assert all(len(a["train_accuracy_curve"]) >= 1 and "sampled_accuracy" in a["heldout_after"] for a in data["arms"].values())
+        if name == "think_opd_worked_steps":  # the routing signal is not degenerate: TRD varies, so the weights leave 1
+            compat = data["route_compatibility"]
+            assert compat["responses"] == 4 * 4 and compat["trd_std"] > 0 and compat["weight_max"] > 1
         if name == "pr_opd_text_world":  # what each method was fed on the start is recorded with the claim
             assert {"uniopsd_tiers_differ", "pr_opd_admissible", "pr_opd_goal_named_after_success"} <= set(data["signals"])
         if name == "sipo_vs_grpo":

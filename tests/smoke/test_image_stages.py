@@ -9,18 +9,20 @@ from pathlib import Path
 
 import pytest
 
-from helpers import MICRO_IMAGE, micro_params, posttrain
+from helpers import MICRO_IMAGE, micro_params, posttrain_here
 
 
 @pytest.fixture(scope="module")
 def image_run(tmp_path_factory) -> Path:
+    """The five stages through the CLI's commands in this process (a subprocess each would spend most of its time
+    importing torch and diffusers; the installed entry point is exercised by the text pipeline's tests)."""
     root = tmp_path_factory.mktemp("images")
     micro_params(root, **MICRO_IMAGE)
-    posttrain("city", "--out", "out/city", cwd=root)
-    posttrain("curate", "--in", "source=out/city", "--out", "out/curate", cwd=root)
-    posttrain("flow_sft", "--in", "data=out/curate", "--out", "out/flow_sft", cwd=root)
-    posttrain("flow_rl", "--in", "data=out/curate", "--in", "policy=out/flow_sft", "--out", "out/flow_rl", cwd=root)
-    posttrain("flow_eval", "--in", "data=out/curate", "--in", "sft=out/flow_sft", "--in", "rl=out/flow_rl", "--out", "out/flow_eval", cwd=root)
+    posttrain_here("city", "--out", "out/city", cwd=root)
+    posttrain_here("curate", "--in", "source=out/city", "--out", "out/curate", cwd=root)
+    posttrain_here("flow_sft", "--in", "data=out/curate", "--out", "out/flow_sft", cwd=root)
+    posttrain_here("flow_rl", "--in", "data=out/curate", "--in", "policy=out/flow_sft", "--out", "out/flow_rl", cwd=root)
+    posttrain_here("flow_eval", "--in", "data=out/curate", "--in", "sft=out/flow_sft", "--in", "rl=out/flow_rl", "--out", "out/flow_eval", cwd=root)
     return root
 
 

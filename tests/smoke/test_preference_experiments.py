@@ -14,7 +14,8 @@ from helpers import REPO
 TRM_MICRO = ["--set", "reward_model.options.trm.rl_steps=1", "--set", "reward_model.options.trm.pairs_per_step=2",
              "--set", "reward_model.options.trm.group_size=2"]
 EXPECTED = {
-    "reward_model_rl": ({"bt", "trm", "verifier"}, ["--arms", "bt,trm,verifier", "--set", "reward_model.steps=3", "--set", "reward_model.n_pairs=30",
+    # trm_disjoint is left out (the same code path as bt_disjoint, and a TRM is the slowest part)
+    "reward_model_rl": ({"bt", "trm", "verifier", "bt_disjoint"}, ["--arms", "bt,trm,verifier,bt_disjoint", "--set", "reward_model.steps=3", "--set", "reward_model.n_pairs=30",
                                                     "--set", "reward_model.n_heldout_pairs=10", *TRM_MICRO]),
     "gm_dpo_flexbench": ({"dpo", "gm_dpo"}, []),
     "abc_align_pseudo_labels": ({"pseudo_only", "gold_only", "abc_align"}, ["--gold", "8"]),
@@ -39,6 +40,12 @@ def test_experiment_runs_and_writes_json(name, tmp_path):
     for data in claim["per_seed"]:
         assert data["claim"] == name and data["steps"] == 2 and set(data["arms"]) == arms and data["table"]
         if name == "reward_model_rl":  # each reward model's pick among 8 SFT samples, between a random pick and the oracle's
-            picks = data["best_of_n"]
-            assert {"bt_pick_accuracy", "trm_pick_accuracy"} <= set(picks)
-            assert 0 <= picks["random_pick_accuracy"] <= picks["oracle_accuracy"] <= 1 and picks["bt_pick_accuracy"] <= picks["oracle_accuracy"]
+            assert {"bt_pick_accuracy", "trm_pick_accuracy"} <= set(data["best_of_n"]["same"]) and "bt_pick_accuracy" in data["best_of_n"]["disjoint"]
+            for picks in data["best_of_n"].values():
+                assert 0 <= picks["random_pick_accuracy"] <= picks["oracle_accuracy"] <= 1 and picks["bt_pick_accuracy"] <= picks["oracle_accuracy"]
+            # a disjoint reward model saw no RL prompt in its training pairs; a same-prompt one saw only RL prompts
+            overlap = data["rm_prompt_overlap"]
+            assert set(overlap) == {"bt_same", "trm_same", "bt_disjoint"}
+            for rm, o in overlap.items():
+                assert o["rm_pair_prompts"] > 0 and o["rm_pair_prompts_in_rl"] == (0 if rm.endswith("_disjoint") else o["rm_pair_prompts"])
+            assert {r["arm"]: r["rm_prompts"] for r in data["table"]} == {"bt": "same", "trm": "same", "verifier": "-", "bt_disjoint": "disjoint"}

@@ -53,6 +53,9 @@ def test_summary_pairs_the_arms_by_seed(monkeypatch):
     assert row["better_ci"][0] < row["worse_mean"]  # the arms' own intervals overlap; the paired difference does not
     monkeypatch.setitem(H.COMPARISONS, "toy", [H.compare("score", "new", "old", lower=True)])
     assert H.summarise("toy", [seed_result(0.3, 0.2), seed_result(0.7, 0.6), seed_result(0.51, 0.4)])[0]["verdict"] == "contradicted"
+    # a comparison naming an arm the run left out (e.g. reward_model_rl --arms) is skipped, the others stay
+    monkeypatch.setitem(H.COMPARISONS, "toy", [H.compare("score", "new", "absent"), H.compare("score", "new", "old")])
+    assert [(r["better"], r["worse"]) for r in H.summarise("toy", [seed_result(0.3, 0.2), seed_result(0.7, 0.6)])] == [("new", "old")]
 
 
 def test_every_claim_experiment_has_comparisons_and_a_claims_entry():

@@ -25,11 +25,21 @@ from pathlib import Path
 from posttrain.errors import UserError
 from posttrain.registry import Registry
 from posttrain.tasks import Example, Task
+from posttrain.tasks.base import prompt_key
 from posttrain.tasks.tables import read_tables
 
 preference_data: Registry = Registry("preference dataset")
 
 SEVERITY_TIERS = {1: "minor", 2: "moderate", 3: "severe"}
+
+
+def split_by_prompt(examples: Sequence[Example], seed: int) -> tuple[list[Example], list[Example]]:
+    """The examples halved by prompt (`prompt_key`; every copy of a prompt on one side), drawn with `seed`: e.g.
+    RL prompts and the disjoint prompts a reward model learns from, so that it never saw the answers RL asks for."""
+    keys = sorted({prompt_key(e) for e in examples})
+    random.Random(seed).shuffle(keys)
+    first = set(keys[: len(keys) // 2])
+    return [e for e in examples if prompt_key(e) in first], [e for e in examples if prompt_key(e) not in first]
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ class Task:
     pipeline: str
     deterministic: bool
     extra_args: tuple[str, ...] = field(default=())  # --set overrides of this task alone (not the pipeline's)
+    sections: tuple[str, ...] = field(default=())  # the settings sections its dvc.yaml `params:` lists (what it reads)
 
 
 @dataclass(frozen=True)
@@ -183,8 +184,20 @@ def load_tasks(dvc_yaml: Path, repo: Path | None = None, upstream: tuple[Path, .
             pipeline=owner_pipeline,
             deterministic=entry.meta.get("deterministic", True),
             extra_args=tuple(f"--set={v}" for v in _values(argv, "--set")),
+            sections=_param_sections(stage.get("params")),
         )
     return [t for t in _topological(tasks) if t.id in _with_ancestors(own, tasks)]
+
+
+def _param_sections(params) -> tuple[str, ...]:
+    """The settings sections of a dvc stage's `params:` (`rl`, `rl.lr`, or a file's {path: [keys]}), sorted."""
+    keys: list[str] = []
+    for entry in params or []:
+        if isinstance(entry, str):
+            keys.append(entry)
+        elif isinstance(entry, dict):
+            keys += [k for values in entry.values() for k in (values or [])]
+    return tuple(sorted({str(k).split(".", 1)[0] for k in keys}))
 
 
 def _pipeline_of(dvc_yaml: Path, repo: Path) -> str:

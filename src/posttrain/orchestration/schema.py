@@ -129,6 +129,11 @@ def values_to_raw(values: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
+# settings every stage reads (the run's seed and device, the tracking stores, the training loop's safeguards) but that
+# no dvc.yaml lists, as they do not change a stage's result: shown in every DAG's trigger form
+FORM_SECTIONS = ("pipeline", "tracking", "training")
+
+
 def task_spec(task: Task) -> dict[str, Any]:
     return {
         "id": task.id,
@@ -139,6 +144,7 @@ def task_spec(task: Task) -> dict[str, Any]:
         "resume": task.resume,
         "gpu": task.gpu,
         "extra_args": list(task.extra_args),
+        "sections": list(task.sections),
     }
 
 
@@ -153,6 +159,7 @@ def pipeline_spec(params_yaml: Path, repo: Path) -> dict[str, Any]:
         "pipelines": {name: [task_spec(t) for t in p.tasks] for name, p in found.items()},
         "overrides": {name: list(p.overrides) for name, p in found.items()},
         "sweep_arms": arm_names(),  # the sweep DAG's multi-select: presets and advantage estimators
+        "form_sections": list(FORM_SECTIONS),  # in every DAG's form, beside the sections its tasks read
     }
 
 

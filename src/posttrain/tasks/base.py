@@ -53,6 +53,11 @@ class Task(ABC):
         """1.0 when the parsed answer equals the reference answer."""
         return float(self.parse(completion) == example.answer)
 
+    def think_trace(self, completion: str) -> str:
+        """The reasoning part of a completion, for a teacher's think trace (ThinkOPD): a task whose completions
+        write worked steps before the answer returns the steps; by default the whole completion."""
+        return completion
+
     def reference_verified(self, example: Example) -> bool:
         """The data stage's check of a reference completion: well formed and accepted by the verifier. A task whose
         references are demonstrations, right only as often as their author is, checks them its own way."""

@@ -275,13 +275,14 @@ def peer_logp_gap(ctx: ExtraContext, prompts, batch) -> Tensor:
 @extras.register("trace_logprobs", role="teacher", optional_role=True)
 @torch.no_grad()
 def trace_logprobs(ctx: ExtraContext, prompts, batch) -> Tensor:
-    """[B, T, V] ThinkOPD's teacher with a think trace z in context: z is the teacher's own greedy response
-    to the prompt, generated once per prompt and shared by the group. The teacher is the `teacher` model when
-    one is given, else the policy (same-model setting)."""
+    """[B, T, V] ThinkOPD's teacher with a think trace z in context: z is the reasoning part (`Task.think_trace`:
+    the worked steps before the answer, on a task that writes them) of the teacher's own greedy response to the
+    prompt, generated once per prompt and shared by the group. The teacher is the `teacher` model when one is
+    given, else the policy (same-model setting)."""
     model = ctx.models.get("teacher", ctx.policy)
     _, traces = generate(model, ctx.tokenizer, [e.prompt for e in prompts], ctx.cfg.max_new_tokens, greedy=True)
     _, index = torch.unique(batch.group, return_inverse=True)
-    texts = [contexts.trace_context(prompts[g], traces[g]) for g in index.tolist()]
+    texts = [contexts.trace_context(prompts[g], ctx.task.think_trace(traces[g])) for g in index.tolist()]
     return score_under(model, ctx, texts, batch).logprobs
 
 

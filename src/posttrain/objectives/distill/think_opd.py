@@ -7,7 +7,9 @@ think trace z in context distils every sibling response, weighted by how compati
     w_i     = G softmax_j((a g_j + b c_j) / T)_i          (within the group: sum_i w_i = G; detached)
     L       = (1/G) sum_i w_i mask-mean_t D_{i,t}          (`uniform`: w_i = 1, "Uniform ThinkOPD")
 
-z is the teacher's greedy response to the prompt, shared by the group (the `trace_logprobs` provider, trainers/extras.py).
+z is the reasoning part (`Task.think_trace`: the worked steps before the answer, on arithmetic with
+task.options.arithmetic.worked_steps) of the teacher's greedy response to the prompt, shared by the group (the
+`trace_logprobs` provider, trainers/extras.py); TRD is measured over the student's response tokens.
 Settings: rl.options.think_opd.
 """
 
