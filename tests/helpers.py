@@ -267,7 +267,7 @@ def steps_taken(into: list[Path | None]):
 
 
 def kill_resume_and_compare(straight: Path, resumed: Path, stage: str, args: list[str], kill_at: int, checkpoints: str = "checkpoints",
-                            in_process: bool = False, finished: str | None = None) -> list[dict]:
+                            in_process: bool = False, finished: str | None = None, resumed_steps: int | None = None) -> list[dict]:
     """Run `stage` (the CLI with `args`) straight through in one directory; in the other, SIGKILL it once checkpoint
     `kill_at` is in its staging directory's `checkpoints` folder, then `--resume`: every weight file, the history
     and the metrics (but wall-clock keys) must be equal and no staging directory may be left. `in_process`: the runs
@@ -283,6 +283,8 @@ def kill_resume_and_compare(straight: Path, resumed: Path, stage: str, args: lis
     with steps_taken([]) if in_process else contextlib.nullcontext([]) as taken:
         run(stage, *args, "--resume", cwd=resumed)
     assert taken or not in_process, "the resumed run took no step"
+    # a run that ignored its checkpoint and started again would end equal too (same seed): count what it redid
+    assert resumed_steps is None or len(taken) == resumed_steps, f"the resumed run took {len(taken)} steps, not {resumed_steps}"
     if finished:
         assert (staging / finished).resolve() not in taken, f"the resumed run stepped the finished phase ({finished}) again"
     a, b = straight / "outputs" / stage, resumed / "outputs" / stage

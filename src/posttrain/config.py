@@ -581,6 +581,7 @@ class DriveEncoderConfig(Section):  # safe_rl.encoder: stage drive_encoder, a ti
     patch_size: int = Field(gt=0)
     embed_dim: int = Field(gt=0)  # the shared image-text embedding
     log_every: int = Field(gt=0)
+    checkpoint_every: int = Field(ge=0)  # 0: no checkpoints (nothing to resume)
 
 
 class SafeRLConfig(Section):  # stages drive_encoder + safe_rl: VLM-Safe-RL (specs §16), PPO-Lagrangian in the driving env

@@ -98,3 +98,15 @@ def test_the_claim_experiment_runs_through_the_harness_on_a_micro_budget(tmp_pat
         assert [r["arm"] for r in seed["table"]] == list(module.ARMS) and seed["steps"] == 1
     for c in results["comparisons"]:
         assert len(c["better_values"]) == 2 and c["verdict"] in {"reproduced", "contradicted", "inconclusive"}
+
+
+def test_a_killed_encoder_run_resumes_bit_for_bit(tmp_path):
+    """drive_encoder checkpoints its model, optimizer, schedule and batch draw: killed after step 2 of 4, resumed, it
+    ends with the uninterrupted run's weights and history."""
+    section = micro_safe_rl()
+    section["encoder"].update(steps=4, checkpoint_every=1)
+    roots = [tmp_path / "straight", tmp_path / "resumed"]
+    for root in roots:
+        root.mkdir()
+        fork_safe_params(root, safe_rl=section)
+    assert len(kill_resume_and_compare(*roots, "drive_encoder", [], kill_at=2, in_process=True, resumed_steps=2)) == 4

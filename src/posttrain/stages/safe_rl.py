@@ -20,13 +20,17 @@ from posttrain.runtime import strict_json
 from posttrain.stages import stages
 
 
-@stages.register("drive_encoder", inputs={}, gpu=False)
+@stages.register("drive_encoder", inputs={}, resumable=True, gpu=False)
 def run_encoder(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
-    """Stage `drive_encoder`: a tiny CLIP trained by InfoNCE on the driving environment's frames and captions (VLM-Safe-RL)."""
+    """Stage `drive_encoder`: a tiny CLIP trained by InfoNCE on the driving environment's frames and captions (VLM-Safe-RL);
+    checkpointed every safe_rl.encoder.checkpoint_every steps, `--resume` continues from the newest."""
     from posttrain.models.image_text import save_image_text
+    from posttrain.trainers.loop import TrainLoop
     from posttrain.trainers.safe_rl import train_encoder
 
-    model, tokenizer, metrics, history = train_encoder(cfg.safe_rl, cfg.pipeline.seed, on_log=lambda step, m: tracker.log_metrics(m, step))
+    loop = TrainLoop.for_stage(cfg.training, out_dir, cfg.section_hash("pipeline", "safe_rl"), cfg.safe_rl.encoder.checkpoint_every, resume,
+                               "safe_rl.encoder")
+    model, tokenizer, metrics, history = train_encoder(cfg.safe_rl, cfg.pipeline.seed, loop, on_log=lambda step, m: tracker.log_metrics(m, step))
     save_image_text(model, tokenizer, out_dir / "model")
     (out_dir / "history.json").write_text(strict_json(history) + "\n")
     tracker.log_artifacts(out_dir / "model", "model")

@@ -64,6 +64,19 @@ def multi_positive_infonce(image: torch.Tensor, text: torch.Tensor, positive: to
     return (i2t + t2i) / 2
 
 
+class NumpyDraws:
+    """A numpy Generator as a checkpoint part (TrainLoop saves what has state_dict / load_state_dict)."""
+
+    def __init__(self, rng: np.random.Generator):
+        self.rng = rng
+
+    def state_dict(self) -> dict:
+        return self.rng.bit_generator.state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.bit_generator.state = state
+
+
 def train_encoder(cfg, seed: int, loop: TrainLoop | None = None, on_log: Callable[[int, dict], None] | None = None):
     """(the trained CLIPModel, its tokenizer, held-out figures) for settings `cfg` (the safe_rl section)."""
     e = cfg.encoder
@@ -74,9 +87,12 @@ def train_encoder(cfg, seed: int, loop: TrainLoop | None = None, on_log: Callabl
     model.train().requires_grad_(True)  # trained here; frozen by ImageTextEncoder.load afterwards
     optimizer = torch.optim.AdamW(model.parameters(), lr=e.lr, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (e.warmup_steps + 1)))
-    loop, rng, history = loop or TrainLoop(), np.random.default_rng([seed, 3]), []
+    loop, rng = loop or TrainLoop(), np.random.default_rng([seed, 3])
+    parts = {"optimizer": optimizer, "schedule": schedule, "draw": NumpyDraws(rng)}
+    start, saved = loop.restore(model, parts)
+    history: list[dict] = saved.get("history", [])
     pixels = view.pixels(frames)
-    for step in range(1, e.steps + 1):
+    for step in range(start + 1, e.steps + 1):
         idx = rng.choice(len(frames), size=min(e.batch_size, len(frames)), replace=False)
         chosen = [captions[i] for i in idx]
         texts = [" ".join(c) if (pick := rng.integers(len(c) + 1)) == len(c) else c[pick] for c in chosen]
@@ -89,6 +105,7 @@ def train_encoder(cfg, seed: int, loop: TrainLoop | None = None, on_log: Callabl
             history.append({"step": step, "loss": float(loss.detach()), "grad_norm": grad_norm})
             if on_log:
                 on_log(step, history[-1])
+        loop.checkpoint(step, e.steps, model, parts, {"history": history})
     frozen = ImageTextEncoder(model, tokenizer)
     return model, tokenizer, {**encoder_figures(frozen, cfg, seed), "loss": history[-1]["loss"], **loop.metrics()}, history
 
