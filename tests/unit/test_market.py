@@ -212,5 +212,5 @@ def test_an_environment_task_refuses_an_eval_sampler_that_cannot_play_episodes(t
     from posttrain.eval.harness import evaluate
 
     cfg = resolve.load(PARAMS, ["task.name=market", "eval.sampler=beam"])
-    with pytest.raises(UserError, match="eval.sampler beam cannot play the episodes"):
+    with pytest.raises(UserError, match="eval.sampler beam cannot play the episodes of a multi-turn task; use one that can: greedy, temperature$"):
         evaluate(None, None, task, [], cfg.eval, 0)

@@ -28,8 +28,9 @@ def evaluate(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task, examples: Sequence[Example], cfg: EvalConfig, seed: int
 ) -> tuple[dict[str, float], list[dict[str, object]]]:
     episodes = task.sampler(tokenizer) if hasattr(task, "sampler") else None  # a multi-turn environment plays its episodes
-    if episodes is not None and cfg.sampler not in ("greedy", "temperature"):
-        raise UserError(f"eval.sampler {cfg.sampler} cannot play the episodes of a multi-turn task; use greedy or temperature")
+    if episodes is not None and not samplers.entry(cfg.sampler).meta.get("episodes", False):
+        players = ", ".join(e.name for e in samplers if e.meta.get("episodes", False))
+        raise UserError(f"eval.sampler {cfg.sampler} cannot play the episodes of a multi-turn task; use one that can: {players}")
     examples = list(examples)[: cfg.n_prompts]
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     request = SampleRequest(cfg.max_new_tokens, cfg.samples_per_prompt, cfg.temperature, tuple(cfg.stop), cfg.batch_size, episodes)

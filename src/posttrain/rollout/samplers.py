@@ -11,7 +11,8 @@ ttsd         test-time self-distillation: beam search on base log-prob plus the 
              over three contexts (rollout/beam.py).
 
 A sampler is `fn(model, tokenizer, prompts, request, options, generator) -> Sampled`: `request.n` answers per
-prompt for a stochastic sampler (registry meta `stochastic`), one for a deterministic one. Every sampler reports
+prompt for a stochastic sampler (registry meta `stochastic`), one for a deterministic one; a sampler that can play a
+multi-turn task's episodes turn by turn is registered `episodes=True` (the evaluation refuses the others there). Every sampler reports
 the forward tokens it spent (tokens run through the model, padding excluded), split into prompt and generated
 and, for TTSD, per context, so samplers are compared at matched compute. Stop strings (`request.stop`) end a
 sequence of every sampler like EOS, on the token that completes one (an MH proposal, a replica, a beam
@@ -43,7 +44,7 @@ class SampleRequest:
     temperature: float = 1.0  # the `temperature` sampler's T
     stop: tuple[str, ...] = ()
     chunk: int = 0  # > 0: at most this many prompts at a time
-    episodes: Callable | None = None  # a multi-turn task's episode sampler (`Task.sampler`), for greedy and temperature
+    episodes: Callable | None = None  # a multi-turn task's episode sampler (`Task.sampler`), for the samplers registered `episodes=True`
 
 
 @dataclass(frozen=True)
@@ -124,13 +125,13 @@ def _ancestral(model, tokenizer, prompts, request: SampleRequest, greedy: bool, 
     return Sampled(samples, texts, k, {"prompt": int(prompt_mask.sum()), "generated": generated})
 
 
-@samplers.register("greedy", stochastic=False)
+@samplers.register("greedy", stochastic=False, episodes=True)
 def greedy(model, tokenizer, prompts, request: SampleRequest, options=None, generator=None) -> Sampled:
     """The most likely token at every step."""
     return _ancestral(model, tokenizer, prompts, request, True, generator)
 
 
-@samplers.register("temperature", stochastic=True)
+@samplers.register("temperature", stochastic=True, episodes=True)
 def temperature(model, tokenizer, prompts, request: SampleRequest, options=None, generator=None) -> Sampled:
     """Ancestral sampling at the caller's temperature (`eval.temperature`, `rl.temperature`)."""
     return _ancestral(model, tokenizer, prompts, request, False, generator)
