@@ -23,8 +23,12 @@ REPRO_STDOUT = Path(".dvc/tmp/first-repro.txt")  # in the dvc_repro_run fixture:
 
 
 def tool_env(**extra: str) -> dict[str, str]:
-    """This environment's tools (dvc, posttrain, airflow) first on PATH."""
-    return {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", **extra}
+    """This environment's tools (dvc, posttrain, airflow) first on PATH; `posttrain` found on PATH is the warm one
+    (tests/warm_cli.py: the same CLI, forked from a server that has imported it; `POSTTRAIN_WARM=0` for the real
+    script). A path to the script (`POSTTRAIN`) is always the real one."""
+    import warm_cli
+
+    return {**os.environ, "PATH": f"{warm_cli.shim_dir()}:{BIN}:{os.environ['PATH']}", **extra}
 
 
 def dvc(*args: str, cwd: Path) -> str:

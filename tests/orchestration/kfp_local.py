@@ -4,7 +4,8 @@ Every task's container command and args are taken from the compiled YAML and its
 parameters to their values, input/output artifacts to directories under a work folder, output parameters to
 files, the pipeline job id to a fixed string, the exit task's final status to the status of its group. The
 image is ignored: the commands run in this environment (`posttrain` on PATH). Only what our pipelines use
-is supported (DAG groups, exit handlers, artifacts, parameters, Concat), not loops or conditions.
+is supported (DAG groups, exit handlers, artifacts, parameters, Concat, ParallelFor over a list parameter with
+its parallelism limit), not conditions.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import re
 import signal
 import subprocess
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,13 +74,30 @@ class LocalPipeline:
                 continue
             in_params, in_artifacts = self._resolve_inputs(task, params, artifacts, outputs, local)
             component = self.spec["components"][task["componentRef"]["name"]]
-            if "dag" in component:
+            if "parameterIterator" in task:
+                state = self._run_loop(task, component, in_params, in_artifacts, states, prefix + name + "/")
+            elif "dag" in component:
                 state = self._run_dag(component["dag"], in_params, in_artifacts, states, prefix + name + "/")
             else:
                 state, outputs[name] = self._run_container(prefix + name, component, in_params, in_artifacts)
             local[name] = states[prefix + name] = state
         failed = [n for n, s in local.items() if s == "FAILED" and not tasks[n].get("triggerPolicy")]
         return "FAILED" if failed else "SUCCEEDED"
+
+    def _run_loop(self, task, component, params, artifacts, states, prefix) -> str:
+        """A ParallelFor: the loop's DAG once per item of its list parameter, at most `parallelismLimit` at a time
+        (0: no limit); iteration i's tasks are named `<loop>/<i>/<task>`. It fails if any iteration fails."""
+        iterator = task["parameterIterator"]
+        items = params[iterator["items"]["inputParameter"]]
+        items = json.loads(items) if isinstance(items, str) else items
+        limit = task.get("iteratorPolicy", {}).get("parallelismLimit", 0) or len(items)
+
+        def iteration(i: int) -> str:
+            return self._run_dag(component["dag"], {**params, iterator["itemInput"]: items[i]}, artifacts, states, f"{prefix}{i}/")
+
+        with ThreadPoolExecutor(max_workers=max(1, min(limit, len(items)))) as pool:
+            results = list(pool.map(iteration, range(len(items))))
+        return "FAILED" if "FAILED" in results else "SUCCEEDED"
 
     def _resolve_inputs(self, task, params, artifacts, outputs, local):
         resolved_params: dict[str, Any] = {}

@@ -48,9 +48,18 @@ def command_name(container: dict) -> str:
     return container["args"][0]
 
 
-def test_committed_compiled_files_are_up_to_date():
-    result = subprocess.run([sys.executable, "-m", "pipelines", "--check"], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
+def test_pipelines_check_names_each_stale_file_and_fails(monkeypatch, tmp_path, capsys):
+    import pipelines.__main__ as entry
+
+    fresh, stale = tmp_path / "fresh.yaml", tmp_path / "stale.yaml"
+    fresh.write_text("a: 1\n")
+    stale.write_text("a: 1\n")
+    monkeypatch.setattr(entry, "REPO", tmp_path)
+    monkeypatch.setattr(entry, "generate", lambda: {fresh: "a: 1\n", stale: "a: 2\n", tmp_path / "new.yaml": "b: 1\n"})
+    assert entry.main(["--check"]) == 1
+    assert capsys.readouterr().out.splitlines() == ["out of date: stale.yaml (run `make pipelines`)", "out of date: new.yaml (run `make pipelines`)"]
+    assert stale.read_text() == "a: 1\n"  # --check writes nothing
+    assert entry.main([]) == 0 and stale.read_text() == "a: 2\n"
 
 
 def test_every_task_runs_a_cli_stage_in_the_image_parameter():
@@ -115,7 +124,7 @@ def test_gpu_retries_caching_secrets_and_exit_handler_are_in_the_yaml():
     assert exit_task["inputs"]["parameters"]["status"] == {"taskFinalStatus": {"producerTask": "exit-handler-1"}}
 
 
-def test_no_credential_value_reaches_the_compiled_yaml(monkeypatch, tmp_path):
+def test_the_committed_compiled_files_are_up_to_date_and_hold_no_credential(monkeypatch, tmp_path):
     secret = "do-not-leak-8f2d1c"
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "MLFLOW_TRACKING_TOKEN"):
         monkeypatch.setenv(key, secret)
@@ -123,7 +132,9 @@ def test_no_credential_value_reaches_the_compiled_yaml(monkeypatch, tmp_path):
 
     texts = generate()
     assert all(secret not in text for text in texts.values())
-    assert texts[TEXT] == TEXT.read_text()  # and the environment changes nothing
+    stale = [str(path.relative_to(REPO)) for path, text in texts.items() if not path.is_file() or path.read_text() != text]
+    assert not stale, f"out of date (run `make pipelines`): {stale}"  # what `python -m pipelines --check` checks; the
+    # environment's credentials change nothing
 
 
 def test_sweep_pipeline_loops_over_objectives_with_bounded_parallelism():
@@ -249,3 +260,33 @@ def test_an_imported_model_replaces_its_task_and_reaches_consumers_as_a_uri(tmp_
     inputs = [json.loads(rl["args"][i + 1])["Concat"] for i, a in enumerate(rl["args"][:-1]) if a == "--in"]
     # the imported model by its URI (read by the stage), the data made in this run by its local path
     assert ["policy=", "{{$.inputs.artifacts['policy'].uri}}"] in inputs and ["data=", "{{$.inputs.artifacts['data'].path}}"] in inputs
+
+
+SWEEP = COMPILED / "sweep.yaml"
+
+
+@pytest.mark.slow
+def test_local_execution_of_the_sweep_yaml_runs_each_arm_and_compares_them(dvc_repro_run, tmp_path):
+    """sweep.yaml's ParallelFor, two arms at a time: the shared stages once, then each arm's preflight, rl, eval and
+    distill, then compare over this pipeline run's arms only. The grpo arm equals `dvc repro` of the same config."""
+    params = tiny_params(tmp_path)
+    arguments = run_arguments(params, ["orchestration.sweep.objectives=[grpo, rloo]"], SWEEP, image="")
+    assert arguments["objectives"] == ["grpo", "rloo"]  # `posttrain submit` of the sweep passes its arms
+    pipeline = LocalPipeline.load(SWEEP, tmp_path / "kfp", tool_env())
+    states = pipeline.run(arguments)
+    failed = [r for r in pipeline.runs if r.returncode]
+    assert not failed, failed[0].stderr[-3000:]
+    assert set(states.values()) == {"SUCCEEDED"}, states
+    loop = "exit-handler-1/for-loop-2"
+    assert {n for n in states if n.startswith(loop + "/")} == {f"{loop}/{i}/{t}" for i in (0, 1) for t in ("posttrain-preflight-objective", "posttrain-rl", "posttrain-eval-2", "posttrain-distill")}
+    grpo_rl = pipeline.task_dir(f"{loop}/0/posttrain-rl") / "artifacts" / "out"
+    assert json.loads((grpo_rl / "metrics.json").read_text()) == json.loads((dvc_repro_run / "outputs/rl/metrics.json").read_text())
+    weights = sorted((dvc_repro_run / "outputs/rl/model").glob("*.safetensors"))
+    assert weights and [_digest(grpo_rl / "model" / w.name) for w in weights] == [_digest(w) for w in weights]
+    rloo_rl = pipeline.task_dir(f"{loop}/1/posttrain-rl") / "artifacts" / "out"
+    assert [_digest(rloo_rl / "model" / w.name) for w in weights] != [_digest(w) for w in weights]  # the other arm's update
+    compare = pipeline.task_dir("exit-handler-1/posttrain-compare") / "artifacts" / "out"
+    rows = json.loads((compare / "comparison.json").read_text())
+    assert [(r["arm"], r["objective"]) for r in rows] == [("grpo", "grpo+clip"), ("rloo", "rloo+clip")]
+    runs = _mlflow_runs(tmp_path, pipeline_run="local-job", stage="rl")
+    assert sorted(r.data.tags["arm"] for r in runs) == ["grpo", "rloo"] and {r.info.status for r in runs} == {"FINISHED"}

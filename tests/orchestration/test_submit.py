@@ -63,3 +63,11 @@ def test_submit_sends_the_compiled_pipeline_with_validated_parameters(kubeflow_h
 def test_submit_refuses_a_bad_value_before_contacting_the_cluster(kubeflow_host):
     result = posttrain("submit", "--host", kubeflow_host, "--set", "rl.advantage=gdpx", cwd=REPO, check=False)
     assert result.returncode == 2 and "rl.advantage" in result.stderr and FakeKubeflow.posted == []
+
+
+def test_the_sweep_pipeline_gets_its_arms_from_orchestration_sweep():
+    from posttrain.orchestration.submit import run_arguments
+
+    package = REPO / "pipelines" / "compiled" / "sweep.yaml"
+    arguments = run_arguments(REPO / "params.yaml", ["orchestration.sweep.objectives=[rloo, grpo]"], package, image="")
+    assert arguments["objectives"] == ["rloo", "grpo"] and "rl" in arguments

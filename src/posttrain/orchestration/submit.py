@@ -23,6 +23,8 @@ def run_arguments(params: Path, overrides: list[str], package: Path, image: str)
     sections = cfg.model_dump(mode="json")
     arguments = {name: without_nulls(sections[name]) for name in declared if name in sections}
     arguments["image"] = image or cfg.orchestration.image
+    if "objectives" in declared:  # the sweep's arms (pipelines/build.py), from orchestration.sweep
+        arguments["objectives"] = list(cfg.orchestration.sweep.objectives)
     missing = set(declared) - set(arguments)
     if missing:
         raise UserError(f"{package} declares parameters this config has no value for: {sorted(missing)} (run `make pipelines`)")
