@@ -7,7 +7,8 @@ held-out clips, logged to MLflow) and a table of annotations; metrics: the clips
 `motion_sft` (`--in data=outputs/motion_data`) trains the evaluator on the annotated judgements and
 `motion_grpo` (`--in data=... --in sft=outputs/motion_sft`) continues it with GRPO; each writes `model/`
 (evaluator.json, model.safetensors, the tokenizer), `history.json`, `predictions.json` (the held-out judgements)
-and the held-out metrics (rank correlation per dimension `rho_*`, `cause_f1`, `format_rate`, `reward`); motion_grpo
+and the held-out metrics (rank correlation per dimension `heldout_rho_*`, `heldout_cause_f1`, `heldout_format_rate`,
+`heldout_reward`); motion_grpo
 also writes `gifs/` with each clip's annotation and judgement in the MLflow table. Both `--resume`. Settings: motion.
 """
 
@@ -72,7 +73,8 @@ def run_data(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resum
 def _finish(model, sets, cfg: Config, history: list, out_dir: Path, tracker) -> dict[str, float]:
     from posttrain.trainers.motion import evaluate
 
-    metrics, table = evaluate(model, sets["heldout"], cfg.motion)
+    measured, table = evaluate(model, sets["heldout"], cfg.motion)
+    metrics = {f"heldout_{k}": v for k, v in measured.items()}  # apart from the per-step training terms of the same names
     model.save(out_dir / "model")
     (out_dir / "history.json").write_text(strict_json(history) + "\n")
     (out_dir / "predictions.json").write_text(strict_json(table) + "\n")
