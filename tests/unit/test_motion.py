@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 import random
 from types import SimpleNamespace
 
@@ -151,3 +152,19 @@ def test_the_evaluator_writes_soft_tokens_before_the_prompt_and_stops_at_the_end
         assert keep == [1] * n + [0] * (len(row) - n)
     logp = model.token_logp(data.maps, data.tracks, data.targets)
     assert logp.shape == data.targets.shape and (logp <= 0).all()
+
+
+@pytest.mark.parametrize("override, message", [
+    ("motion.rl.advantage=gae", "'gae' needs token-level rollouts"),
+    ("motion.rl.loss=clipp", "unknown policy loss 'clipp'"),
+    ("motion.track_slots=1", "track_slots (1) must be at least video.objects (2)"),
+    ("motion.model.pool=3", "must be a multiple of model.pool (3)"),
+])
+def test_bad_motion_settings_are_refused_in_one_line(override, message):
+    from helpers import REPO
+    from posttrain import resolve
+    from posttrain.errors import UserError
+
+    with pytest.raises(UserError, match=re.escape(message)) as info:
+        resolve.load(REPO / "params.yaml", [override])
+    assert "\n" not in str(info.value)
