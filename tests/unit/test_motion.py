@@ -156,9 +156,7 @@ def test_the_evaluator_writes_soft_tokens_before_the_prompt_and_stops_at_the_end
 
 @pytest.mark.parametrize("override, message", [
     ("motion.rl.advantage=gae", "'gae' needs token-level rollouts"),
-    ("motion.rl.loss=clipp", "unknown policy loss 'clipp'"),
     ("motion.track_slots=1", "track_slots (1) must be at least video.objects (2)"),
-    ("motion.model.pool=3", "must be a multiple of model.pool (3)"),
 ])
 def test_bad_motion_settings_are_refused_in_one_line(override, message):
     from helpers import REPO
