@@ -97,6 +97,9 @@ COMPARISONS: dict[str, list[Compare]] = {
                     compare("catastrophe_rate", "ppo_lag_vlm", "ppo_lag_vlm_kappa0", lower=True)],
     "sdrl_strategies": [compare("distinct_strategies", "sdrl", "correctness"), compare("strategy_entropy", "sdrl", "correctness"),
                         compare("heldout_success", "sdrl", "correctness")],
+    "motion_vs_rgb": [compare("rho_consistency", "motion", "rgb"), compare("rho_continuity", "motion", "rgb"),
+                      compare("rho_plausibility", "motion", "rgb"), compare("cause_f1", "motion", "rgb"),
+                      Compare("reward", "motion_grpo", "motion_sft", row("motion", "reward"), row("motion", "sft_reward"))],
     "aura_ppo": [compare("score", "ppo", "sft"), compare("directional_accuracy", "ppo", "sft"), compare("magnitude_agreement", "ppo", "sft")],
     # PPO and GRPO each from the same SFT start (after vs before), then PPO vs GRPO (a one-sided row: a match reads as
     # an inconclusive verdict with a narrow interval around 0)

@@ -615,6 +615,74 @@ class SafeRLConfig(Section):  # stages drive_encoder + safe_rl: VLM-Safe-RL (spe
     checkpoint_every: int = Field(ge=0)  # rounds between checkpoints: `posttrain safe_rl --resume`; 0: none
 
 
+class MotionVideoConfig(Section):  # motion.video: the synthetic clips (data/motion_videos.py)
+    frames: int = Field(ge=8, le=64)  # frames per clip
+    size: int = Field(ge=16, le=128)  # square canvas, pixels
+    objects: int = Field(ge=2, le=4)  # moving shapes per clip (identity_swap needs two)
+    gravity: float = Field(gt=0)  # pixels / frame^2
+    clean_fraction: float = Field(ge=0, le=1)  # share of clips with no injected failure cause
+
+
+class MotionModelConfig(Section):  # motion.model: the evaluator (models/motion_evaluator.py)
+    pool: int = Field(ge=1)  # the encoder reads the maps average-pooled by this factor (video.size a multiple of it)
+    encoder_width: int = Field(gt=0)  # channels of the per-frame convolutions and the temporal features
+    soft_tokens: int = Field(gt=0, le=16)  # video tokens prepended to the language model's input
+    hidden_size: int = Field(gt=0)  # the tiny Llama decoder
+    layers: int = Field(gt=0)
+    heads: int = Field(gt=0)
+
+
+class MotionSFTConfig(Section):  # motion.sft: stage motion_sft
+    steps: int = Field(gt=0)
+    batch_size: int = Field(gt=0)
+    lr: float = Field(gt=0)
+    max_grad_norm: float = Field(gt=0)
+    log_every: int = Field(gt=0)
+    checkpoint_every: int = Field(ge=0)  # 0: no checkpoints (nothing to resume)
+
+
+class MotionRLConfig(Section):  # motion.rl: stage motion_grpo, GRPO with MotionInsight's reward (rewards/motion.py)
+    advantage: Annotated[str, Registered("advantages", meta="on_rewards", why="needs token-level rollouts (the evaluator has a reward matrix only)")]
+    loss: Annotated[str, Registered("losses")]
+    loss_agg: Annotated[str, Registered("loss_aggregations")]
+    steps: int = Field(gt=0)
+    videos_per_step: int = Field(gt=0)
+    group_size: int = Field(ge=2)
+    max_new_tokens: int = Field(ge=8, le=32)  # a judgement is 8-13 words and the end-of-text token
+    temperature: float = Field(gt=0)
+    lr: float = Field(gt=0)
+    max_grad_norm: float = Field(gt=0)
+    clip_eps_low: float = Field(ge=0)
+    clip_eps_high: float = Field(ge=0)
+    std_scaling: Literal["group", "batch", "none"]
+    std_eps: float = Field(gt=0)
+    beta: float = Field(ge=0)  # k3 KL to the SFT evaluator; 0 skips the reference
+    w_cause: float = Field(ge=0)  # w_c: weight of the failure-cause F1
+    w_format: float = Field(ge=0)  # w_f: weight of the format term
+    log_every: int = Field(gt=0)
+    checkpoint_every: int = Field(ge=0)
+
+
+class MotionConfig(Section):  # stages motion_data -> motion_sft -> motion_grpo: MotionInsight (specs §30)
+    video: MotionVideoConfig
+    n_train: int = Field(gt=0)
+    n_heldout: int = Field(ge=2)
+    n_gifs: int = Field(ge=0)  # held-out clips written (and logged) as GIFs with their judgements
+    representation: Literal["motion", "rgb"]  # what the evaluator reads: flow + tracks, or the RGB frames
+    track_slots: int = Field(gt=0)  # motion: objects tracked (at least video.objects)
+    model: MotionModelConfig
+    sft: MotionSFTConfig
+    rl: MotionRLConfig
+
+    @model_validator(mode="after")
+    def _slots(self) -> "MotionConfig":
+        if self.track_slots < self.video.objects:
+            raise ValueError(f"track_slots ({self.track_slots}) must be at least video.objects ({self.video.objects})")
+        if self.video.size % self.model.pool:
+            raise ValueError(f"video.size ({self.video.size}) must be a multiple of model.pool ({self.model.pool})")
+        return self
+
+
 class Config(Section):
     pipeline: PipelineConfig
     tracking: TrackingConfig
@@ -638,6 +706,7 @@ class Config(Section):
     flow_rl: FlowRLConfig
     flow_eval: FlowEvalConfig
     safe_rl: SafeRLConfig
+    motion: MotionConfig
 
     def section_hash(self, *sections: str) -> str:
         """A stable digest of the named sections (used to refuse resuming under changed settings)."""
