@@ -119,7 +119,7 @@ def rescore(path: Path, frac: float) -> None:
         C.print_table(f"\n{data['claim']}: target accuracy {r['target_accuracy']:.3f}, equal time {r['equal_time_s']:.0f}s", r["table"])
     data["comparisons"] = summarise(data["claim"], data["per_seed"])
     print_summary(data["claim"], data["seeds"], data["comparisons"])
-    data["rescored"] = f".venv/bin/python experiments/async_pace.py --rescore {path.name} --target-frac {frac}"
+    data["rescored"] = f".venv/bin/python experiments/async_pace.py --rescore {path} --target-frac {frac}"
     path.write_text(json.dumps(data, indent=2) + "\n")
     print(f"rewrote {path}")
 
