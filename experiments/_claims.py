@@ -62,6 +62,11 @@ SAMPLERS = [compare("accuracy", "ppt", "power_matched"), compare("accuracy", "pp
             compare("accuracy", "ttsd", "temperature_vote"), compare("accuracy", "ttsd", "beam"), compare("accuracy", "ttsd", "beam_wide"),
             compare("accuracy", "context_positive", "context_plain"), compare("accuracy", "context_plain", "context_negative"),
             compare("accuracy", "ppt", "rl_greedy"), compare("accuracy", "power", "rl_greedy")]
+ASYNC = [compare("acc_equal_time", "async_pace", "async_none"), compare("time_to_target", "async_pace", "async_none", lower=True),
+         compare("acc_equal_time", "async_pace", "sync"), compare("time_to_target", "async_pace", "sync", lower=True),
+         compare(HELDOUT, "async_pace", "async_none"), compare("acc_equal_groups", "async_pace", "async_none"),
+         compare(HELDOUT, "async_pace", "sync"), compare("gen_wait_s", "async_pace", "sync", lower=True),
+         compare(HELDOUT, "async_pace", "async_max_staleness")]
 # claim (the script stem, or a claims.py CLAIMS name when one script runs several) -> the differences it claims
 COMPARISONS: dict[str, list[Compare]] = {
     "witness_vs_grpo": [compare("tv_after", "witness_reward", "grpo", lower=True), compare("tv_after", "witness_raw", "grpo", lower=True),
@@ -110,6 +115,10 @@ COMPARISONS: dict[str, list[Compare]] = {
     "rfpo_vs_ppo": [Compare(HELDOUT, "rfpo", "sft", row("rfpo", HELDOUT), row("rfpo", "heldout_greedy_before")),
                     compare(HELDOUT, "rfpo", "ppo"), compare(HELDOUT, "rfpo", "rfpo_raw"),
                     compare("len_last", "rfpo", "rfpo_raw", lower=True)],
+    # async RL (issue 17): PACE vs unfiltered async at equal wall clock and to a target; PACE vs sync at equal steps (a
+    # match reads as inconclusive with a narrow interval) and on the trainer's time blocked on generation
+    "async_pace": ASYNC,
+    "async_pace_deterministic": ASYNC,
     "samplers_arithmetic": SAMPLERS,
     "samplers_word_problems": SAMPLERS,
 }

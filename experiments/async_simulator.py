@@ -9,12 +9,17 @@ and tags every token with the version it decoded under. A completed group enters
 draws `--batch-groups` groups (after the policy's rejections), spends `--update` seconds on the update and publishes
 the next version. Workers start staggered over one median group time. Each run lasts `--updates` trainer updates.
 
-Reported per (workers, policy), over seeds 0..n-1 (mean and 95% t interval): effective staleness of the trained
+Arm `sync` is synchronous RL on the same cluster: the trainer hands its batch to the workers, waits for the last
+group, trains; no token is stale, and no more than `--batch-groups` workers have work (`simulate_sync`).
+
+Reported per (workers, arm), over seeds 0..n-1 (mean and 95% t interval): effective staleness of the trained
 groups (mean, p95), its parts W, Gp and the naive span Gn, the share of pooled groups rejected, the mean occupancy
-at a draw, the trainer's idle share, trained groups per simulated second and the length bias (mean tokens per
-trained group over mean tokens per pooled group: below 1, long rollouts are rejected more often). Verdicts (paired by seed) on two
-simulator claims: PACE trains on less stale groups than unfiltered async, it keeps more of the long rollouts than the
-hard cap (its length bias nearer 1), and prefix-aware Gp is below the naive Gn.
+at a draw, the trainer's idle share (its time blocked on generation), trained groups per simulated second (the
+wall clock to a number of updates) and the length bias (mean tokens per trained group over mean tokens per pooled
+group: below 1, long rollouts are rejected more often). Verdicts (paired by seed): PACE trains on less stale groups
+than unfiltered async, it keeps more of the long rollouts than the hard cap (its length bias nearer 1), it trains
+more groups per second than sync and its trainer idles less, and prefix-aware Gp is below the naive Gn. Accuracy
+is not modelled: the simulator says what each arm trains on and how fast, not what it learns.
 
     .venv/bin/python experiments/async_simulator.py [--workers 8 64] [--seeds 3] [--updates N] [--json FILE] [--micro]
 """
@@ -63,6 +68,9 @@ def decode_versions(start: float, n: int, step: float, arrivals: list[float]) ->
 
 
 def make_policy(name: str, args):
+    """The pool policy `name`; None for `sync` (no pool: the trainer waits for its batch)."""
+    if name == "sync":
+        return None
     if name == "max_staleness":
         return pool_policies.get(name)(MaxStalenessOptions(cap=args.cap))
     if name == "pace":
@@ -70,7 +78,31 @@ def make_policy(name: str, args):
     return pool_policies.get(name)()
 
 
+def simulate_sync(model: CostModel, updates: int, seed: int) -> dict[str, float]:
+    """Synchronous RL on the same cluster: each update the trainer hands its `batch_groups` prompts to the workers
+    (round robin; a worker decodes its groups one after another), waits for the last group, trains, and the workers
+    wait `sync` s for the new weights. Every token is at v_now (E = 0); no worker beyond `batch_groups` has work."""
+    rng = random.Random(seed)
+    now = blocked = 0.0
+    pooled_tokens = 0
+    for _ in range(updates):
+        busy = [0.0] * min(model.workers, model.batch_groups)
+        for g in range(model.batch_groups):
+            lens = [max(1, min(model.max_tokens, round(model.median_tokens * math.exp(rng.gauss(0.0, model.length_sigma)))))
+                    for _ in range(model.group_size)]
+            busy[g % len(busy)] += max(lens) * model.decode_step
+            pooled_tokens += sum(lens)
+        generation = max(busy) + model.sync
+        blocked += generation
+        now += generation + model.update
+    zero = {"E_mean": 0.0, "E_p95": 0.0, "W_mean": 0.0, "Gp_mean": 0.0, "Gn_mean": 0.0, "rejected_share": 0.0}
+    return {**zero, "occupancy_mean": float(model.batch_groups), "trainer_idle_share": blocked / now,
+            "groups_per_s": updates * model.batch_groups / now, "length_bias": 1.0, "E_hist": {"0": 1.0}}
+
+
 def simulate(model: CostModel, policy, updates: int, seed: int) -> dict[str, float]:
+    if policy is None:
+        return simulate_sync(model, updates, seed)
     rng = random.Random(seed)
     published: list[float] = []  # publication time of version k + 1 at index k
 
@@ -151,7 +183,7 @@ def verdict_negative(diffs: list[float]) -> dict[str, float | str]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--workers", type=int, nargs="+", default=[8, 64])
-    p.add_argument("--policies", nargs="+", default=["none", "max_staleness", "pace"])
+    p.add_argument("--policies", nargs="+", default=["sync", "none", "max_staleness", "pace"])
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--updates", type=int, default=200)
     p.add_argument("--group-size", type=int, default=8)
@@ -195,7 +227,15 @@ def main() -> None:
             pace, cap = results[f"{workers}/pace"]["seeds"], results[f"{workers}/max_staleness"]["seeds"]
             verdicts[f"{workers}: max_staleness length_bias - pace length_bias < 0"] = verdict_negative(
                 [b["length_bias"] - a["length_bias"] for a, b in zip(pace, cap)])
+        if {f"{workers}/pace", f"{workers}/sync"} <= set(results):  # the cluster's clock: throughput, trainer blocked on generation
+            pace, sync = results[f"{workers}/pace"]["seeds"], results[f"{workers}/sync"]["seeds"]
+            verdicts[f"{workers}: sync groups_per_s - pace groups_per_s < 0"] = verdict_negative(
+                [b["groups_per_s"] - a["groups_per_s"] for a, b in zip(pace, sync)])
+            verdicts[f"{workers}: pace trainer_idle_share - sync trainer_idle_share < 0"] = verdict_negative(
+                [a["trainer_idle_share"] - b["trainer_idle_share"] for a, b in zip(pace, sync)])
         for name in args.policies:
+            if name == "sync":
+                continue
             runs = results[f"{workers}/{name}"]["seeds"]
             verdicts[f"{workers}/{name}: Gp_mean - Gn_mean < 0"] = verdict_negative([r["Gp_mean"] - r["Gn_mean"] for r in runs])
     for claim, v in verdicts.items():

@@ -3,9 +3,12 @@ for the distillation methods that keep state between updates (declared states an
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import subprocess
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -65,3 +68,53 @@ def test_resume_refuses_a_checkpoint_made_with_other_settings(pipeline_outputs, 
     result = posttrain("rl", "--resume", "--set", "rl.lr=0.01", cwd=root, check=False)
     assert result.returncode == 2 and "other settings" in result.stderr.strip().splitlines()[-1]
     assert sorted(p.name for p in checkpoints.glob("step-*")) == kept, "checkpoints must survive a refused resume"
+
+
+def test_a_killed_free_running_async_run_neither_loses_nor_repeats_a_prompt(pipeline_outputs, tmp_path, monkeypatch):
+    """rl.mode async, free-running workers, pool_policy none (nothing rejected): the CLI in a fork of this process is
+    SIGKILLed right after checkpoint 2 (workers alive, jobs in flight), then `--resume`d to the end. Every prompt
+    the prompt stream handed out is trained exactly once across the two processes, or still pooled or in flight
+    when the resumed run stops: counted, prompt by prompt."""
+    from helpers import _kill_a_fork, posttrain_here
+    from posttrain.cli import _register_stage_commands
+    from posttrain.trainers import async_rl
+    from posttrain.trainers.online_rl import PromptStream
+
+    _register_stage_commands()  # imported here, once: not again in the fork and again after it
+
+    record = tmp_path / "record.jsonl"  # appended by the killed process and the resumed one; survives a SIGKILL
+    samples_of, stop = async_rl.AsyncRollouts.samples_of, async_rl.AsyncRollouts.stop
+
+    def write(row):
+        with record.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def trained(self, groups):
+        out = samples_of(self, groups)
+        write({"pid": os.getpid(), "trained": [self.run.examples[i].prompt for i in out[2]]})
+        return out
+
+    def stopped(self):
+        left = [self.run.examples[j.example].prompt for j in self.pending.values()]
+        left += [self.run.examples[p["example"]].prompt for p in self.payloads.values()]
+        write({"pid": os.getpid(), "left": left, "handed_out": [e.prompt for e in PromptStream(self.run.examples, self.run.seed).take(self.next_number)]})
+        stop(self)
+
+    monkeypatch.setattr(async_rl.AsyncRollouts, "samples_of", trained)
+    monkeypatch.setattr(async_rl.AsyncRollouts, "stop", stopped)
+    copy_outputs(pipeline_outputs, tmp_path)
+    workers = {"count": 2, "queued_groups": 8, "timeout_s": 60, "deterministic": False, "refresh_every_tokens": 2}
+    fork_safe_params(tmp_path, rl={**RL, "steps": 4, "checkpoint_every": 2, "mode": "async", "pool_policy": "none", "workers": workers})
+    _kill_a_fork("rl", [], tmp_path, tmp_path / "outputs" / ".rl.partial" / "checkpoints", kill_at=2)
+    rows = [json.loads(line) for line in record.read_text().splitlines()]
+    killed = [r for r in rows if "trained" in r]
+    assert len(killed) == 2 and not [r for r in rows if "left" in r], "the fork died right after checkpoint 2, before stopping"
+    posttrain_here("rl", "--resume", cwd=tmp_path)
+    rows = [json.loads(line) for line in record.read_text().splitlines()]
+    resumed = [r for r in rows[len(killed):] if "trained" in r]
+    (end,) = [r for r in rows if "left" in r]
+    assert len(resumed) == 2 and {r["pid"] for r in resumed} == {os.getpid()} != {r["pid"] for r in killed}
+    every = Counter(p for r in killed + resumed for p in r["trained"])
+    assert sum(every.values()) == 4 * 4 and end["left"]  # 4 prompts a step; jobs were still out when the run stopped
+    assert every + Counter(end["left"]) == Counter(end["handed_out"])
+    assert json.loads((tmp_path / "outputs" / "rl" / "history.json").read_text())[-1]["async/groups_rejected_total"] == 0

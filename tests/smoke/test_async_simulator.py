@@ -60,6 +60,10 @@ def test_micro_study_has_a_real_signal(sim):
     assert runs["max_staleness"]["rejected_share"] > 0.0
     assert 0.0 < runs["pace"]["Gp_mean"] < runs["pace"]["Gn_mean"]  # rollouts do span refreshes
     assert all(abs(sum(r["E_hist"].values()) - 1.0) < 1e-9 for r in runs.values())
+    # sync on the same cluster: nothing stale, the trainer blocked on every batch, 2 of the 16 workers busy
+    sync = sim.simulate(model, None, updates=12, seed=0)
+    assert sync["E_mean"] == 0.0 and 0.0 < sync["trainer_idle_share"] < 1.0
+    assert runs["pace"]["groups_per_s"] > sync["groups_per_s"] and runs["pace"]["trainer_idle_share"] < sync["trainer_idle_share"]
 
 
 def test_main_writes_intervals_and_verdicts(sim, tmp_path, monkeypatch):
@@ -68,7 +72,8 @@ def test_main_writes_intervals_and_verdicts(sim, tmp_path, monkeypatch):
                                       "--median-tokens", "30", "--max-tokens", "120", "--update", "1.0", "--json", str(out)])
     sim.main()
     data = json.loads(out.read_text())
-    assert set(data["results"]) == {f"{w}/{p}" for w in (2, 12) for p in ("none", "max_staleness", "pace")}
+    assert set(data["results"]) == {f"{w}/{p}" for w in (2, 12) for p in ("sync", "none", "max_staleness", "pace")}
+    assert "12: sync groups_per_s - pace groups_per_s < 0" in data["verdicts"]
     summary = data["results"]["12/pace"]["summary"]["E_mean"]
     assert len(data["results"]["12/pace"]["seeds"]) == 3 and summary["low"] <= summary["mean"] <= summary["high"]
     assert {v["verdict"] for v in data["verdicts"].values()} <= {"reproduced", "contradicted", "inconclusive"}

@@ -128,3 +128,23 @@ def test_free_running_resume_neither_loses_nor_repeats_a_prompt(micro, tmp_path)
     handed_out = [e.prompt for e in PromptStream(examples, 0).take(state["next_number"])]
     assert Counter(trained) + Counter(left) == Counter(handed_out)
     assert no_workers_left()
+
+
+def test_async_refuses_multi_turn_tasks_and_torchrun_with_one_line(micro, monkeypatch):
+    """Refused in `check_async`, before any worker starts: a task that samples multi-turn episodes, and torchrun."""
+    from types import SimpleNamespace
+
+    from posttrain.trainers import async_rl, distributed
+
+    cfg, task = micro[0], micro[1]
+
+    class Episodes:
+        def sampler(self, tokenizer):
+            raise AssertionError("never sampled")
+
+    with pytest.raises(UserError, match=r"^rl.mode async: task Episodes samples multi-turn episodes; use rl.mode sync$"):
+        async_rl.check_async(SimpleNamespace(cfg=cfg.rl, task=Episodes()))
+    async_rl.check_async(SimpleNamespace(cfg=cfg.rl, task=task))  # the micro config itself passes
+    monkeypatch.setattr(distributed, "_current", distributed.Context(rank=0, world_size=3, local_rank=0))
+    with pytest.raises(UserError, match=r"^rl.mode async runs on one machine \(worker processes\); under torchrun use rl.mode sync$"):
+        async_rl.check_async(SimpleNamespace(cfg=cfg.rl, task=task))
