@@ -107,6 +107,10 @@ COMPARISONS: dict[str, list[Compare]] = {
     "rfpo_vs_ppo": [Compare(HELDOUT, "rfpo", "sft", row("rfpo", HELDOUT), row("rfpo", "heldout_greedy_before")),
                     compare(HELDOUT, "rfpo", "ppo"), compare(HELDOUT, "rfpo", "rfpo_raw"),
                     compare("len_last", "rfpo", "rfpo_raw", lower=True)],
+    # ASCT's tree credit vs trajectory-return PPO and vs a Monte-Carlo value baseline at matched auxiliary tokens (held-out greedy actor)
+    "asct_vs_ppo": [compare("utility", "asct", "trajectory"), compare("utility", "asct", "mc_value"),
+                    compare("utility", "asct_agent_uct", "trajectory"), compare("utility", "asct_agent_uct", "asct"),
+                    compare("f1", "asct", "trajectory"), compare("f1", "asct", "mc_value")],
     "samplers_arithmetic": SAMPLERS,
     "samplers_word_problems": SAMPLERS,
 }

@@ -615,6 +615,32 @@ class SafeRLConfig(Section):  # stages drive_encoder + safe_rl: VLM-Safe-RL (spe
     checkpoint_every: int = Field(ge=0)  # rounds between checkpoints: `posttrain safe_rl --resume`; 0: none
 
 
+class AsctConfig(Section):
+    """Stage `asct`: ASCT (specs §24) in the search environment (task `search`); trainers/asct.py."""
+
+    credit: Annotated[str, Registered("asct_credits")]  # asct (the tree's centred Q) | trajectory (U - mean U) | mc_value (VinePPO)
+    tree_policy: Annotated[str, Registered("tree_policies")]  # uniform | uct | agent_uct (rollout/tree.py)
+    n_sim: int = Field(gt=0)  # simulations per actor-visited state (credit asct)
+    uct_c: float = Field(ge=0)  # the UCT exploration constant c
+    cost_weight: float = Field(ge=0)  # AgentUCT's kappa per tool call (the utility's cost per call)
+    lambda_mix: float = Field(ge=0, le=1)  # credit = lambda_mix A_local + (1 - lambda_mix) (U - mean U)
+    mc_rollouts: int = Field(gt=0)  # rollouts per visited state of the Monte-Carlo value baseline (credit mc_value)
+    mc_token_budget: int = Field(ge=0)  # > 0: mc_value's rollouts per visited state run until their tokens reach it (matched spend)
+    iterations: int = Field(gt=0)  # rollout + credit + PPO rounds
+    episodes: int = Field(gt=0)  # actor episodes per round (training questions drawn with replacement)
+    epochs: int = Field(gt=0)  # PPO passes over a round's visited states
+    lr: float = Field(gt=0)
+    clip_eps: float = Field(gt=0)
+    entropy_coef: float = Field(ge=0)
+    max_grad_norm: float = Field(gt=0)
+    hidden_size: int = Field(gt=0)  # the actor: an MLP scoring each legal action from its features
+    max_steps: int = Field(gt=0)  # actions per episode (an episode cut off scores as unanswered)
+    n_heldout: int = Field(gt=0)  # held-out questions for the greedy actor's figures (at most task.n_heldout)
+    example_episodes: int = Field(ge=0)  # held-out episodes logged as a table (queries, passages, answers)
+    log_every: int = Field(gt=0)
+    checkpoint_every: int = Field(ge=0)  # rounds between checkpoints: `posttrain asct --resume`; 0: none
+
+
 class Config(Section):
     pipeline: PipelineConfig
     tracking: TrackingConfig
@@ -638,6 +664,7 @@ class Config(Section):
     flow_rl: FlowRLConfig
     flow_eval: FlowEvalConfig
     safe_rl: SafeRLConfig
+    asct: AsctConfig
 
     def section_hash(self, *sections: str) -> str:
         """A stable digest of the named sections (used to refuse resuming under changed settings)."""

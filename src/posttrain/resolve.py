@@ -44,7 +44,9 @@ def all_registries() -> dict[str, Registry]:
     from posttrain.objectives.off_policy import corrections
     from posttrain.rollout.pool import pool_policies
     from posttrain.rollout.samplers import samplers
+    from posttrain.trainers.asct import credits as asct_credits
     from posttrain.trainers.extras import extras
+    from posttrain.rollout.tree import tree_policies
 
     import posttrain.models.flux  # noqa: F401  (registers the flux kind)
     from posttrain import plugins
@@ -73,6 +75,8 @@ def all_registries() -> dict[str, Registry]:
         "samplers": samplers,
         "corrections": corrections,
         "pool_policies": pool_policies,
+        "tree_policies": tree_policies,
+        "asct_credits": asct_credits,
     }
     plugins.load(registries)  # the installed plugins' parts (entry points `posttrain.plugins`), once per process
     return registries

@@ -13,7 +13,8 @@ episodes to a terminal utility U (answer F1 minus a cost per search call). Every
                trajectory credit by `asct.lambda_mix`
    trajectory  trajectory-return PPO: U - mean U of the iteration's episodes on every action of the episode
    mc_value    a Monte-Carlo value baseline (VinePPO, Kazemnejad et al. 2024, arXiv 2410.01679, eq. 5):
-               V_hat(s_t) = the mean utility of `asct.mc_rollouts` pi_0 rollouts from s_t, V_hat(s_T) = U, and
+               V_hat(s_t) = the mean utility of `asct.mc_rollouts` pi_0 rollouts from s_t (or as many as fit in
+               `asct.mc_token_budget` auxiliary tokens, to match another arm's spend), V_hat(s_T) = U, and
                A_t = V_hat(s_{t+1}) - V_hat(s_t)
 3. PPO: `asct.epochs` passes of the clipped surrogate (objectives/policy_losses.py `clip`, eps `asct.clip_eps`) over
    the visited states, each action's log-probability under the live actor against its rollout-time one.
@@ -121,7 +122,8 @@ def trajectory_advantages(episodes: Sequence[Episode]) -> list[Tensor]:
 
 @credits.register("trajectory")
 def trajectory_credit(episodes: Sequence[Episode], frozen: Actor, env: RecoverableEnv, cfg, generator) -> tuple[list[Tensor], dict]:
-    return trajectory_advantages(episodes), {"aux_tokens": 0.0}
+    """trajectory-return PPO: U - mean U of the iteration's episodes on every action of the episode."""
+    return trajectory_advantages(episodes), {"aux_tokens": 0.0, "visits": float(sum(len(e.visits) for e in episodes))}
 
 
 @credits.register("asct")
@@ -141,7 +143,18 @@ def asct_credit(episodes: Sequence[Episode], frozen: Actor, env: RecoverableEnv,
             q = tree.q[tree.evaluated]
             spread.append(float(q.max() - q.min()) if len(q) else 0.0)
         out.append(mixed_credit(torch.tensor(rows, dtype=torch.float64), traj, cfg.lambda_mix))
-    return out, {"aux_tokens": float(tokens), "q_spread": sum(spread) / max(len(spread), 1), "taken_unevaluated": float(unevaluated)}
+    return out, {"aux_tokens": float(tokens), "visits": float(sum(len(e.visits) for e in episodes)), "q_spread": sum(spread) / max(len(spread), 1), "taken_unevaluated": float(unevaluated)}
+
+
+def value_rollouts(frozen: Actor, env: RecoverableEnv, state, generator, cfg) -> list[Simulation]:
+    """`mc_rollouts` frozen-actor rollouts from `state`; with `mc_token_budget` > 0, rollouts until their tokens reach
+    it (at least one): the auxiliary tokens per visited state an arm is matched at."""
+    if not cfg.mc_token_budget:
+        return [simulate(frozen, env, state, generator, cfg.max_steps) for _ in range(cfg.mc_rollouts)]
+    sims: list[Simulation] = []
+    while not sims or sum(s.tokens for s in sims) < cfg.mc_token_budget:
+        sims.append(simulate(frozen, env, state, generator, cfg.max_steps))
+    return sims
 
 
 @credits.register("mc_value")
@@ -151,13 +164,13 @@ def mc_value_credit(episodes: Sequence[Episode], frozen: Actor, env: Recoverable
     for episode in episodes:
         values = []
         for v in episode.visits:
-            sims = [simulate(frozen, env, v.state, generator, cfg.max_steps) for _ in range(cfg.mc_rollouts)]
+            sims = value_rollouts(frozen, env, v.state, generator, cfg)
             tokens += sum(s.tokens for s in sims)
             values.append(sum(s.utility for s in sims) / len(sims))
         values.append(episode.utility)
         v = torch.tensor(values, dtype=torch.float64)
         out.append(v[1:] - v[:-1])
-    return out, {"aux_tokens": float(tokens)}
+    return out, {"aux_tokens": float(tokens), "visits": float(sum(len(e.visits) for e in episodes))}
 
 
 def pad_visits(visits: Sequence[Visit]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
