@@ -34,6 +34,7 @@ def all_registries() -> dict[str, Registry]:
     """Every registry, with its implementations imported so that all names are present, plugins' included."""
     from posttrain import objectives, rewards, stages, tasks
     from posttrain.data.preferences import preference_data
+    from posttrain.envs.retrievers import retrievers
     from posttrain.data.vigor.steps import change_classifiers, embedders, geometric_checks, instruction_writers
     from posttrain.models.flow import flow_backends
     from posttrain.objectives.editing import edit_methods
@@ -75,6 +76,7 @@ def all_registries() -> dict[str, Registry]:
         "samplers": samplers,
         "corrections": corrections,
         "pool_policies": pool_policies,
+        "retrievers": retrievers,
         "tree_policies": tree_policies,
         "asct_credits": asct_credits,
     }
