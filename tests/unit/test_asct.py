@@ -113,9 +113,19 @@ def noisy(means, costs=None, seed=0):
 
 @pytest.mark.parametrize("budget,n", [(8, 3), (16, 5), (7, 7), (5, 6), (13, 1)])
 def test_uniform_allocates_floor_n_over_a(budget, n):
-    tree = search(n, noisy([0.0] * n), budget, "uniform", 1.0, 0.0)
+    tree = search(n, noisy([0.0] * n), budget, "uniform", 1.0, 0.0, first=n - 1, generator=torch.Generator().manual_seed(budget))
     assert tree.visits.sum() == budget and tree.tokens == 5 * budget
-    assert set(tree.visits.tolist()) <= {budget // n, budget // n + 1}
+    assert set(tree.visits.tolist()) <= {budget // n, budget // n + 1} and tree.visits[n - 1] >= 1
+
+
+def test_a_budget_below_the_actions_evaluates_the_taken_action_and_a_random_rest():
+    g, evaluated = torch.Generator().manual_seed(0), []
+    for policy in ("uniform", "uct", "agent_uct"):
+        for _ in range(6):
+            tree = search(8, noisy([0.1] * 8), 3, policy, 1.0, 0.1, first=5, generator=g)
+            assert tree.visits[5] == 1 and tree.visits.sum() == 3
+            evaluated.append(tuple(tree.evaluated.tolist()))
+    assert len(set(evaluated)) > 3  # not the same actions every time (a fixed order would starve the last ones)
 
 
 def test_agent_uct_with_zero_cost_weight_is_uct():

@@ -135,7 +135,7 @@ def asct_credit(episodes: Sequence[Episode], frozen: Actor, env: RecoverableEnv,
         for v in episode.visits:
             actions = env.legal_actions(v.state)
             tree = search(len(actions), lambda a: simulate(frozen, env, v.state, generator, cfg.max_steps, actions[a]), cfg.n_sim,
-                          cfg.tree_policy, cfg.uct_c, cfg.cost_weight)
+                          cfg.tree_policy, cfg.uct_c, cfg.cost_weight, first=v.taken, generator=generator)
             tokens += tree.tokens
             credit = local_credit(tree.q[None], v.pi0[None].double(), tree.evaluated[None], torch.tensor([v.taken]))
             rows.append(float(credit))
