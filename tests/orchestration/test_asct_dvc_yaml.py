@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import shlex
 
+import yaml
+
 from helpers import REPO
 from posttrain.config import Config
 from posttrain.stages import stages
@@ -17,7 +19,9 @@ def test_asct_command_outputs_and_params():
     stage = asct["asct"]
     argv = shlex.split(stage["cmd"])
     assert stage["wdir"] == ".." and argv[:2] == ["posttrain", "asct"] and "asct" in stages and "--resume" in argv
-    assert argv[argv.index("--launcher") + 1] == "dvc" and argv[argv.index("--params") + 1] == "asct/params.yaml"
+    assert argv[argv.index("--launcher") + 1] == "dvc" and argv[argv.index("--params") + 1] == "${params_file}"
+    variables = {k: v for entry in yaml.safe_load((REPO / "asct" / "dvc.yaml").read_text())["vars"] for k, v in entry.items()}
+    assert variables["params_file"] == "asct/params.yaml" and (REPO / variables["params_file"]).is_file()
     out = argv[argv.index("--out") + 1]
     assert all(o.startswith(out + "/") for o in stage["outs"])
     files = {f: keys for entry in stage["params"] for f, keys in entry.items()}
