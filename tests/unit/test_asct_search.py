@@ -65,3 +65,10 @@ def test_the_tree_feeds_a_non_degenerate_credit_in_the_search_environment(setup)
     episodes, frozen = trainer.collect()
     advantages, metrics = trainer.credit(episodes, frozen)
     assert metrics["q_spread"] > 0 and metrics["aux_tokens"] > 0 and (advantages != 0).float().mean() > 0.3
+
+
+def test_the_stage_refuses_a_task_other_than_search():
+    from posttrain.errors import UserError
+
+    with pytest.raises(UserError, match="task.name=search"):
+        search_setup(resolve.load(PARAMS.parents[1] / "params.yaml"), 0)
