@@ -62,6 +62,11 @@ SAMPLERS = [compare("accuracy", "ppt", "power_matched"), compare("accuracy", "pp
             compare("accuracy", "ttsd", "temperature_vote"), compare("accuracy", "ttsd", "beam"), compare("accuracy", "ttsd", "beam_wide"),
             compare("accuracy", "context_positive", "context_plain"), compare("accuracy", "context_plain", "context_negative"),
             compare("accuracy", "ppt", "rl_greedy"), compare("accuracy", "power", "rl_greedy")]
+# asct_vs_ppo.py (issue 19): ASCT's tree credit vs trajectory-return PPO and vs a Monte-Carlo value baseline at matched
+# auxiliary tokens, on the held-out greedy actor; the cost-aware tree policy vs the uniform one (utility, and the tokens it spends)
+ASCT = [compare("utility", "asct", "trajectory"), compare("utility", "asct", "mc_value"), compare("utility", "asct_agent_uct", "trajectory"),
+        compare("utility", "asct_agent_uct", "asct"), compare("f1", "asct", "trajectory"), compare("f1", "asct", "mc_value"),
+        compare("aux_tokens", "asct_agent_uct", "asct", lower=True)]
 # claim (the script stem, or a claims.py CLAIMS name when one script runs several) -> the differences it claims
 COMPARISONS: dict[str, list[Compare]] = {
     "witness_vs_grpo": [compare("tv_after", "witness_reward", "grpo", lower=True), compare("tv_after", "witness_raw", "grpo", lower=True),
@@ -107,10 +112,8 @@ COMPARISONS: dict[str, list[Compare]] = {
     "rfpo_vs_ppo": [Compare(HELDOUT, "rfpo", "sft", row("rfpo", HELDOUT), row("rfpo", "heldout_greedy_before")),
                     compare(HELDOUT, "rfpo", "ppo"), compare(HELDOUT, "rfpo", "rfpo_raw"),
                     compare("len_last", "rfpo", "rfpo_raw", lower=True)],
-    # ASCT's tree credit vs trajectory-return PPO and vs a Monte-Carlo value baseline at matched auxiliary tokens (held-out greedy actor)
-    "asct_vs_ppo": [compare("utility", "asct", "trajectory"), compare("utility", "asct", "mc_value"),
-                    compare("utility", "asct_agent_uct", "trajectory"), compare("utility", "asct_agent_uct", "asct"),
-                    compare("f1", "asct", "trajectory"), compare("f1", "asct", "mc_value")],
+    "asct_vs_ppo": ASCT,
+    "asct_vs_ppo_short": ASCT,  # the same arms at a short budget (12 rounds): does the tree's credit learn sooner?
     "samplers_arithmetic": SAMPLERS,
     "samplers_word_problems": SAMPLERS,
 }

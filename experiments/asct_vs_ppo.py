@@ -16,7 +16,8 @@ Each arm's held-out figures are the greedy actor alone (deployment: no tree): ut
 recall; plus the auxiliary tokens it spent in training (in total and per visited state). The harness pairs ASCT
 with each baseline by seed.
 
-    .venv/bin/python experiments/claims.py --claim asct_vs_ppo
+    .venv/bin/python experiments/claims.py --claim asct_vs_ppo          (40 rounds)
+    .venv/bin/python experiments/claims.py --claim asct_vs_ppo_short    (12 rounds)
     .venv/bin/python experiments/asct_vs_ppo.py [--steps N] [--seeds 3] [--json FILE] [--micro]
 
 --params defaults to asct/params.yaml; --steps sets asct.iterations.
@@ -34,6 +35,15 @@ from posttrain.trainers.loop import TrainLoop
 
 MICRO = ["task.n_train=40", "task.n_heldout=10", "asct.n_heldout=10", "asct.episodes=4", "asct.n_sim=3", "asct.mc_rollouts=3",
          "task.options.search.people=30", "task.options.search.companies=6", "task.options.search.cities=6"]
+
+
+SHORT = 20  # rounds: a run below it is the short-budget claim (asct_vs_ppo_short: does the tree's credit learn sooner?)
+
+
+def claim_of(argv: list[str]) -> str:
+    """The claim a command line runs: `asct_vs_ppo`, or `asct_vs_ppo_short` with --steps below SHORT."""
+    steps = int(argv[argv.index("--steps") + 1]) if "--steps" in argv else 40
+    return "asct_vs_ppo_short" if steps < SHORT else "asct_vs_ppo"
 
 
 def main() -> None:
@@ -68,10 +78,12 @@ def main() -> None:
             runs[arm] = (history, cfg.model_copy(update={"asct": arm_cfg}), final)
     text = C.print_table(f"\nASCT vs PPO in the search environment, {args.steps} rounds, seed {args.seed}, {len(held)} held-out questions", table)
     mlflow_runs = {arm: C.log_arm(arm_cfg, f"asct_vs_ppo/{arm}", history, final, table, text) for arm, (history, arm_cfg, final) in runs.items()}
-    C.write_json(args, {"claim": "asct_vs_ppo", "steps": args.steps, "seed": args.seed, "table": table, "train_curve": curves,
+    C.write_json(args, {"claim": claim_of(["--steps", str(args.steps)]), "steps": args.steps, "seed": args.seed, "table": table, "train_curve": curves,
                         "mc_token_budget": max(1, round(per_visit)), "mlflow_runs": mlflow_runs,
                         "runtime_s": round(time.time() - t0, 1)})
 
 
 if __name__ == "__main__":
-    C.run_seeds(main, "asct_vs_ppo")
+    import sys
+
+    C.run_seeds(main, claim_of(sys.argv[1:]))
