@@ -17,7 +17,9 @@ from __future__ import annotations
 import copy
 import time
 
+import pandas as pd
 import torch
+from mlflow import MlflowClient
 
 import _common as C
 from posttrain.envs.retrievers import DualEncoder, RetrievalPolicy, train_dual_encoder
@@ -29,7 +31,7 @@ WORLD = ["task.name=search", "task.options.search.people=8", "task.options.searc
          "task.options.search.kinds=[employer, home]", "task.n_train=12", "task.n_heldout=4", "task.options.search.top_k=1",
          "task.options.search.candidates=6", "task.options.search.max_calls=2", "model.hidden_size=64", "model.intermediate_size=128",
          "model.layers=2", "model.heads=4", "model.kv_heads=2", "model.max_positions=256", "bridge.max_new_tokens=80", "bridge.sft_steps=400"]
-MICRO_WORLD = ["task.options.search.people=6", "task.options.search.companies=3", "task.options.search.cities=3", "task.n_train=5",
+MICRO_WORLD = ["task.options.search.people=6", "task.options.search.companies=3", "task.options.search.cities=3", "task.n_train=4",
                "task.n_heldout=2", "task.options.search.kinds=[employer]", "model.hidden_size=32", "model.intermediate_size=64",
                "model.layers=1", "model.heads=2", "model.kv_heads=1", "bridge.sft_steps=40", "bridge.sft_lr=0.01", "bridge.retriever_warmup_steps=3",
                "bridge.prompts_per_step=2", "bridge.group_size=3", "bridge.max_new_tokens=80", "task.options.search.cost_per_call=0.2"]
@@ -74,7 +76,8 @@ def main() -> None:
                "recall": after["recall"], "train_em": train_after["em"], "train_recall": train_after["recall"], "train_reward_last": sum(h["reward"] for h in last) / len(last),
                "order_ok": float(all(o == ("retriever", "policy") for o in loop.order)) if arm in ("bridge", "naive") else float("nan")}
         rows.append(row)
-        arms[arm] = {"before": before, "after": after, "train_after": train_after, "seconds": round(time.time() - start_s, 1), "history": history}
+        episodes = loop.last_eval_episodes  # the train questions' greedy episodes (the last evaluation)
+        arms[arm] = {"before": before, "after": after, "train_after": train_after, "episodes": episodes, "seconds": round(time.time() - start_s, 1), "history": history}
         print(f"{arm}: {arms[arm]['seconds']}s  EM {before['em']:.3f} -> {after['em']:.3f}  recall {before['recall']:.3f} -> {after['recall']:.3f}",
               flush=True)
     text = C.print_table(f"\nBRIDGE vs baselines, {args.steps} iterations, {len(held)} held-out questions", rows)
@@ -82,6 +85,8 @@ def main() -> None:
     if cfg.tracking.enabled:
         for arm in ARMS:
             runs[arm] = C.log_arm(cfg, f"bridge_vs_baselines/{arm}", arms[arm]["history"], arms[arm]["after"], rows, text)
+            if runs[arm]:  # the example episodes: queries, retrieved passages, answers
+                MlflowClient(cfg.tracking.uri).log_table(runs[arm], pd.DataFrame(arms[arm]["episodes"]), "example_episodes.json")
     results = {"claim": "bridge_vs_baselines", "steps": args.steps, "sft_loss_last": sft_losses[-1], "arms": arms, "table": rows,
                "mlflow_runs": runs, "runtime_s": round(time.time() - t0, 1)}
     print(f"runtime {results['runtime_s']}s")

@@ -18,7 +18,7 @@ from posttrain.objectives.bridge import (
     bridge_coefficients, follower_direction, importance_weights, leader_direction, penalty_weight, retriever_pg_loss,
 )
 from posttrain.tasks import build_task
-from posttrain.trainers.bridge import BridgeLoop, action_mask_sft
+from posttrain.trainers.bridge import BridgeLoop, action_mask_sft, episode_rows
 
 PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
 MICRO = ["task.name=search", "task.n_train=5", "task.n_heldout=1", "task.options.search.people=6", "task.options.search.companies=3",
@@ -118,6 +118,9 @@ def test_memory_efficient_theta_hat_matches_the_copy_and_restores_the_policy(wor
     assert torch.allclose(flat(lean.policy), start, atol=1e-6) and torch.equal(flat(full.policy), start)
     w = importance_weights(hat_lean, lean.sequence_logp(lean.policy, b), clip=5.0)
     assert w.mean().item() == pytest.approx(1.0, abs=1e-5)
+    rows = episode_rows(lean.task, b.episodes, [lean.task.parse(t) for t in b.texts], b.examples)  # the MLflow example-episodes table
+    assert len(rows) == len(b.texts) and rows[0]["question"] == train[0].prompt and rows[0]["gold"] == train[0].answer
+    assert [r["queries"] for r in rows] == [" || ".join(c.query for c in ep.calls) for ep in b.episodes]
     if adv.abs().sum() > 0:  # the inner step moved theta: theta_hat gives the rollouts other log-probs
         assert not torch.allclose(hat_lean, lean.sequence_logp(lean.policy, b), atol=1e-7)
 

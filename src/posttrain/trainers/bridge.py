@@ -203,6 +203,7 @@ class BridgeLoop:
         finally:
             self.retrieval.greedy = greedy
         answers = [self.task.parse(t) for t in b.texts]
+        self.last_eval_episodes = episode_rows(self.task, b.episodes, answers, b.examples)
         return {"em": sum(exact_match(a, e.answer) for a, e in zip(answers, b.examples)) / len(answers),
                 "f1": sum(token_f1(a, e.answer) for a, e in zip(answers, b.examples)) / len(answers),
                 "recall": self.task.recall(b.episodes)}
@@ -226,6 +227,14 @@ class BridgeLoop:
         self.retrieval.generator.set_state(state["retrieval_generator"])
         self.rng.setstate(state["rng"])
         self.order = list(state["order"])
+
+
+def episode_rows(task, episodes, answers, examples) -> list[dict[str, str]]:
+    """The example-episodes table: per episode its question, search queries, retrieved passages, answer and gold."""
+    passages = task.corpus.passages
+    return [{"question": ep.prompt, "queries": " || ".join(c.query for c in ep.calls),
+             "retrieved": " || ".join(" | ".join(passages[i] for i in c.passages) for c in ep.calls),
+             "answer": "" if a is None else a, "gold": e.answer} for ep, a, e in zip(episodes, answers, examples)]
 
 
 def action_mask_sft(policy, tokenizer, examples: list[Example], steps: int, lr: float, batch_size: int, seed: int) -> list[float]:
