@@ -69,6 +69,10 @@ ASCT = [compare("utility", "asct", "trajectory"), compare("utility", "asct", "mc
         compare("aux_tokens", "asct_agent_uct", "asct", lower=True)]
 # claim (the script stem, or a claims.py CLAIMS name when one script runs several) -> the differences it claims
 COMPARISONS: dict[str, list[Compare]] = {
+    "bridge_vs_baselines": [compare("em", "bridge", "frozen"), compare("em", "bridge", "naive"), compare("em", "bridge", "policy_first"),
+                            compare("recall", "bridge", "frozen"), compare("recall", "bridge", "naive"),
+                            compare("recall", "bridge", "policy_first"), compare("train_em", "bridge", "frozen"),
+                            compare("train_recall", "bridge", "frozen")],
     "witness_vs_grpo": [compare("tv_after", "witness_reward", "grpo", lower=True), compare("tv_after", "witness_raw", "grpo", lower=True),
                         compare("tv_after", "witness_raw", "witness_reward", lower=True)],
     "gdpo_vs_sum": [compare("d_correctness", "gdpo", "sum_then_normalize"), compare("heldout_greedy_after", "gdpo", "sum_then_normalize")],

@@ -47,6 +47,7 @@ CLAIMS: dict[str, tuple[str, list[str]]] = {
     "aura_ppo": ("aura_ppo", ["--steps", "60"]),
     "ppo_vs_grpo": ("ppo_vs_grpo", ["--steps", "300", "--set", "rl.critic.lr=0.002", "--set", "rl.critic.warmup_steps=10"]),
     "rfpo_vs_ppo": ("rfpo_vs_ppo", ["--steps", "100", "--set", "critic.n_prompts=500", "--set", "critic.steps=300", "--set", "rl.critic.lr=0.002"]),
+    "bridge_vs_baselines": ("bridge_vs_baselines", ["--steps", "10"]),
     "asct_vs_ppo": ("asct_vs_ppo", ["--steps", "40"]),
     "asct_vs_ppo_short": ("asct_vs_ppo", ["--steps", "12"]),
     "samplers_arithmetic": ("samplers_compare", ["--dataset", "arithmetic", "--steps", "200", "--prompts", "200"]),

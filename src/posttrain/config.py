@@ -615,6 +615,31 @@ class SafeRLConfig(Section):  # stages drive_encoder + safe_rl: VLM-Safe-RL (spe
     checkpoint_every: int = Field(ge=0)  # rounds between checkpoints: `posttrain safe_rl --resume`; 0: none
 
 
+class BridgeConfig(Section):
+    """BRIDGE and its comparison arms on the search task (trainers/bridge.py; docs/search.md)."""
+
+    arm: Literal["frozen", "naive", "policy_first", "bridge"]  # frozen: policy-only GRPO; naive: joint; policy_first; bridge
+    iterations: int = Field(gt=0)  # rollout + update rounds
+    prompts_per_step: int = Field(gt=0)
+    group_size: int = Field(ge=2)  # G episodes per question (GRPO's group)
+    max_new_tokens: int = Field(gt=0)  # per episode: actions and observations
+    policy_lr: float = Field(gt=0)  # Adam
+    retriever_lr: float = Field(ge=0)  # eta_phi (Adam); 0 freezes the retriever
+    inner_lr: float = Field(gt=0)  # theta_hat: one SGD step of this size on the lower-level (GRPO) loss
+    gamma0: float = Field(ge=0)  # gamma_k = gamma0 (1 + k)^gamma_power
+    gamma_power: float = Field(ge=0)
+    mu: float = Field(ge=0)  # weight of the contrastive retrieval loss L_ret (positives: passages of successful episodes)
+    is_clip: float = Field(gt=1)  # importance ratios clipped to [1/is_clip, is_clip], then self-normalised
+    memory_efficient: bool  # theta_hat in place through the gradient buffers (no second policy copy); false: on a copy
+    max_grad_norm: float = Field(gt=0)
+    clip_eps: float = Field(gt=0)  # GRPO's ratio clip
+    tau: float = Field(gt=0)  # the retrieval policy's softmax(score / tau) over the top-N candidates
+    sft_steps: int = Field(ge=0)  # warm start on the reference transcripts (loss on the policy's own tokens)
+    sft_lr: float = Field(gt=0)
+    sft_batch_size: int = Field(gt=0)
+    retriever_warmup_steps: int = Field(ge=0)  # weak contrastive pre-training of the dual encoder (entity-only queries)
+
+
 class AsctConfig(Section):
     """Stage `asct`: ASCT (specs §24) in the search environment (task `search`); trainers/asct.py."""
 
@@ -664,6 +689,7 @@ class Config(Section):
     flow_rl: FlowRLConfig
     flow_eval: FlowEvalConfig
     safe_rl: SafeRLConfig
+    bridge: BridgeConfig
     asct: AsctConfig
 
     def section_hash(self, *sections: str) -> str:

@@ -135,7 +135,7 @@ def train_dual_encoder(encoder: DualEncoder, pairs: Sequence[tuple[str, int]], s
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses
 
 
