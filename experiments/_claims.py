@@ -67,8 +67,17 @@ ASYNC = [compare("acc_equal_time", "async_pace", "async_none"), compare("time_to
          compare(HELDOUT, "async_pace", "async_none"), compare("acc_equal_groups", "async_pace", "async_none"),
          compare(HELDOUT, "async_pace", "sync"), compare("gen_wait_s", "async_pace", "sync", lower=True),
          compare(HELDOUT, "async_pace", "async_max_staleness")]
+# asct_vs_ppo.py (issue 19): ASCT's tree credit vs trajectory-return PPO and vs a Monte-Carlo value baseline at matched
+# auxiliary tokens, on the held-out greedy actor; the cost-aware tree policy vs the uniform one (utility, and the tokens it spends)
+ASCT = [compare("utility", "asct", "trajectory"), compare("utility", "asct", "mc_value"), compare("utility", "asct_agent_uct", "trajectory"),
+        compare("utility", "asct_agent_uct", "asct"), compare("f1", "asct", "trajectory"), compare("f1", "asct", "mc_value"),
+        compare("aux_tokens", "asct_agent_uct", "asct", lower=True)]
 # claim (the script stem, or a claims.py CLAIMS name when one script runs several) -> the differences it claims
 COMPARISONS: dict[str, list[Compare]] = {
+    "bridge_vs_baselines": [compare("em", "bridge", "frozen"), compare("em", "bridge", "naive"), compare("em", "bridge", "policy_first"),
+                            compare("recall", "bridge", "frozen"), compare("recall", "bridge", "naive"),
+                            compare("recall", "bridge", "policy_first"), compare("train_em", "bridge", "frozen"),
+                            compare("train_recall", "bridge", "frozen")],
     "witness_vs_grpo": [compare("tv_after", "witness_reward", "grpo", lower=True), compare("tv_after", "witness_raw", "grpo", lower=True),
                         compare("tv_after", "witness_raw", "witness_reward", lower=True)],
     "gdpo_vs_sum": [compare("d_correctness", "gdpo", "sum_then_normalize"), compare("heldout_greedy_after", "gdpo", "sum_then_normalize")],
@@ -119,6 +128,8 @@ COMPARISONS: dict[str, list[Compare]] = {
     # match reads as inconclusive with a narrow interval) and on the trainer's time blocked on generation
     "async_pace": ASYNC,
     "async_pace_deterministic": ASYNC,
+    "asct_vs_ppo": ASCT,
+    "asct_vs_ppo_short": ASCT,  # the same arms at a short budget (12 rounds): does the tree's credit learn sooner?
     "samplers_arithmetic": SAMPLERS,
     "samplers_word_problems": SAMPLERS,
 }

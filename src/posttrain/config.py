@@ -681,6 +681,55 @@ class MotionConfig(Section):  # stages motion_data -> motion_sft -> motion_grpo:
         if self.video.size % self.model.pool:
             raise ValueError(f"video.size ({self.video.size}) must be a multiple of model.pool ({self.model.pool})")
         return self
+class BridgeConfig(Section):
+    """BRIDGE and its comparison arms on the search task (trainers/bridge.py; docs/search.md)."""
+
+    arm: Literal["frozen", "naive", "policy_first", "bridge"]  # frozen: policy-only GRPO; naive: joint; policy_first; bridge
+    iterations: int = Field(gt=0)  # rollout + update rounds
+    prompts_per_step: int = Field(gt=0)
+    group_size: int = Field(ge=2)  # G episodes per question (GRPO's group)
+    max_new_tokens: int = Field(gt=0)  # per episode: actions and observations
+    policy_lr: float = Field(gt=0)  # Adam
+    retriever_lr: float = Field(ge=0)  # eta_phi (Adam); 0 freezes the retriever
+    inner_lr: float = Field(gt=0)  # theta_hat: one SGD step of this size on the lower-level (GRPO) loss
+    gamma0: float = Field(ge=0)  # gamma_k = gamma0 (1 + k)^gamma_power
+    gamma_power: float = Field(ge=0)
+    mu: float = Field(ge=0)  # weight of the contrastive retrieval loss L_ret (positives: passages of successful episodes)
+    is_clip: float = Field(gt=1)  # importance ratios clipped to [1/is_clip, is_clip], then self-normalised
+    memory_efficient: bool  # theta_hat in place through the gradient buffers (no second policy copy); false: on a copy
+    max_grad_norm: float = Field(gt=0)
+    clip_eps: float = Field(gt=0)  # GRPO's ratio clip
+    tau: float = Field(gt=0)  # the retrieval policy's softmax(score / tau) over the top-N candidates
+    sft_steps: int = Field(ge=0)  # warm start on the reference transcripts (loss on the policy's own tokens)
+    sft_lr: float = Field(gt=0)
+    sft_batch_size: int = Field(gt=0)
+    retriever_warmup_steps: int = Field(ge=0)  # weak contrastive pre-training of the dual encoder (entity-only queries)
+
+
+class AsctConfig(Section):
+    """Stage `asct`: ASCT (specs §24) in the search environment (task `search`); trainers/asct.py."""
+
+    credit: Annotated[str, Registered("asct_credits")]  # asct (the tree's centred Q) | trajectory (U - mean U) | mc_value (VinePPO)
+    tree_policy: Annotated[str, Registered("tree_policies")]  # uniform | uct | agent_uct (rollout/tree.py)
+    n_sim: int = Field(gt=0)  # simulations per actor-visited state (credit asct)
+    uct_c: float = Field(ge=0)  # the UCT exploration constant c
+    cost_weight: float = Field(ge=0)  # AgentUCT's kappa per tool call (the utility's cost per call)
+    lambda_mix: float = Field(ge=0, le=1)  # credit = lambda_mix A_local + (1 - lambda_mix) (U - mean U)
+    mc_rollouts: int = Field(gt=0)  # rollouts per visited state of the Monte-Carlo value baseline (credit mc_value)
+    mc_token_budget: int = Field(ge=0)  # > 0: mc_value's rollouts per visited state run until their tokens reach it (matched spend)
+    iterations: int = Field(gt=0)  # rollout + credit + PPO rounds
+    episodes: int = Field(gt=0)  # actor episodes per round (training questions drawn with replacement)
+    epochs: int = Field(gt=0)  # PPO passes over a round's visited states
+    lr: float = Field(gt=0)
+    clip_eps: float = Field(gt=0)
+    entropy_coef: float = Field(ge=0)
+    max_grad_norm: float = Field(gt=0)
+    hidden_size: int = Field(gt=0)  # the actor: an MLP scoring each legal action from its features
+    max_steps: int = Field(gt=0)  # actions per episode (an episode cut off scores as unanswered)
+    n_heldout: int = Field(gt=0)  # held-out questions for the greedy actor's figures (at most task.n_heldout)
+    example_episodes: int = Field(ge=0)  # held-out episodes logged as a table (queries, passages, answers)
+    log_every: int = Field(gt=0)
+    checkpoint_every: int = Field(ge=0)  # rounds between checkpoints: `posttrain asct --resume`; 0: none
 
 
 class Config(Section):
@@ -707,6 +756,8 @@ class Config(Section):
     flow_eval: FlowEvalConfig
     safe_rl: SafeRLConfig
     motion: MotionConfig
+    bridge: BridgeConfig
+    asct: AsctConfig
 
     def section_hash(self, *sections: str) -> str:
         """A stable digest of the named sections (used to refuse resuming under changed settings)."""

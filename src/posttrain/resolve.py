@@ -34,6 +34,7 @@ def all_registries() -> dict[str, Registry]:
     """Every registry, with its implementations imported so that all names are present, plugins' included."""
     from posttrain import objectives, rewards, stages, tasks
     from posttrain.data.preferences import preference_data
+    from posttrain.envs.retrievers import retrievers
     from posttrain.data.vigor.steps import change_classifiers, embedders, geometric_checks, instruction_writers
     from posttrain.models.flow import flow_backends
     from posttrain.objectives.editing import edit_methods
@@ -44,7 +45,9 @@ def all_registries() -> dict[str, Registry]:
     from posttrain.objectives.off_policy import corrections
     from posttrain.rollout.pool import pool_policies
     from posttrain.rollout.samplers import samplers
+    from posttrain.trainers.asct import credits as asct_credits
     from posttrain.trainers.extras import extras
+    from posttrain.rollout.tree import tree_policies
 
     import posttrain.models.flux  # noqa: F401  (registers the flux kind)
     from posttrain import plugins
@@ -73,6 +76,9 @@ def all_registries() -> dict[str, Registry]:
         "samplers": samplers,
         "corrections": corrections,
         "pool_policies": pool_policies,
+        "retrievers": retrievers,
+        "tree_policies": tree_policies,
+        "asct_credits": asct_credits,
     }
     plugins.load(registries)  # the installed plugins' parts (entry points `posttrain.plugins`), once per process
     return registries
