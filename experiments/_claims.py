@@ -107,6 +107,9 @@ COMPARISONS: dict[str, list[Compare]] = {
     "rfpo_vs_ppo": [Compare(HELDOUT, "rfpo", "sft", row("rfpo", HELDOUT), row("rfpo", "heldout_greedy_before")),
                     compare(HELDOUT, "rfpo", "ppo"), compare(HELDOUT, "rfpo", "rfpo_raw"),
                     compare("len_last", "rfpo", "rfpo_raw", lower=True)],
+    # VisKG (specs §29): GDPO vs GRPO from the same SFT start; the question graph vs the full caption (accuracy, tokens)
+    "viskg_gdpo_vs_grpo": [compare("accuracy", "gdpo", "grpo"), compare("accuracy", "gdpo", "caption_gdpo"),
+                           compare("tokens", "gdpo", "caption_gdpo", lower=True)],
     "samplers_arithmetic": SAMPLERS,
     "samplers_word_problems": SAMPLERS,
 }
