@@ -637,7 +637,14 @@ class VisKGModelConfig(Section):  # viskg.model: the vision-language model (mode
     layers: int = Field(gt=0)
     heads: int = Field(gt=0)
 
-    @field_validator("path", "language_model")
+    @field_validator("path")
+    @classmethod
+    def _saved(cls, v: str | None) -> str | None:
+        if v is not None and not Path(v).is_dir():
+            raise ValueError(f"model path not found: {v} (a directory VisionLanguageModel.save wrote)")
+        return v
+
+    @field_validator("language_model")
     @classmethod
     def _exists(cls, v: str | None) -> str | None:
         if v is not None and not Path(v).exists() and not HUB_ID.fullmatch(v):

@@ -87,5 +87,5 @@ def scene_grid(images, rows: list[dict], path: Path) -> None:
         title = "\n".join(" ".join(words[i: i + 6]) for i in range(0, len(words), 6))
         ax.set_title(f"{title}\nmodel: {said} | truth: {row['answer']}", fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
+    fig.savefig(path, dpi=80, bbox_inches="tight")
     plt.close(fig)
