@@ -56,6 +56,12 @@ CLAIMS: dict[str, tuple[str, list[str]]] = {
     "bridge_vs_baselines": ("bridge_vs_baselines", ["--steps", "10"]),
     "asct_vs_ppo": ("asct_vs_ppo", ["--steps", "40"]),
     "asct_vs_ppo_short": ("asct_vs_ppo", ["--steps", "12"]),
+    # measured at a short budget (the shared CPU): 3 objects, 1-2 hops, 200 SFT steps, 12 RL steps of 4 questions x G=8
+    "viskg_gdpo_vs_grpo": ("viskg_gdpo_vs_grpo", ["--steps", "12", "--set", "viskg.data.n_objects=3", "--set", "viskg.data.max_hops=2",
+                                                  "--set", "viskg.data.n_train=2000", "--set", "viskg.data.n_heldout=100",
+                                                  "--set", "viskg.sft.steps=200", "--set", "viskg.sft.batch_size=16", "--set", "viskg.sft.lr=0.003",
+                                                  "--set", "viskg.rl.prompts_per_step=4", "--set", "viskg.rl.max_new_tokens=100",
+                                                  "--set", "viskg.eval.max_new_tokens=100"]),
     "samplers_arithmetic": ("samplers_compare", ["--dataset", "arithmetic", "--steps", "200", "--prompts", "200"]),
     "samplers_word_problems": ("samplers_compare", ["--dataset", "word_problems", "--steps", "60", "--prompts", "100", "--chunk", "25",
                                                     "--max-votes", "32"]),

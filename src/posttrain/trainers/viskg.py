@@ -1,0 +1,180 @@
+"""VisKG's two loops (specs §29) over the vision-language model of models/vlm.py and the VQA set of data/viskg.py.
+
+1. `train_sft`: NLL on every target token of (image, question) -> representation -> reasoning -> answer, the
+   positives mixed with negative-rationale samples (`viskg.sft.negatives_per_positive`; each ends with the correct
+   answer, so the model is never taught a wrong one).
+2. `train_rl`: per step `prompts_per_step` training questions, `group_size` samples each at `temperature`; the
+   reward matrix [B, 3] = (r_acc, r_fmt, r_kg) of rewards/viskg.py; advantages by the registered estimator's
+   `on_rewards` core (`viskg.rl.advantage`: gdpo normalises each reward in its group, grpo their weighted sum), the
+   registered policy loss (`viskg.rl.loss`) with one update per batch, so the ratio is 1 and old log-probs are the
+   detached new ones. A step's questions and samples are drawn from (seed, step): a resumed run draws the same.
+
+`evaluate` decodes held-out questions greedily: accuracy (overall and by hops), format rate, completion and
+representation tokens, and the reference graph vs caption token counts of the same images (the graph is shorter).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from posttrain.data import viskg as D
+from posttrain.models.vlm import VisionLanguageModel
+from posttrain.objectives import advantages, losses
+from posttrain.rewards.viskg import REWARD_NAMES, parse_output, reward_row
+from posttrain.trainers.loop import TrainLoop
+from posttrain.trainers.safe_rl import NumpyDraws
+
+
+def build_model(cfg, seed: int) -> VisionLanguageModel:
+    """The model of `viskg.model`: a saved VisionLanguageModel, a causal LM with a fresh patch encoder, or a tiny one."""
+    m, d = cfg.model, cfg.data
+    torch.manual_seed(seed)
+    if m.path:
+        return VisionLanguageModel.load(m.path)
+    if m.language_model:
+        return VisionLanguageModel.around(m.language_model, d.grid * d.cell, d.cell)
+    return VisionLanguageModel.tiny(D.vocabulary(), d.grid * d.cell, d.cell, m.hidden_size, m.layers, m.heads)
+
+
+def split(cfg, seed: int, heldout: bool) -> tuple[list[D.Question], torch.Tensor]:
+    d = cfg.data
+    qs = D.questions(seed, d.n_heldout if heldout else d.n_train, d.grid, d.n_objects, d.max_hops, split=int(heldout))
+    return qs, torch.from_numpy(D.render_all(qs, d.cell))
+
+
+def encode_prompts(tokenizer, qs: list[D.Question]) -> tuple[torch.Tensor, torch.Tensor]:
+    enc = tokenizer([q.text for q in qs], padding=True, return_tensors="pt", add_special_tokens=False)
+    return enc.input_ids, enc.attention_mask
+
+
+def encode_completions(tokenizer, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded completion ids, EOS appended, and their mask."""
+    rows = [tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for t in texts]
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)], mask[i, : len(r)] = torch.tensor(r), 1
+    return ids, mask
+
+
+def decode(tokenizer, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
+    eos = tokenizer.eos_token_id
+    return [tokenizer.decode([t for t in row[m.bool()].tolist() if t != eos], skip_special_tokens=False) for row, m in zip(ids, mask)]
+
+
+def token_counter(tokenizer) -> Callable[[str], int]:
+    return lambda text: len(tokenizer(text, add_special_tokens=False).input_ids)
+
+
+# -- 1. SFT with negative rationales -------------------------------------------------------------------------
+def train_sft(cfg, vlm: VisionLanguageModel, seed: int, loop: TrainLoop | None = None, on_log=None) -> tuple[list[dict], dict]:
+    """(history, figures) of SFT on the training questions (cfg: the viskg section)."""
+    s = cfg.sft
+    qs, images = split(cfg, seed, heldout=False)
+    examples = D.sft_examples(qs, cfg.representation, s.negatives_per_positive, seed)
+    optimizer = torch.optim.AdamW(vlm.parameters(), lr=s.lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: min(1.0, (k + 1) / (s.warmup_steps + 1)))
+    loop, rng = loop or TrainLoop(), np.random.default_rng([seed, 29, 11])
+    parts = {"optimizer": optimizer, "schedule": schedule, "draw": NumpyDraws(rng)}
+    start, saved = loop.restore(vlm, parts)
+    history: list[dict] = saved.get("history", [])
+    vlm.train()
+    for step in range(start + 1, s.steps + 1):
+        chosen = [examples[i] for i in rng.choice(len(examples), size=min(s.batch_size, len(examples)), replace=False)]
+        prompt_ids, prompt_mask = encode_prompts(vlm.tokenizer, [qs[i] for i, _ in chosen])
+        ids, mask = encode_completions(vlm.tokenizer, [t for _, t in chosen])
+        logp = vlm.completion_logp(images[[i for i, _ in chosen]], prompt_ids, prompt_mask, ids, mask)
+        loss = -logp.sum() / mask.sum()
+        loss.backward()
+        grad_norm = loop.optimizer_step(step, loss, list(vlm.parameters()), optimizer, s.max_grad_norm)
+        schedule.step()
+        if step % s.log_every == 0 or step == s.steps:
+            history.append({"step": step, "loss": float(loss.detach()), "grad_norm": grad_norm,
+                            "negative_share": sum("incorrect reasoning" in t for _, t in chosen) / len(chosen)})
+            if on_log:
+                on_log(step, history[-1])
+        loop.checkpoint(step, s.steps, vlm, parts, {"history": history})
+    n_neg = len(examples) - len(qs)
+    return history, {"sft_loss": history[-1]["loss"], "sft_examples": float(len(examples)), "sft_negatives": float(n_neg), **loop.metrics()}
+
+
+# -- 2. RL: GDPO (or GRPO) over accuracy, format and compactness ---------------------------------------------
+def reward_matrix(texts: list[str], qs: list[D.Question], cfg, count_tokens) -> torch.Tensor:
+    return torch.tensor([reward_row(t, q.answer, cfg.representation, cfg.rl.kg_budget, count_tokens) for t, q in zip(texts, qs)])
+
+
+def nonconstant_share(column: torch.Tensor, group: torch.Tensor) -> float:
+    """Share of groups in which a reward column varies (the groups that give it a non-zero advantage)."""
+    return float(np.mean([float(column[group == g].std() > 0) for g in group.unique()]))
+
+
+def rl_step(cfg, vlm: VisionLanguageModel, qs, images, seed: int, step: int, optimizer, loop: TrainLoop) -> dict[str, float]:
+    r = cfg.rl
+    rng = np.random.default_rng([seed, 29, 13, step])
+    picked = rng.choice(len(qs), size=min(r.prompts_per_step, len(qs)), replace=False).repeat(r.group_size)
+    batch_qs = [qs[i] for i in picked]
+    prompt_ids, prompt_mask = encode_prompts(vlm.tokenizer, batch_qs)
+    generator = torch.Generator().manual_seed(int(rng.integers(2**62)))
+    vlm.eval()
+    ids, mask = vlm.generate(images[picked], prompt_ids, prompt_mask, r.max_new_tokens, r.temperature, generator)
+    texts = decode(vlm.tokenizer, ids, mask)
+    rewards = reward_matrix(texts, batch_qs, cfg, token_counter(vlm.tokenizer))
+    group = torch.from_numpy(np.repeat(np.arange(len(picked) // r.group_size), r.group_size))
+    weights = torch.tensor([r.weights.accuracy, r.weights.format, r.weights.compactness])
+    adv = advantages.entry(r.advantage).meta["on_rewards"](rewards, group, weights, r)
+    vlm.train()
+    logp = vlm.completion_logp(images[picked], prompt_ids, prompt_mask, ids, mask)
+    loss, metrics = losses.get(r.loss)(logp, logp.detach(), adv, mask, r)
+    loss.backward()
+    grad_norm = loop.optimizer_step(step, loss, list(vlm.parameters()), optimizer, r.max_grad_norm)
+    out = {f"reward_{name}": float(rewards[:, k].mean()) for k, name in enumerate(REWARD_NAMES)}
+    out |= {f"varied_{name}": nonconstant_share(rewards[:, k], group) for k, name in enumerate(REWARD_NAMES)}
+    return {"step": step, "loss": float(loss.detach()), "grad_norm": grad_norm, "advantage_abs": float(adv.abs().mean()),
+            "completion_tokens": float(mask.sum(1).float().mean()), **out, **metrics}
+
+
+def train_rl(cfg, vlm: VisionLanguageModel, seed: int, loop: TrainLoop | None = None, on_log=None) -> list[dict]:
+    r = cfg.rl
+    qs, images = split(cfg, seed, heldout=False)
+    optimizer = torch.optim.AdamW(vlm.parameters(), lr=r.lr, weight_decay=0.0)
+    loop = loop or TrainLoop()
+    start, saved = loop.restore(vlm, {"optimizer": optimizer})
+    history: list[dict] = saved.get("history", [])
+    for step in range(start + 1, r.steps + 1):
+        row = rl_step(cfg, vlm, qs, images, seed, step, optimizer, loop)
+        history.append(row)
+        if on_log and (step % r.log_every == 0 or step == r.steps):
+            on_log(step, row)
+        loop.checkpoint(step, r.steps, vlm, {"optimizer": optimizer}, {"history": history})
+    return history
+
+
+# -- evaluation ----------------------------------------------------------------------------------------------
+def evaluate(cfg, vlm: VisionLanguageModel, seed: int) -> tuple[dict[str, float], list[dict], list[D.Question], torch.Tensor]:
+    """(figures, per-question rows, the held-out questions, their images) of greedy decoding."""
+    e = cfg.eval
+    qs, images = split(cfg, seed, heldout=True)
+    count = token_counter(vlm.tokenizer)
+    vlm.eval()
+    rows = []
+    for lo in range(0, len(qs), e.batch_size):
+        part = qs[lo: lo + e.batch_size]
+        prompt_ids, prompt_mask = encode_prompts(vlm.tokenizer, part)
+        ids, mask = vlm.generate(images[lo: lo + e.batch_size], prompt_ids, prompt_mask, e.max_new_tokens, 0.0)
+        for q, text, n in zip(part, decode(vlm.tokenizer, ids, mask), mask.sum(1).tolist()):
+            acc, fmt, kg = reward_row(text, q.answer, cfg.representation, cfg.rl.kg_budget, count)
+            parsed = parse_output(text)
+            rows.append({"question": q.text, "answer": q.answer, "hops": q.hops, "output": text, "accuracy": acc, "format": fmt,
+                         "compactness": kg, "tokens": int(n), "graph_tokens": count(parsed.graph_text) if parsed.tag else 0})
+    mean = lambda key, rs=rows: float(np.mean([x[key] for x in rs])) if rs else float("nan")  # noqa: E731
+    figures = {"accuracy": mean("accuracy"), "format_rate": mean("format"), "compactness": mean("compactness"), "tokens": mean("tokens"),
+               "graph_tokens": mean("graph_tokens"),
+               "reference_kg_tokens": float(np.mean([count(D.knowledge_graph(q)) for q in qs])),
+               "reference_caption_tokens": float(np.mean([count(D.caption(q)) for q in qs]))}
+    for h in range(1, cfg.data.max_hops + 1):
+        figures[f"accuracy_hops{h}"] = mean("accuracy", [x for x in rows if x["hops"] == h])
+    return figures, rows, qs, images
