@@ -637,50 +637,6 @@ class MotionSFTConfig(Section):  # motion.sft: stage motion_sft
     batch_size: int = Field(gt=0)
     lr: float = Field(gt=0)
     max_grad_norm: float = Field(gt=0)
-class VisKGDataConfig(Section):  # viskg.data: the synthetic VQA set (data/viskg.py)
-    grid: int = Field(ge=2, le=6)  # scenes are grid x grid cells
-    cell: int = Field(ge=4)  # pixels per cell side (images are grid * cell square)
-    n_objects: int = Field(ge=2)  # objects per scene, each a distinct (colour, shape) in its own cell
-    max_hops: int = Field(ge=1, le=3)  # questions need 1..max_hops relations (uniform)
-    n_train: int = Field(gt=0)
-    n_heldout: int = Field(gt=0)
-
-    @model_validator(mode="after")
-    def _fits(self) -> "VisKGDataConfig":
-        if not self.max_hops < self.n_objects <= min(self.grid * self.grid, 12):
-            raise ValueError(f"needs max_hops < n_objects <= min(grid*grid, 12 kinds), got {self.max_hops}, {self.n_objects}, grid {self.grid}")
-        return self
-
-
-class VisKGModelConfig(Section):  # viskg.model: the vision-language model (models/vlm.py)
-    path: str | None  # a VisionLanguageModel directory (vlm.json, vision.safetensors, language_model/); None: see below
-    language_model: str | None  # with path None: a transformers causal-LM directory, given a fresh patch encoder; None: tiny
-    hidden_size: int = Field(gt=0)  # the tiny Qwen2-shaped language model (and the patch encoder's width)
-    layers: int = Field(gt=0)
-    heads: int = Field(gt=0)
-
-    @field_validator("path")
-    @classmethod
-    def _saved(cls, v: str | None) -> str | None:
-        if v is not None and not Path(v).is_dir():
-            raise ValueError(f"model path not found: {v} (a directory VisionLanguageModel.save wrote)")
-        return v
-
-    @field_validator("language_model")
-    @classmethod
-    def _exists(cls, v: str | None) -> str | None:
-        if v is not None and not Path(v).exists() and not HUB_ID.fullmatch(v):
-            raise ValueError(f"model path not found: {v}")
-        return v
-
-
-class VisKGSFTConfig(Section):  # viskg.sft: stage viskg_sft
-    steps: int = Field(gt=0)
-    batch_size: int = Field(gt=0)
-    lr: float = Field(gt=0)
-    warmup_steps: int = Field(ge=0)
-    max_grad_norm: float = Field(gt=0)
-    negatives_per_positive: float = Field(ge=0, le=1)  # negative-rationale samples per positive one (specs §29: 1:3)
     log_every: int = Field(gt=0)
     checkpoint_every: int = Field(ge=0)  # 0: no checkpoints (nothing to resume)
 
@@ -703,29 +659,6 @@ class MotionRLConfig(Section):  # motion.rl: stage motion_grpo, GRPO with Motion
     beta: float = Field(ge=0)  # k3 KL to the SFT evaluator; 0 skips the reference
     w_cause: float = Field(ge=0)  # w_c: weight of the failure-cause F1
     w_format: float = Field(ge=0)  # w_f: weight of the format term
-class VisKGRewardWeights(Section):
-    accuracy: float = Field(ge=0)
-    format: float = Field(ge=0)
-    compactness: float = Field(ge=0)
-
-
-class VisKGRLConfig(Section):  # viskg.rl: stage viskg_rl
-    advantage: Annotated[str, Registered("advantages", meta="on_rewards", why="needs token-level rollouts (VisKG has a reward matrix only)")]
-    loss: Annotated[str, Registered("losses")]
-    loss_agg: Annotated[str, Registered("loss_aggregations")]
-    weights: VisKGRewardWeights  # w_acc, w_fmt, w_kg
-    kg_budget: int = Field(gt=0)  # T_budget of r_kg = 1 - min(1, graph tokens / T_budget)
-    steps: int = Field(gt=0)
-    prompts_per_step: int = Field(gt=0)
-    group_size: int = Field(ge=2)
-    temperature: float = Field(gt=0)
-    max_new_tokens: int = Field(gt=0)
-    clip_eps_low: float = Field(ge=0)
-    clip_eps_high: float = Field(ge=0)
-    std_scaling: Literal["group", "batch", "none"]  # GRPO's std (GDPO normalises every reward by its group std)
-    std_eps: float = Field(gt=0)
-    lr: float = Field(gt=0)
-    max_grad_norm: float = Field(gt=0)
     log_every: int = Field(gt=0)
     checkpoint_every: int = Field(ge=0)
 
@@ -797,6 +730,83 @@ class AsctConfig(Section):
     example_episodes: int = Field(ge=0)  # held-out episodes logged as a table (queries, passages, answers)
     log_every: int = Field(gt=0)
     checkpoint_every: int = Field(ge=0)  # rounds between checkpoints: `posttrain asct --resume`; 0: none
+
+
+class VisKGDataConfig(Section):  # viskg.data: the synthetic VQA set (data/viskg.py)
+    grid: int = Field(ge=2, le=6)  # scenes are grid x grid cells
+    cell: int = Field(ge=4)  # pixels per cell side (images are grid * cell square)
+    n_objects: int = Field(ge=2)  # objects per scene, each a distinct (colour, shape) in its own cell
+    max_hops: int = Field(ge=1, le=3)  # questions need 1..max_hops relations (uniform)
+    n_train: int = Field(gt=0)
+    n_heldout: int = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _fits(self) -> "VisKGDataConfig":
+        if not self.max_hops < self.n_objects <= min(self.grid * self.grid, 12):
+            raise ValueError(f"needs max_hops < n_objects <= min(grid*grid, 12 kinds), got {self.max_hops}, {self.n_objects}, grid {self.grid}")
+        return self
+
+
+class VisKGModelConfig(Section):  # viskg.model: the vision-language model (models/vlm.py)
+    path: str | None  # a VisionLanguageModel directory (vlm.json, vision.safetensors, language_model/); None: see below
+    language_model: str | None  # with path None: a transformers causal-LM directory, given a fresh patch encoder; None: tiny
+    hidden_size: int = Field(gt=0)  # the tiny Qwen2-shaped language model (and the patch encoder's width)
+    layers: int = Field(gt=0)
+    heads: int = Field(gt=0)
+
+    @field_validator("path")
+    @classmethod
+    def _saved(cls, v: str | None) -> str | None:
+        if v is not None and not Path(v).is_dir():
+            raise ValueError(f"model path not found: {v} (a directory VisionLanguageModel.save wrote)")
+        return v
+
+    @field_validator("language_model")
+    @classmethod
+    def _exists(cls, v: str | None) -> str | None:
+        if v is not None and not Path(v).exists() and not HUB_ID.fullmatch(v):
+            raise ValueError(f"model path not found: {v}")
+        return v
+
+
+class VisKGSFTConfig(Section):  # viskg.sft: stage viskg_sft
+    steps: int = Field(gt=0)
+    batch_size: int = Field(gt=0)
+    lr: float = Field(gt=0)
+    warmup_steps: int = Field(ge=0)
+    max_grad_norm: float = Field(gt=0)
+    negatives_per_positive: float = Field(ge=0, le=1)  # negative-rationale samples per positive one (specs §29: 1:3)
+    log_every: int = Field(gt=0)
+    checkpoint_every: int = Field(ge=0)  # 0: no checkpoints (nothing to resume)
+
+
+class VisKGRewardWeights(Section):
+    accuracy: float = Field(ge=0)
+    format: float = Field(ge=0)
+    compactness: float = Field(ge=0)
+
+
+class VisKGRLConfig(Section):  # viskg.rl: stage viskg_rl
+    advantage: Annotated[str, Registered("advantages", meta="on_rewards", why="needs token-level rollouts (VisKG has a reward matrix only)")]
+    loss: Annotated[str, Registered("losses")]
+    loss_agg: Annotated[str, Registered("loss_aggregations")]
+    weights: VisKGRewardWeights  # w_acc, w_fmt, w_kg
+    kg_budget: int = Field(gt=0)  # T_budget of r_kg = 1 - min(1, graph tokens / T_budget)
+    steps: int = Field(gt=0)
+    prompts_per_step: int = Field(gt=0)
+    group_size: int = Field(ge=2)
+    temperature: float = Field(gt=0)
+    max_new_tokens: int = Field(gt=0)
+    clip_eps_low: float = Field(ge=0)
+    clip_eps_high: float = Field(ge=0)
+    std_scaling: Literal["group", "batch", "none"]  # GRPO's std (GDPO normalises every reward by its group std)
+    std_eps: float = Field(gt=0)
+    lr: float = Field(gt=0)
+    max_grad_norm: float = Field(gt=0)
+    log_every: int = Field(gt=0)
+    checkpoint_every: int = Field(ge=0)
+
+
 class VisKGEvalConfig(Section):  # viskg.eval: greedy decoding of the held-out questions after each stage
     max_new_tokens: int = Field(gt=0)
     batch_size: int = Field(gt=0)
