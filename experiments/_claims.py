@@ -107,6 +107,10 @@ COMPARISONS: dict[str, list[Compare]] = {
     "rfpo_vs_ppo": [Compare(HELDOUT, "rfpo", "sft", row("rfpo", HELDOUT), row("rfpo", "heldout_greedy_before")),
                     compare(HELDOUT, "rfpo", "ppo"), compare(HELDOUT, "rfpo", "rfpo_raw"),
                     compare("len_last", "rfpo", "rfpo_raw", lower=True)],
+    # DSP (issue 20): CFG subgoals vs flat BC and value-guided subgoals; the guidance sweep omega 2 > 1 > 0
+    "dsp_vs_baselines": [compare("success", "dsp_w2", "flat_bc"), compare("success", "dsp_w2", "value_guided"),
+                         compare("success", "dsp_w2", "dsp_w1"), compare("success", "dsp_w1", "dsp_w0"),
+                         compare("subgoal_progress", "dsp_w2", "dsp_w0")],
     "samplers_arithmetic": SAMPLERS,
     "samplers_word_problems": SAMPLERS,
 }

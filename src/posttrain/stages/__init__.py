@@ -33,6 +33,7 @@ from posttrain.stages import edit, knowledge  # noqa: E402,F401  (registers: lif
 from posttrain.stages import care  # noqa: E402,F401  (registers: CARE's rubric generator)
 from posttrain.stages import city, curate, flow_eval, flow_rl, flow_sft  # noqa: E402,F401  (registers: the image pipeline)
 from posttrain.stages import safe_rl  # noqa: E402,F401  (registers: VLM-Safe-RL, drive_encoder and safe_rl)
+from posttrain.stages import dsp  # noqa: E402,F401  (registers: DSP, maze_data and dsp)
 
 RUN_FILE = "mlflow_run.json"  # in every stage output: which stage and MLflow run made it (lineage for `compare`)
 
