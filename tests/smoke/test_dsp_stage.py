@@ -47,6 +47,7 @@ def test_dsp_stage_logs_a_results_table_plans_and_a_gif(data_dir, tmp_path):
     metrics = execute("dsp", load(micro_params(tmp_path, dsp=micro_dsp())), {"data": data_dir}, out)
     rows = json.loads((out / "results.json").read_text())
     assert [r["arm"] for r in rows] == ["flat_bc", "value_guided", "dsp_w0", "dsp_w2"]
+    assert "flat_bc_subgoal_progress" not in metrics and metrics["dsp_w2_subgoal_free"] >= 0  # flat BC proposes no subgoal
     for label in ("flat_bc", "value_guided", "dsp_w0", "dsp_w2"):
         assert 0.0 <= metrics[f"{label}_success"] <= 1.0 and (out / "plans" / f"{label}_0.png").is_file()
     assert len(json.loads((out / "history.json").read_text())) == 4
@@ -67,7 +68,7 @@ def test_a_killed_dsp_run_resumes_bit_for_bit(data_dir, tmp_path):
     assert len(kill_resume_and_compare(*roots, "dsp", ["--in", f"data={data_dir}"], kill_at=2, in_process=True, resumed_steps=2)) == 4
 
 
-def test_data_of_another_maze_is_one_clear_error(data_dir, tmp_path):
+def test_data_of_another_maze_and_unreachable_pairs_are_one_clear_error(data_dir, tmp_path):
     from posttrain.errors import UserError
     from posttrain.resolve import load
     from posttrain.stages import execute
@@ -75,7 +76,11 @@ def test_data_of_another_maze_is_one_clear_error(data_dir, tmp_path):
     cfg = load(fork_safe_params(tmp_path, dsp=micro_dsp(), pipeline={"seed": 5}))
     with pytest.raises(UserError, match="another maze"):
         execute("dsp", cfg, {"data": data_dir}, tmp_path / "outputs" / "dsp")
-    assert not (tmp_path / "outputs" / "dsp").exists()
+    section = micro_dsp()
+    section["eval"]["min_distance"] = 99  # no pair of a 7 x 7 maze is that far apart: refused before any update
+    with pytest.raises(UserError, match="lower dsp.eval.min_distance"):
+        execute("dsp", load(fork_safe_params(tmp_path, dsp=section)), {"data": data_dir}, tmp_path / "outputs" / "dsp")
+    assert not (tmp_path / "outputs" / "dsp").exists() and not (tmp_path / "outputs" / ".dsp.partial").exists()
 
 
 def test_the_claim_script_runs_through_the_harness(tmp_path, monkeypatch):

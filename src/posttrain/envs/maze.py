@@ -124,7 +124,7 @@ def heldout_pairs(maze: Maze, n: int, min_distance: int, seed: int) -> tuple[np.
         if d >= min_distance:
             starts.append(s), goals.append(g), dists.append(d)
     if len(starts) < n:
-        raise ValueError(f"the maze has too few pairs {min_distance} moves apart")
+        raise ValueError(f"a {maze.size} x {maze.size} maze has too few free squares {min_distance} moves apart for {n} pairs")
     return np.array(starts), np.array(goals), np.array(dists)
 
 

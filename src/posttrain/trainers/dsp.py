@@ -25,6 +25,7 @@ checkpoint parts, so a resumed run draws the same batches and ends with the same
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -34,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from posttrain.envs.maze import Maze, heldout_pairs, make_maze
+from posttrain.errors import UserError
 from posttrain.models.subgoal import GoalPolicy, GoalValue, SubgoalFlow
 from posttrain.objectives.dsp import (expectile_loss, flow_matching_loss, goal_dropout, guided_sampler, interpolate)
 from posttrain.trainers.loop import NumpyDraws, TrainLoop
@@ -228,6 +230,7 @@ def load_data(cfg, seed: int, cells: np.ndarray | None = None, actions: np.ndarr
 def train_dsp(cfg, data: MazeData, seed: int, loop: TrainLoop | None = None, on_log: Callable[[int, dict], None] | None = None):
     """(the trained networks, history, figures per arm `<label>_success` ..., the first pair's episode per arm)."""
     loop = loop or TrainLoop()
+    pairs = heldout(cfg, data.maze, seed)  # before any training: a maze too small for the pairs is a settings error
     trainer = DSPTrainer(cfg, data, seed)
     start, saved = loop.restore(trainer.nets, trainer.parts())
     history: list[dict] = saved.get("history", [])
@@ -238,13 +241,21 @@ def train_dsp(cfg, data: MazeData, seed: int, loop: TrainLoop | None = None, on_
             if on_log:
                 on_log(step, history[-1])
         loop.checkpoint(step, cfg.steps, trainer.nets, trainer.parts(), {"history": history})
-    figures, table, episodes = evaluate_all(trainer.nets, cfg, data.maze, seed)
+    figures, table, episodes = evaluate_all(trainer.nets, cfg, data.maze, pairs, seed)
     return trainer.nets, history, {**figures, **loop.metrics()}, table, episodes
 
 
-def evaluate_all(nets: DSPNetworks, cfg, maze: Maze, seed: int):
-    """Figures and a table row per arm on the held-out pairs, and each arm's episodes."""
-    starts, goals, dist = heldout_pairs(maze, cfg.eval.pairs, cfg.eval.min_distance, seed + EVAL_SEED)
+def heldout(cfg, maze: Maze, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The held-out (starts, goals, distances) of the seed's maze, or one UserError line naming the settings."""
+    try:
+        return heldout_pairs(maze, cfg.eval.pairs, cfg.eval.min_distance, seed + EVAL_SEED)
+    except ValueError as e:
+        raise UserError(f"{e}: lower dsp.eval.min_distance or raise dsp.maze.cells") from None
+
+
+def evaluate_all(nets: DSPNetworks, cfg, maze: Maze, pairs, seed: int):
+    """Figures and a table row per arm on the held-out pairs (starts, goals, distances), and each arm's episodes."""
+    starts, goals, dist = pairs
     nets.eval()
     figures, table, episodes = {"heldout_mean_distance": float(dist.mean())}, [], {}
     for label, arm, omega in arms(cfg):
@@ -252,7 +263,8 @@ def evaluate_all(nets: DSPNetworks, cfg, maze: Maze, seed: int):
         row = {"arm": label, "omega": omega if arm == "dsp" else float("nan"), "success": float(ep.success.mean()),
                "steps": float(ep.steps.mean()), "subgoal_progress": ep.subgoal_progress, "subgoal_free": ep.subgoal_free}
         table.append(row)
-        figures.update({f"{label}_{key}": value for key, value in row.items() if key not in ("arm", "omega")})
+        # flat BC proposes no subgoal: its subgoal columns are NaN in the table and absent from the figures
+        figures.update({f"{label}_{key}": value for key, value in row.items() if key not in ("arm", "omega") and not math.isnan(value)})
         episodes[label] = (ep, goals)
     nets.train()
     return figures, table, episodes
