@@ -47,7 +47,7 @@ CLAIMS: dict[str, tuple[str, list[str]]] = {
     "aura_ppo": ("aura_ppo", ["--steps", "60"]),
     "ppo_vs_grpo": ("ppo_vs_grpo", ["--steps", "300", "--set", "rl.critic.lr=0.002", "--set", "rl.critic.warmup_steps=10"]),
     "rfpo_vs_ppo": ("rfpo_vs_ppo", ["--steps", "100", "--set", "critic.n_prompts=500", "--set", "critic.steps=300", "--set", "rl.critic.lr=0.002"]),
-    "dsp_vs_baselines": ("dsp_vs_baselines", ["--steps", "2000"]),
+    "dsp_vs_baselines": ("dsp_vs_baselines", ["--steps", "2000"]),  # measured with --seeds 5
     "samplers_arithmetic": ("samplers_compare", ["--dataset", "arithmetic", "--steps", "200", "--prompts", "200"]),
     "samplers_word_problems": ("samplers_compare", ["--dataset", "word_problems", "--steps", "60", "--prompts", "100", "--chunk", "25",
                                                     "--max-votes", "32"]),
