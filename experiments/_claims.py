@@ -133,6 +133,10 @@ COMPARISONS: dict[str, list[Compare]] = {
     # VisKG (specs §29): GDPO vs GRPO from the same SFT start; the question graph vs the full caption (accuracy, tokens)
     "viskg_gdpo_vs_grpo": [compare("accuracy", "gdpo", "grpo"), compare("accuracy", "gdpo", "caption_gdpo"),
                            compare("tokens", "gdpo", "caption_gdpo", lower=True)],
+    # DSP (issue 20): CFG subgoals vs flat BC and value-guided subgoals; the guidance sweep omega 2 > 1 > 0
+    "dsp_vs_baselines": [compare("success", "dsp_w2", "flat_bc"), compare("success", "dsp_w2", "value_guided"),
+                         compare("success", "dsp_w2", "dsp_w1"), compare("success", "dsp_w1", "dsp_w0"),
+                         compare("subgoal_progress", "dsp_w2", "dsp_w0")],
     "samplers_arithmetic": SAMPLERS,
     "samplers_word_problems": SAMPLERS,
 }

@@ -62,6 +62,7 @@ CLAIMS: dict[str, tuple[str, list[str]]] = {
                                                   "--set", "viskg.sft.steps=200", "--set", "viskg.sft.batch_size=16", "--set", "viskg.sft.lr=0.003",
                                                   "--set", "viskg.rl.prompts_per_step=4", "--set", "viskg.rl.max_new_tokens=100",
                                                   "--set", "viskg.eval.max_new_tokens=100"]),
+    "dsp_vs_baselines": ("dsp_vs_baselines", ["--steps", "2000"]),  # measured with --seeds 5
     "samplers_arithmetic": ("samplers_compare", ["--dataset", "arithmetic", "--steps", "200", "--prompts", "200"]),
     "samplers_word_problems": ("samplers_compare", ["--dataset", "word_problems", "--steps", "60", "--prompts", "100", "--chunk", "25",
                                                     "--max-votes", "32"]),

@@ -823,6 +823,56 @@ class VisKGConfig(Section):  # stages viskg_sft + viskg_rl: VisKG (specs §29)
     eval: VisKGEvalConfig
 
 
+class MazeConfig(Section):  # dsp.maze: the maze family (envs/maze.py)
+    cells: int = Field(ge=2)  # a cells x cells maze on a (2 cells + 1)-square grid
+    loops: float = Field(ge=0, le=1)  # share of the perfect maze's remaining inner walls knocked down (several routes)
+    layout: int = Field(ge=0)  # the layout is make_maze(seed = layout + pipeline.seed): each seed its own maze
+
+
+class MazeDataConfig(Section):  # dsp.data: stage maze_data, reward-free trajectories of the noisy exploration policy
+    trajectories: int = Field(gt=0)
+    length: int = Field(ge=2)  # moves per trajectory
+    noise: float = Field(ge=0, le=1)  # probability of redrawing the direction at a move (else the previous one is kept)
+
+
+class MazeEvalConfig(Section):  # dsp.eval: held-out start/goal pairs
+    pairs: int = Field(gt=0)
+    min_distance: int = Field(ge=1)  # shortest-path moves between a pair's start and goal, at least
+    max_steps: int = Field(gt=0)  # moves before an episode counts as a failure
+    renders: int = Field(ge=0)  # episodes per arm rendered (PNG of path + subgoals; GIF of the first DSP episode)
+
+
+class DSPConfig(Section):  # stages maze_data + dsp: Diffusion Subgoal Planning (specs §20) against flat BC and value guidance
+    maze: MazeConfig
+    data: MazeDataConfig
+    eval: MazeEvalConfig
+    subgoal_horizon: int = Field(ge=1)  # k: the subgoal is the state k moves ahead; replan every k moves
+    p_uncond: float = Field(ge=0, le=1)  # goal dropout: share of flow-training goals replaced by the null goal
+    goal_p_current: float = Field(ge=0, le=1)  # hindsight goals (flow and value): the state itself
+    goal_p_trajectory: float = Field(ge=0, le=1)  # a uniform future state of the same trajectory; the rest: a random dataset state
+    guidance_weights: tuple[float, ...] = Field(min_length=1)  # omega of each evaluated DSP arm (the sweep)
+    sampling_steps: int = Field(ge=1)  # Euler steps of the subgoal flow
+    candidates: int = Field(ge=1)  # value-guided arm: unconditional proposals per plan, the best V(w, g) kept
+    gamma: float = Field(gt=0, lt=1)  # the value's discount
+    expectile: float = Field(gt=0, lt=1)  # IQL expectile of the value's TD loss
+    target_update: float = Field(gt=0, le=1)  # Polyak rate of the value's target network
+    hidden_size: int = Field(gt=0)  # every network: an MLP over Fourier features of the states
+    layers: int = Field(gt=0)
+    fourier_bands: int = Field(ge=0)
+    steps: int = Field(gt=0)  # updates (flow, low-level policy, flat BC and value together)
+    batch_size: int = Field(gt=0)
+    lr: float = Field(gt=0)
+    max_grad_norm: float = Field(gt=0)
+    log_every: int = Field(gt=0)
+    checkpoint_every: int = Field(ge=0)  # updates between checkpoints: `posttrain dsp --resume`; 0: none
+
+    @model_validator(mode="after")
+    def _goal_shares(self) -> "DSPConfig":
+        if self.goal_p_current + self.goal_p_trajectory > 1:
+            raise ValueError("needs goal_p_current + goal_p_trajectory <= 1 (the rest are random dataset states)")
+        return self
+
+
 class Config(Section):
     pipeline: PipelineConfig
     tracking: TrackingConfig
@@ -850,6 +900,7 @@ class Config(Section):
     bridge: BridgeConfig
     asct: AsctConfig
     viskg: VisKGConfig
+    dsp: DSPConfig
 
     def section_hash(self, *sections: str) -> str:
         """A stable digest of the named sections (used to refuse resuming under changed settings)."""

@@ -26,6 +26,34 @@ def expanded_stages(path=REPO / "dvc.yaml") -> dict[str, dict]:
     return out
 
 
+def checked_side_pipeline(path, names: set[str]) -> dict[str, dict]:
+    """The stages of a pipeline kept out of the default `dvc repro` (safe_rl/, dsp/, ...), checked: exactly `names`, each
+    run from the repository root as a registered CLI stage with its own inputs, outs under its --out, params that
+    name settings, deps that exist or come from the file's own outs; none of them in ./dvc.yaml."""
+    side = expanded_stages(path)
+    produced = {o for s in side.values() for o in s.get("outs", [])}
+    assert names == set(side)
+    for name, stage in side.items():
+        assert stage["wdir"] == "..", name
+        argv = shlex.split(stage["cmd"])
+        assert argv[0] == "posttrain" and argv[1] == name and argv[1] in stages and argv[argv.index("--launcher") + 1] == "dvc", name
+        inputs = dict(argv[i + 1].split("=") for i, a in enumerate(argv) if a == "--in")
+        assert set(inputs) <= set(stages.entry(argv[1]).meta["inputs"]), (name, inputs)
+        out = argv[argv.index("--out") + 1]
+        assert all(o.startswith(out + "/") for o in stage["outs"]), name
+        for key in stage["params"]:  # a section, or a key of one (safe_rl.encoder)
+            section, *rest = key.split(".")
+            model = Config.model_fields[section].annotation
+            for part in rest:
+                assert part in model.model_fields, (name, key)
+                model = model.model_fields[part].annotation
+        for dep in stage["deps"]:
+            assert not dep.startswith("outputs/") or dep in produced, (name, dep)
+            assert (REPO / dep).exists() or dep.startswith("outputs/"), (name, dep)
+    assert not names & set(expanded_stages())  # the default pipeline stays without them
+    return side
+
+
 def test_every_command_is_a_registered_stage_with_valid_inputs():
     for name, stage in expanded_stages().items():
         argv = shlex.split(stage["cmd"])

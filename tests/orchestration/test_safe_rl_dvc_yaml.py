@@ -6,16 +6,12 @@ from __future__ import annotations
 import shlex
 
 from helpers import REPO
-from orch_helpers import check_side_pipeline
-from test_dvc_yaml import expanded_stages
+from test_dvc_yaml import checked_side_pipeline
 
 SAFE_RL = REPO / "safe_rl" / "dvc.yaml"
 
 
 def test_safe_rl_commands_inputs_outputs_and_params():
-    root, safe = expanded_stages(), expanded_stages(SAFE_RL)
-    assert {"drive_encoder", "safe_rl"} == set(safe)
-    check_side_pipeline(safe)
+    safe = checked_side_pipeline(SAFE_RL, {"drive_encoder", "safe_rl"})
     rl = shlex.split(safe["safe_rl"]["cmd"])
     assert "encoder=outputs/drive_encoder" in rl and "--resume" in rl and "outputs/drive_encoder/model" in safe["safe_rl"]["deps"]
-    assert not {"drive_encoder", "safe_rl"} & set(root)  # the default pipeline stays without them

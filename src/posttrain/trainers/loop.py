@@ -35,6 +35,19 @@ from posttrain.trainers import distributed
 from posttrain.trainers.checkpoint import load_latest, save_checkpoint
 
 
+class NumpyDraws:
+    """A numpy Generator as a checkpoint part (TrainLoop saves what has state_dict / load_state_dict)."""
+
+    def __init__(self, rng: np.random.Generator):
+        self.rng = rng
+
+    def state_dict(self) -> dict:
+        return self.rng.bit_generator.state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.bit_generator.state = state
+
+
 def _state_of(part: Any) -> Any:
     if isinstance(part, torch.Generator):
         return part.get_state()

@@ -29,7 +29,7 @@ from posttrain.models.image_text import ImageTextEncoder, tiny_clip
 from posttrain.models.tokenizer import check_vocabulary
 from posttrain.objectives.ppo_lagrangian import (LagrangeMultiplier, advantages, episode_cost, ppo_lagrangian_loss, safety_score,
                                                  shaped_reward, violation)
-from posttrain.trainers.loop import TrainLoop
+from posttrain.trainers.loop import NumpyDraws, TrainLoop
 
 BEHAVIOUR = np.array([0.4, 0.12, 0.12, 0.18, 0.18])  # the random driver's action probabilities (keep, left, right, faster, slower)
 HELDOUT_SEED = 10**6  # the episodes of the held-out frames and of the final evaluation are drawn apart from training's
@@ -62,19 +62,6 @@ def multi_positive_infonce(image: torch.Tensor, text: torch.Tensor, positive: to
     i2t = -(positive / positive.sum(1, keepdim=True) * F.log_softmax(logits, dim=1)).sum(1).mean()
     t2i = -(positive / positive.sum(0, keepdim=True) * F.log_softmax(logits, dim=0)).sum(0).mean()
     return (i2t + t2i) / 2
-
-
-class NumpyDraws:
-    """A numpy Generator as a checkpoint part (TrainLoop saves what has state_dict / load_state_dict)."""
-
-    def __init__(self, rng: np.random.Generator):
-        self.rng = rng
-
-    def state_dict(self) -> dict:
-        return self.rng.bit_generator.state
-
-    def load_state_dict(self, state: dict) -> None:
-        self.rng.bit_generator.state = state
 
 
 def train_encoder(cfg, seed: int, loop: TrainLoop | None = None, on_log: Callable[[int, dict], None] | None = None):
