@@ -1,28 +1,38 @@
-"""The image pipeline's stages through the CLI on a micro config: city -> curate -> flow_sft -> flow_rl ->
-flow_eval (the saved-model + LoRA path is tests/unit/test_flow_model.py). Their bad inputs (a corrupt or incomplete
-panorama table, damaged curated data or flow models) are cases of tests/reliability/test_bad_inputs.py."""
+"""The image pipeline on a micro config, `dvc repro images/dvc.yaml`: city -> curate -> flow_sft -> flow_rl -> flow_eval
+(the saved-model + LoRA path is tests/unit/test_flow_model.py), and the compiled Kubeflow pipeline `image.yaml` run
+locally on the same config, which must give the same metrics and weights. Their bad inputs (a corrupt or
+incomplete panorama table, damaged curated data or flow models) are cases of tests/reliability/test_bad_inputs.py."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import MICRO_IMAGE, micro_params, posttrain_here
+from helpers import MICRO_IMAGE, REPO, WALL_CLOCK, dvc, git, micro_params, ran_stages, tool_env
+
+STAGES = ("city", "curate", "flow_sft", "flow_rl", "flow_eval")
+# one torch thread in both launchers (images/dvc.yaml sets it): the same reductions, so the same weights
+SETTINGS = {**MICRO_IMAGE, "pipeline": {"threads": 1}}
 
 
 @pytest.fixture(scope="module")
 def image_run(tmp_path_factory) -> Path:
-    """The five stages through the CLI's commands in this process (a subprocess each would spend most of its time
-    importing torch and diffusers; the installed entry point is exercised by the text pipeline's tests)."""
+    """`dvc repro images/dvc.yaml` of the micro config in a Git- and DVC-initialised copy of the repository."""
     root = tmp_path_factory.mktemp("images")
-    micro_params(root, **MICRO_IMAGE)
-    posttrain_here("city", "--out", "out/city", cwd=root)
-    posttrain_here("curate", "--in", "source=out/city", "--out", "out/curate", cwd=root)
-    posttrain_here("flow_sft", "--in", "data=out/curate", "--out", "out/flow_sft", cwd=root)
-    posttrain_here("flow_rl", "--in", "data=out/curate", "--in", "policy=out/flow_sft", "--out", "out/flow_rl", cwd=root)
-    posttrain_here("flow_eval", "--in", "data=out/curate", "--in", "sft=out/flow_sft", "--in", "rl=out/flow_rl", "--out", "out/flow_eval", cwd=root)
+    (root / "images").mkdir()
+    shutil.copy(REPO / "images" / "dvc.yaml", root / "images" / "dvc.yaml")
+    shutil.copytree(REPO / "src", root / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    micro_params(root, **SETTINGS)
+    git("init", "-q", cwd=root)
+    dvc("init", "-q", cwd=root)
+    dvc("config", "core.analytics", "false", cwd=root)
+    assert ran_stages(dvc("repro", "images/dvc.yaml", cwd=root)) == {f"images/dvc.yaml:{s}" for s in STAGES}
+    (root / "out").symlink_to(root / "outputs" / "images")
     return root
 
 
@@ -52,3 +62,31 @@ def test_images_are_logged_to_mlflow(image_run):
     artifacts = {p.name for p in (image_run / "mlartifacts").rglob("*.png")}
     assert {"samples.png", "reward_curve.png"} <= artifacts
 
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.slow
+def test_the_compiled_image_pipeline_run_locally_matches_dvc_repro(image_run, tmp_path):
+    sys.path.insert(0, str(REPO / "tests" / "orchestration"))
+    from kfp_local import LocalPipeline
+
+    from posttrain.orchestration.submit import run_arguments
+
+    package = REPO / "pipelines" / "compiled" / "image.yaml"
+    params = micro_params(tmp_path, **SETTINGS)
+    pipeline = LocalPipeline.load(package, tmp_path / "kfp", tool_env())
+    states = pipeline.run(run_arguments(params, [], package, image=""))
+    failed = [r for r in pipeline.runs if r.returncode]
+    assert not failed, failed[0].stderr[-3000:]
+    assert set(states.values()) == {"SUCCEEDED"}, states
+    for stage in STAGES:
+        kfp_out = pipeline.task_dir(f"exit-handler-1/posttrain-{stage.replace('_', '-')}") / "artifacts" / "out"
+        dvc_out = image_run / "out" / stage
+        ours, theirs = (json.loads((d / "metrics.json").read_text()) for d in (kfp_out, dvc_out))
+        assert {k: v for k, v in ours.items() if k not in WALL_CLOCK} == {k: v for k, v in theirs.items() if k not in WALL_CLOCK}, stage
+        weights = sorted(p.relative_to(dvc_out) for p in dvc_out.glob("model/**/*.safetensors"))
+        assert [_digest(kfp_out / w) for w in weights] == [_digest(dvc_out / w) for w in weights], stage
+    assert sorted(image_run.glob("out/*/model/**/*.safetensors"))  # there were weights to compare
