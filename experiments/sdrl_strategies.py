@@ -76,6 +76,7 @@ def main() -> None:
         history, after, seconds = C.run_arm(cfg, rl_cfg, task, train, held, path, args.seed, evaluate_fn=measured)
         bonus = [h["reward/sdrl_mean"] - h["reward/correctness_mean"] for h in history if "reward/sdrl_mean" in h]
         arms[arm] = {"before": before, "after": after, "rl_seconds": round(seconds, 1), "bonus_mean": sum(bonus) / len(bonus) if bonus else 0.0,
+                     "bonus_steps": len(bonus),
                      "train_accuracy_first": C.window_mean(history, "accuracy", True, k), "train_accuracy_last": C.window_mean(history, "accuracy", False, k),
                      "_history": history, "_cfg": cfg.model_copy(update={"rl": rl_cfg})}
         print(f"{arm}: {seconds:.0f}s, {after}, bonus {arms[arm]['bonus_mean']:.4f}", flush=True)

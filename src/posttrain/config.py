@@ -355,6 +355,7 @@ class PairTrainingConfig(Section):
 
 class RewardModelConfig(PairTrainingConfig):
     kind: Annotated[str, Registered("reward_models")]  # bt (Bradley-Terry value head) | trm (Thinking Reward Model)
+    prompts: Literal["disjoint", "same"]  # the reward model's train prompts: disjoint from rl_rm's RL prompts, or the same
     rl_rewards: tuple[RewardSpec, ...]  # the `rl_rm` stage's reward list (rl settings otherwise); the model's path is its input
     options: Annotated[Options, OptionsOf("reward_models")]
 

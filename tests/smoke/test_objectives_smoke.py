@@ -29,6 +29,9 @@ TASK_SETTINGS = {
     "arithmetic": [],
     "distribution": ["task.name=distribution", "task.n_train=40", "task.n_heldout=10"],
     "diagnosis": ["task.name=diagnosis", "task.n_train=40", "task.n_heldout=10", "rl.rewards=[{name: kgpo}]", "rl.max_new_tokens=12"],
+    # few instances and a longer SFT: the micro policy writes well-formed "<strategy>:<solution>" answers and some of
+    # them are optimal, so a group can hold correct rollouts of different strategies (what the sdrl bonus pays)
+    "optimisation": ["task.name=optimisation", "task.n_train=24", "task.n_heldout=10", "rl.max_new_tokens=8", "sft.steps=100", "sft.lr=0.01"],
 }
 
 
@@ -143,14 +146,29 @@ def test_dapo_preset_through_the_cli(pipeline_outputs, tmp_path):
 def test_rewards_with_options_score_real_rollouts(micro):
     from posttrain.config import RewardSpec
 
-    specs = (RewardSpec(name="correctness"), RewardSpec(name="sdrl", weight=0.5), RewardSpec(name="audit_correction", weight=0.5))
+    specs = (RewardSpec(name="correctness"), RewardSpec(name="audit_correction", weight=0.5))
     history = two_steps(micro, rewards=specs)
     for metrics in history:
-        assert {"reward/sdrl_mean", "reward/audit_correction_mean", "reward/sdrl_adv_share"} <= set(metrics)
+        assert {"reward/audit_correction_mean", "reward/audit_correction_adv_share"} <= set(metrics)
         assert all(math.isfinite(v) for v in metrics.values())
-        # on arithmetic the correct answers of a prompt are one string, so the diversity bonus is 0 and sdrl is the
-        # verifier; the task it is for (tasks/optimisation.py) has a non-zero bonus (tests/unit/test_optimisation_task.py)
-        assert metrics["reward/sdrl_mean"] == pytest.approx(metrics["reward/correctness_mean"])
+
+
+def test_sdrl_pays_a_diversity_bonus_on_optimisation_rollouts(micros):
+    """On the task sdrl is for (tasks/optimisation.py) the policy's own correct rollouts of one instance name
+    different strategies, so sdrl pays more than the verifier (on arithmetic the bonus is identically 0), never
+    less, and at most c (1 + beta_b + beta_w)."""
+    from posttrain.config import RewardSpec
+
+    micro = micros("optimisation")
+    cfg = micro[0]
+    block = {**cfg.rl.options_for("sdrl").model_dump(), "strategies": {"exact": ["^d:"], "greedy": ["^g:"], "search": ["^r:"]}}
+    opts = cfg.rl.options_for("sdrl")
+    specs = (RewardSpec(name="sdrl"), RewardSpec(name="correctness", weight=0.0))
+    history = two_steps(micro, rewards=specs, options={"sdrl": block}, group_size=8, prompts_per_step=8)
+    for metrics in history:
+        sdrl, correct = metrics["reward/sdrl_mean"], metrics["reward/correctness_mean"]
+        assert correct > 0 and correct - 1e-6 <= sdrl <= correct * (1 + opts.beta_b + opts.beta_w) + 1e-6, metrics
+    assert max(m["reward/sdrl_mean"] - m["reward/correctness_mean"] for m in history) > 1e-3, "the diversity bonus was 0"
 
 
 def test_kgpo_reward_trains_on_the_diagnosis_task(micros):

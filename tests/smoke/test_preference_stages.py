@@ -30,6 +30,7 @@ def test_preference_stage_trains_and_reports(upstream):
 def test_reward_model_stage_then_rl_with_the_bt_reward(upstream):
     metrics = json.loads(posttrain("reward_model", cwd=upstream).stdout.strip().splitlines()[-1])
     assert 0.0 <= metrics["heldout_pair_accuracy"] <= 1.0 and metrics["n_pairs"] > 0
+    assert metrics["pair_prompts_in_rl"] == 0.0  # reward_model.prompts: disjoint (the default): no pair asks an RL prompt
     assert (upstream / "outputs" / "reward_model" / "model" / "bt_pooling.json").is_file()
     posttrain("rl_rm", "--set", "rl.steps=2", cwd=upstream)  # reward_model.rl_rewards: bt + correctness at weight 0
     history = json.loads((upstream / "outputs" / "rl_rm" / "history.json").read_text())

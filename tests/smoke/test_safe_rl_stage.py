@@ -42,17 +42,18 @@ def test_safe_rl_stage_logs_costs_and_an_episode_gif(encoder_dir, tmp_path):
     params = micro_params(tmp_path, safe_rl=micro_safe_rl())
     out = tmp_path / "outputs" / "safe_rl"
     metrics = execute("safe_rl", load(params), {"encoder": encoder_dir}, out)
-    for key in ("final_catastrophe_rate", "final_cost", "final_progress", "final_cost_normalised", "lambda"):
-        assert key in metrics and metrics[key] >= 0
+    assert {"final_catastrophe_rate", "final_cost", "final_progress", "final_cost_normalised", "lambda"} <= set(metrics)
+    assert 0.0 <= metrics["final_catastrophe_rate"] <= 1.0
     history = json.loads((out / "history.json").read_text())
     assert len(history) == 4 and all({"catastrophe_rate", "cost", "progress", "lambda", "risk", "safety_score"} <= set(h) for h in history)
+    assert metrics["lambda"] == pytest.approx(history[-1]["lambda_next"])  # the multiplier after the last update
     gif = Image.open(out / "episode" / "episode.gif")
     assert gif.n_frames > 1 and gif.size == (64, 64)
     assert (out / "model" / "model.safetensors").is_file()
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
     run_id = json.loads((out / "mlflow_run.json").read_text())["run_id"]
     client = mlflow.MlflowClient()
-    assert len(client.get_metric_history(run_id, "catastrophe_rate")) == 4 and client.get_run(run_id).data.metrics["final_progress"] >= 0
+    assert len(client.get_metric_history(run_id, "catastrophe_rate")) == 4 and client.get_run(run_id).data.metrics["final_progress"] == pytest.approx(metrics["final_progress"])
     assert [a.path for a in client.list_artifacts(run_id, "episode")] == ["episode/episode.gif"]
 
 

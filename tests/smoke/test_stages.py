@@ -81,7 +81,7 @@ def test_rl_variants_run_and_report_their_terms(variant, pipeline_outputs, tmp_p
     history = json.loads((tmp_path / "outputs" / "rl" / "history.json").read_text())
     assert len(history) == 4
     if "beta" in " ".join(VARIANTS[variant]):
-        assert all(step["kl"] >= 0 for step in history)
         assert history[0]["kl"] == pytest.approx(0.0, abs=1e-6), "the policy starts equal to its reference"
+        assert history[-1]["kl"] > 1e-9, "after three updates the policy's rollouts differ from the reference's"
     else:
         assert "kl" not in history[0], "no reference model without a KL term"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from posttrain.resolve import load
 from posttrain.errors import UserError
@@ -12,6 +13,7 @@ from posttrain.errors import UserError
     ("preference.objective=dpoo", "unknown preference objective 'dpoo'; did you mean 'dpo'"),
     ("preference.data=task_pair", "did you mean 'task_pairs'"),
     ("reward_model.kind=btt", "unknown reward model 'btt'"),
+    ("reward_model.prompts=overlap", "reward_model.prompts"),
     ("preference.pairs=no/such/pairs.jsonl", "preference file not found: no/such/pairs.jsonl"),
     ("preference.options.gm_dpo.gamma=-1", "preference.options.gm_dpo.gamma"),
     ("preference.options.gm_dpo.zeta=1", "preference.options.gm_dpo.zeta"),
@@ -32,8 +34,10 @@ def test_missing_options_of_the_selected_objective(params_path, tmp_path):
         load(params_path, ["preference.objective=gm_dpo", "preference.options={}"])
 
 
-def test_defaults_resolve_per_method_options(cfg):
-    assert cfg.preference.options_for("gm_dpo").gamma >= 0 and cfg.reward_model.options_for("bt").pooling in ("last", "response_sum")
+def test_defaults_resolve_per_method_options(cfg, params_path):
+    written = yaml.safe_load(params_path.read_text())
+    assert cfg.preference.options_for("gm_dpo").gamma == written["preference"]["options"]["gm_dpo"]["gamma"]
+    assert cfg.reward_model.options_for("bt").pooling == written["reward_model"]["options"]["bt"]["pooling"]
 
 
 def test_rl_rm_reward_must_be_the_trained_kind(params_path):

@@ -42,6 +42,16 @@ def split_by_prompt(examples: Sequence[Example], seed: int) -> tuple[list[Exampl
     return [e for e in examples if prompt_key(e) in first], [e for e in examples if prompt_key(e) not in first]
 
 
+def reward_model_prompts(examples: Sequence[Example], prompts: str, seed: int) -> tuple[list[Example], list[Example]]:
+    """(the examples a reward model's pairs come from, the examples RL against it runs on), by `reward_model.prompts`:
+    `disjoint` gives the two halves of `split_by_prompt` (RL the first, as reward_model_rl's arms), `same` every
+    example to both."""
+    if prompts == "same":
+        return list(examples), list(examples)
+    rl, rm = split_by_prompt(examples, seed)
+    return rm, rl
+
+
 @dataclass(frozen=True)
 class PreferencePair:
     prompt: str

@@ -2,8 +2,11 @@
 
 Inputs: `data` (train.jsonl, heldout.jsonl) and `policy` (the SFT model the reward model starts from).
 Pairs come from `reward_model.data` (training prompts; held-out pairs from held-out prompts) or from the
-file `reward_model.pairs`. Outputs: `model/` (what `rl.options.<kind>.path` points the RL reward at),
-`pairs_train.jsonl`, `pairs_heldout.jsonl`; metrics: held-out pair accuracy before and after training (`trm`:
+file `reward_model.pairs`. With `reward_model.prompts: disjoint` (the default) the training prompts are halved by
+prompt (`reward_model_prompts`, drawn with pipeline.seed): the pairs come from one half and `rl_rm` runs RL on the
+other, so the reward model never learnt the answers of the prompts RL asks; `same`: every training prompt for both. Outputs: `model/` (what `rl.options.<kind>.path` points the RL reward at),
+`pairs_train.jsonl`, `pairs_heldout.jsonl`; metrics: `pair_prompts_in_rl` (how many of the training pairs' prompts are rl_rm's RL prompts: 0 when disjoint),
+held-out pair accuracy before and after training (`trm`:
 after its format warm-up and after pairwise RL, with ties, score spread and parse rate) and `nonfinite_steps`. With
 `--resume` a stopped run continues from its last checkpoint (`reward_model.checkpoint_every`; `trm`: in the warm-up
 and in pairwise RL).
@@ -15,7 +18,7 @@ from pathlib import Path
 
 from posttrain.config import Config
 from posttrain.data import read_examples
-from posttrain.data.preferences import preference_data, write_pairs
+from posttrain.data.preferences import preference_data, reward_model_prompts, write_pairs
 from posttrain.stages import stages
 from posttrain.stages.preference import load_pairs
 from posttrain.tasks import build_task
@@ -42,7 +45,8 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     if preference_data.entry(cfg.reward_model.data).meta.get("needs_policy") and cfg.reward_model.pairs is None:
         model, tokenizer = load_pretrained(inputs["policy"] / "model", cfg.model.dtype)
         policy = (model.to(select_device(cfg.pipeline.device)), tokenizer)
-    train, heldout = load_pairs(cfg, cfg.reward_model, task, train_examples, heldout_examples, policy)
+    rm_examples, rl_examples = reward_model_prompts(train_examples, cfg.reward_model.prompts, cfg.pipeline.seed)
+    train, heldout = load_pairs(cfg, cfg.reward_model, task, rm_examples, heldout_examples, policy)
     train_fn = reward_models.get(cfg.reward_model.kind)
     loop = TrainLoop.for_stage(cfg.training, out_dir, cfg.section_hash("pipeline", "task", "model", "rl", "reward_model"),
                                cfg.reward_model.checkpoint_every, resume, "reward_model")
@@ -51,6 +55,8 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     write_pairs(out_dir / "pairs_train.jsonl", train)
     write_pairs(out_dir / "pairs_heldout.jsonl", heldout)
     tracker.log_artifacts(out_dir / "model", "model")
-    metrics.update(n_pairs=float(len(train)), n_heldout_pairs=float(len(heldout)))
+    rl_prompts = {e.prompt for e in rl_examples}
+    metrics.update(n_pairs=float(len(train)), n_heldout_pairs=float(len(heldout)),
+                   pair_prompts_in_rl=float(len({p.prompt for p in train} & rl_prompts)))
     tracker.log_metrics(metrics)
     return metrics

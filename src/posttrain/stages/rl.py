@@ -43,15 +43,20 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     return train_and_save(cfg, inputs, out_dir, tracker, resume)
 
 
-def train_and_save(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool, load_models=None) -> dict[str, float]:
+def train_and_save(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool, load_models=None,
+                   select_examples=None, hash_sections: tuple[str, ...] = ()) -> dict[str, float]:
     """Online RL under `cfg.rl` from `inputs["policy"]`; `load_models(tokenizer, device) -> {role: model}`
-    supplies the frozen models of the roles the objective's extras read (the `distill` stage's teacher / base)."""
+    supplies the frozen models of the roles the objective's extras read (the `distill` stage's teacher / base);
+    `select_examples(train examples) -> the ones RL runs on` (rl_rm: the reward model's disjoint half);
+    `hash_sections`: further config sections a resumed run must match."""
     from posttrain.models import load_pretrained, prepare_model, save_pretrained, select_device
     from posttrain.runtime import seed_everything
     from posttrain.trainers.online_rl import RLRun, train_online_rl
 
     train = inputs["data"] / "train.jsonl"
     examples = read_examples(train)
+    if select_examples is not None:
+        examples = select_examples(examples)
     seed_everything(cfg.pipeline.seed)
     device = select_device(cfg.pipeline.device)
     policy, tokenizer = load_pretrained(inputs["policy"] / "model", cfg.model.dtype)
@@ -59,7 +64,7 @@ def train_and_save(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker,
     check_examples(train, examples, policy, tokenizer, cfg.rl.max_new_tokens, "rl.max_new_tokens")
     rl_run = RLRun(
         policy=policy, tokenizer=tokenizer, task=build_task(cfg.task), examples=examples, cfg=cfg.rl, seed=cfg.pipeline.seed,
-        checkpoint_dir=out_dir / "checkpoints", config_hash=cfg.section_hash("pipeline", "task", "model", "rl"),
+        checkpoint_dir=out_dir / "checkpoints", config_hash=cfg.section_hash("pipeline", "task", "model", "rl", *hash_sections),
         models=load_models(tokenizer, device) if load_models else {},
         max_nonfinite_steps=cfg.training.max_nonfinite_steps, keep_checkpoints=cfg.training.keep_checkpoints,
         critic_out=out_dir / "critic",  # written only when the objective trains a critic (rl.preset: ppo)
