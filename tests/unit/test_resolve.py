@@ -56,12 +56,14 @@ def test_every_marked_key_is_an_enum_of_what_it_admits_in_the_launchers_schema()
         section = key.split(".")[0]
         if section == "orchestration":
             continue  # launcher settings are compile-time, not run parameters
-        top = key.split("[]")[0]
+        top = ".".join(key.split("[]")[0].split(".")[:2])
         schema = specs[top]["schema"]
         if key.endswith("[]"):
             schema = schema["items"]
         elif "[]." in key:
             schema = schema["items"]["properties"][key.split("[].")[1]]
+        for part in key.split(".")[2:] if "[]" not in key else []:  # a field of a nested settings object (motion.rl.advantage)
+            schema = schema["properties"][part]
         enum = schema.get("enum") or next(s["enum"] for s in schema["anyOf"] if "enum" in s)
         assert enum == [e.name for e in registries[marker.registry] if marker.admits(e.meta)], key
     assert "dapo" not in specs["distill.method"]["schema"]["enum"] and "opd" in specs["distill.method"]["schema"]["enum"]

@@ -52,7 +52,8 @@ def _with_enum(schema: dict[str, Any], registry: Registry, marker: Registered) -
 def param_specs(params_yaml: Path) -> dict[str, dict[str, Any]]:
     """`section.key` -> {"default", "schema", "section"} for every run setting in `Config`. Keys marked
     `Registered` in config.py (the same markers `posttrain.resolve` checks) are enums of the registered names:
-    a key itself, each item of a tuple (`rl.aux[]`), or a field of each item (`rl.rewards[].name`)."""
+    a key itself, each item of a tuple (`rl.aux[]`), a field of each item (`rl.rewards[].name`), or a field of a
+    nested settings object (`motion.rl.advantage`)."""
     from posttrain.resolve import all_registries
 
     registries = all_registries()
@@ -75,6 +76,11 @@ def param_specs(params_yaml: Path) -> dict[str, dict[str, Any]]:
             for field, marker in ((k.removeprefix(f"{name}[]."), m) for k, m in marked.items() if k.startswith(f"{name}[].")):
                 item = schema["items"]
                 item["properties"][field] = _with_enum(item["properties"][field], registries[marker.registry], marker)
+            for path, marker in ((k.removeprefix(f"{name}.").split("."), m) for k, m in marked.items() if k.startswith(f"{name}.") and "[]" not in k):
+                parent = schema  # a key of a nested settings object (motion.rl.advantage): the enum inside its object
+                for part in path[:-1]:
+                    parent = parent["properties"][part]
+                parent["properties"][path[-1]] = _with_enum(parent["properties"][path[-1]], registries[marker.registry], marker)
             described = descriptions.get(name) or f"{name} (params.yaml: {json.dumps(defaults[section][key], default=str)[:60]})"
             specs[name] = {"default": defaults[section][key], "schema": schema, "section": section, "description": described}
     return specs
