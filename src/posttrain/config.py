@@ -685,6 +685,7 @@ class BridgeConfig(Section):
     """BRIDGE and its comparison arms on the search task (trainers/bridge.py; stage `bridge`, search/dvc.yaml; docs/search.md)."""
 
     arm: Literal["frozen", "naive", "policy_first", "bridge"]  # frozen: policy-only GRPO; naive: joint; policy_first; bridge
+    retriever: Annotated[str, Registered("retrievers")]  # stage bridge: the learned retriever (upper level); the task's writes the SFT references
     iterations: int = Field(gt=0)  # rollout + update rounds
     prompts_per_step: int = Field(gt=0)
     group_size: int = Field(ge=2)  # G episodes per question (GRPO's group)

@@ -26,4 +26,4 @@ def test_search_commands_outputs_and_params():
     assert variables["params_file"] == "search/params.yaml" and variables["bridge_params"] == "search/bridge.yaml"
     asct, bridge = read_params(REPO / variables["params_file"]), read_params(REPO / variables["bridge_params"])
     assert asct["task"]["name"] == bridge["task"]["name"] == "search" and asct["task"]["options"]["search"]["retriever"] == "bm25"
-    assert bridge["task"]["options"]["search"]["retriever"] == "dual_encoder" and bridge["model"]["path"] is None
+    assert bridge["bridge"]["retriever"] == "dual_encoder" and bridge["model"]["path"] is None

@@ -17,7 +17,7 @@ def micro_sections(**bridge) -> dict:
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     task = copy.deepcopy(params["task"])
     task.update(name="search", n_train=4, n_heldout=2)
-    task["options"]["search"].update(people=6, companies=3, cities=3, kinds=["employer"], retriever="dual_encoder", top_k=1, candidates=6,
+    task["options"]["search"].update(people=6, companies=3, cities=3, kinds=["employer"], top_k=1, candidates=6,
                                      max_calls=2, cost_per_call=0.2)
     model = {"hidden_size": 32, "intermediate_size": 64, "layers": 1, "heads": 2, "kv_heads": 1, "max_positions": 256}
     return {"task": task, "model": model, "bridge": {**params["bridge"], "iterations": 2, "prompts_per_step": 2, "group_size": 3, "max_new_tokens": 80,
@@ -51,7 +51,7 @@ def test_bridge_stage_logs_metrics_episodes_and_writes_both_levels(tmp_path):
 
 @pytest.mark.parametrize("override, message", [
     ({"task": {"name": "arithmetic"}}, "stage bridge runs in the search environment: set task.name=search"),
-    ({"retriever": "bm25"}, "bridge.arm bridge trains the retriever, and task.options.search.retriever bm25 has no parameters"),
+    ({"retriever": "bm25"}, "bridge.arm bridge trains the retriever, and bridge.retriever bm25 has no parameters"),
 ])
 def test_bridge_stage_user_errors_are_one_line(tmp_path, override, message):
     from posttrain.errors import UserError
@@ -62,7 +62,7 @@ def test_bridge_stage_user_errors_are_one_line(tmp_path, override, message):
     if "task" in override:
         sections["task"]["name"] = override["task"]["name"]
     else:
-        sections["task"]["options"]["search"]["retriever"] = override["retriever"]
+        sections["bridge"]["retriever"] = override["retriever"]
     out = tmp_path / "outputs" / "bridge"
     with pytest.raises(UserError, match=message) as error:
         execute("bridge", load(fork_safe_params(tmp_path, **sections)), {}, out)

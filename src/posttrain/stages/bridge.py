@@ -1,12 +1,12 @@
 """Stage `bridge`: BRIDGE (specs §13, docs/search.md) on the search task, or one of its comparison arms (`bridge.arm`).
 
-Needs `task.name: search` (the corpus, the retriever, top-k and the candidates N: task.options.search) and no input:
-a tiny char-level policy (`model`, from scratch: model.path must be null) is warm-started on the task's reference
-transcripts (`bridge.sft_steps`, the loss on its own tokens), the `dual_encoder` retriever weakly pre-trained
-(`bridge.retriever_warmup_steps`), then `bridge.iterations` iterations of trainers/bridge.py's loop, every optimiser
-step through TrainLoop's guard and checkpoints every `bridge.checkpoint_every` iterations (`--resume` continues from
-the newest and skips the warm start). Every arm but `frozen` trains the retriever, so it needs a trainable one
-(task.options.search.retriever: dual_encoder).
+Needs `task.name: search` (the corpus, top-k and the candidates N: task.options.search) and no input: a tiny
+char-level policy (`model`, from scratch: model.path must be null) is warm-started on the task's reference
+transcripts (written with task.options.search.retriever; `bridge.sft_steps`, the loss on its own tokens), the learned
+retriever `bridge.retriever` (a `dual_encoder`) weakly pre-trained (`bridge.retriever_warmup_steps`), then
+`bridge.iterations` iterations of trainers/bridge.py's loop with it, every optimiser step through TrainLoop's guard
+and checkpoints every `bridge.checkpoint_every` iterations (`--resume` continues from the newest and skips the warm
+start). Every arm but `frozen` trains the retriever, so it needs one with parameters.
 
 Writes `model/` (the policy and its tokenizer), `retriever/` (retriever.json; the dual encoder's weights),
 `history.json` (one row per iteration), `episodes.jsonl` (held-out greedy episodes: question, queries, retrieved
@@ -27,12 +27,22 @@ from posttrain.stages import stages
 from posttrain.stages.asct import search_task
 
 
-def check(cfg: Config, retriever) -> None:
+def learned_retriever(cfg: Config, task):
+    """`bridge.retriever` over the task's corpus (a `path` one from task.options.search.retriever_path); every arm
+    but `frozen` needs one with parameters."""
+    from posttrain.envs.retrievers import build_retriever
+
     if cfg.model.path is not None:
         raise UserError(f"stage bridge trains a tiny char-level policy from scratch: set model.path=null (got {cfg.model.path!r})")
+    name = cfg.bridge.retriever
+    if name == "path" and not task.opts.retriever_path:
+        raise UserError("bridge.retriever path needs task.options.search.retriever_path (a checkpoint directory)")
+    options = {"path": task.opts.retriever_path} if name == "path" else {"seed": cfg.pipeline.seed} if name == "dual_encoder" else {}
+    retriever = build_retriever(name, task.corpus.passages, **options)  # a dual encoder initialised from the pipeline seed
     if cfg.bridge.arm != "frozen" and not retriever.trainable:
-        raise UserError(f"bridge.arm {cfg.bridge.arm} trains the retriever, and task.options.search.retriever "
-                        f"{cfg.task.options_for('search').retriever} has no parameters: set it to dual_encoder (or bridge.arm=frozen)")
+        raise UserError(f"bridge.arm {cfg.bridge.arm} trains the retriever, and bridge.retriever {name} has no parameters: "
+                        "set bridge.retriever=dual_encoder (or bridge.arm=frozen)")
+    return retriever
 
 
 @stages.register("bridge", inputs={}, resumable=True, gpu=False)
@@ -49,8 +59,7 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
 
     bc, seed = cfg.bridge, cfg.pipeline.seed
     task = search_task(cfg, "bridge")
-    retriever = task.retriever
-    check(cfg, retriever)
+    retriever = learned_retriever(cfg, task)
     seed_everything(seed)
     splits = task.splits(seed)
     train, heldout = splits["train"], splits["heldout"]
@@ -71,7 +80,7 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
                                     fresh=warm_start)
     save_pretrained(policy, tokenizer, out_dir / "model")
     (out_dir / "retriever").mkdir()
-    (out_dir / "retriever" / "retriever.json").write_text(json.dumps({"name": o.retriever, "path": o.retriever_path, "trained": bridge.retriever_opt is not None}) + "\n")
+    (out_dir / "retriever" / "retriever.json").write_text(json.dumps({"name": bc.retriever, "path": o.retriever_path if bc.retriever == "path" else None, "trained": bridge.retriever_opt is not None}) + "\n")
     if isinstance(retriever, torch.nn.Module):
         save_model(retriever, str(out_dir / "retriever" / "model.safetensors"))
     (out_dir / "history.json").write_text(strict_json(history) + "\n")
