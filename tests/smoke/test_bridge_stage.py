@@ -73,6 +73,6 @@ def test_a_killed_bridge_run_resumes_bit_for_bit(tmp_path):
     roots = [tmp_path / "straight", tmp_path / "resumed"]
     for root in roots:
         root.mkdir()
-        fork_safe_params(root, **micro_sections())
+        fork_safe_params(root, **micro_sections(group_size=2))
     # killed after iteration 1's checkpoint: the resume runs iteration 2 only (no warm start), its retriever and policy steps
     assert len(kill_resume_and_compare(*roots, "bridge", [], kill_at=1, in_process=True, resumed_steps=2)) == 2
