@@ -2,7 +2,7 @@
 state) gives a search agent a higher held-out utility (F1 minus cost per search call) than trajectory-return PPO, and
 than PPO with a Monte-Carlo value baseline (VinePPO) at matched auxiliary tokens.
 
-Per seed, in the search environment of asct/params.yaml (envs/search.py: the seeded corpus, BM25 top-2, multi-hop
+Per seed, in the search environment of search/params.yaml (envs/search.py: the seeded corpus, BM25 top-2, multi-hop
 questions, 0.1 per call), the same actor initialisation, rounds, episodes and PPO settings for every arm (trainers/asct.py):
 
     asct            asct.credit asct, tree policy uniform, asct.n_sim simulations per visited state
@@ -20,7 +20,7 @@ with each baseline by seed.
     .venv/bin/python experiments/claims.py --claim asct_vs_ppo_short    (12 rounds)
     .venv/bin/python experiments/asct_vs_ppo.py [--steps N] [--seeds 3] [--json FILE] [--micro]
 
---params defaults to asct/params.yaml; --steps sets asct.iterations.
+--params defaults to search/params.yaml; --steps sets asct.iterations.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def claim_of(argv: list[str]) -> str:
 def main() -> None:
     args = C.parse_args(__doc__.split("\n")[0], 40)
     if args.params == C.REPO / "params.yaml":
-        args.params = C.REPO / "asct" / "params.yaml"
+        args.params = C.REPO / "search" / "params.yaml"
     t0 = time.time()
     cfg = C.load_config(args, (MICRO if args.micro else []) + [f"asct.iterations={args.steps}", "asct.checkpoint_every=0"])
     env, train, held = search_setup(cfg, args.seed)

@@ -683,9 +683,10 @@ class MotionConfig(Section):  # stages motion_data -> motion_sft -> motion_grpo:
             raise ValueError(f"video.size ({self.video.size}) must be a multiple of model.pool ({self.model.pool})")
         return self
 class BridgeConfig(Section):
-    """BRIDGE and its comparison arms on the search task (trainers/bridge.py; docs/search.md)."""
+    """BRIDGE and its comparison arms on the search task (trainers/bridge.py; stage `bridge`, search/dvc.yaml; docs/search.md)."""
 
     arm: Literal["frozen", "naive", "policy_first", "bridge"]  # frozen: policy-only GRPO; naive: joint; policy_first; bridge
+    retriever: Annotated[str, Registered("retrievers")]  # stage bridge: the learned retriever (upper level); the task's writes the SFT references
     iterations: int = Field(gt=0)  # rollout + update rounds
     prompts_per_step: int = Field(gt=0)
     group_size: int = Field(ge=2)  # G episodes per question (GRPO's group)
@@ -705,6 +706,9 @@ class BridgeConfig(Section):
     sft_lr: float = Field(gt=0)
     sft_batch_size: int = Field(gt=0)
     retriever_warmup_steps: int = Field(ge=0)  # weak contrastive pre-training of the dual encoder (entity-only queries)
+    example_episodes: int = Field(ge=0)  # stage bridge: held-out greedy episodes logged as an MLflow table
+    log_every: int = Field(gt=0)  # stage bridge: iterations between MLflow metric points
+    checkpoint_every: int = Field(ge=0)  # stage bridge: iterations between checkpoints (`posttrain bridge --resume`); 0: none
 
 
 class AsctConfig(Section):

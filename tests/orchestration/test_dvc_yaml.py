@@ -41,7 +41,8 @@ def checked_side_pipeline(path, names: set[str]) -> dict[str, dict]:
         assert set(inputs) <= set(stages.entry(argv[1]).meta["inputs"]), (name, inputs)
         out = argv[argv.index("--out") + 1]
         assert all(o.startswith(out + "/") for o in stage["outs"]), name
-        for key in stage["params"]:  # a section, or a key of one (safe_rl.encoder)
+        keys = [k for entry in stage["params"] for k in ([entry] if isinstance(entry, str) else [k for ks in entry.values() for k in ks])]
+        for key in keys:  # a section, or a key of one (safe_rl.encoder); or, per params file ({file: [keys]}), the same
             section, *rest = key.split(".")
             model = Config.model_fields[section].annotation
             for part in rest:

@@ -15,7 +15,7 @@ from posttrain.envs.search_tree import RELATIONS, UNKNOWN, SearchTreeEnv, parse_
 from posttrain.stages.asct import search_setup
 from posttrain.trainers.asct import ASCTTrainer
 
-PARAMS = Path(__file__).resolve().parents[2] / "asct" / "params.yaml"
+PARAMS = Path(__file__).resolve().parents[2] / "search" / "params.yaml"
 MICRO = ["task.n_train=40", "task.n_heldout=20", "task.options.search.people=30", "task.options.search.companies=6",
          "task.options.search.cities=5", "asct.n_heldout=5"]
 

@@ -19,14 +19,20 @@ from posttrain.runtime import strict_json
 from posttrain.stages import stages
 
 
-def search_setup(cfg: Config, seed: int):
-    """(the recoverable search environment, training questions, held-out questions) of the config's search task."""
-    from posttrain.envs.search_tree import SearchTreeEnv
+def search_task(cfg: Config, stage: str):
+    """The config's search task (tasks/search.py); any other task is the user's one-line error."""
     from posttrain.tasks import build_task
 
     if cfg.task.name != "search":
-        raise UserError(f"stage asct runs in the search environment: set task.name=search (got {cfg.task.name!r})")
-    task = build_task(cfg.task)
+        raise UserError(f"stage {stage} runs in the search environment: set task.name=search (got {cfg.task.name!r})")
+    return build_task(cfg.task)
+
+
+def search_setup(cfg: Config, seed: int):
+    """(the recoverable search environment, training questions, held-out questions) of the config's search task."""
+    from posttrain.envs.search_tree import SearchTreeEnv
+
+    task = search_task(cfg, "asct")
     o = task.opts
     splits = task.splits(seed)
     env = SearchTreeEnv(task.corpus, task.retriever, o.top_k, o.max_calls, o.cost_per_call)

@@ -12,7 +12,8 @@
 
 `order` records, per iteration, which component stepped first (the ordering invariant's witness). The loop is
 self-contained (policy, retriever, their optimisers and the prompt draw): `state_dict` / `load_state_dict` make a
-run resumable.
+run resumable, and `train_bridge` runs it under a stage's TrainLoop (trainers/loop.py: every optimiser step through
+its non-finite guard, checkpoints of the policy and `parts()`, `--resume`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from posttrain.objectives.bridge import bridge_coefficients, importance_weights,
 from posttrain.objectives.grpo import group_normalize
 from posttrain.objectives.policy_losses import clipped_surrogate
 from posttrain.tasks.base import Example
+from posttrain.trainers.loop import TrainLoop
 
 ARMS = ("frozen", "naive", "policy_first", "bridge")
 
@@ -50,6 +52,7 @@ class BridgeLoop:
     seed: int = 0
     iteration: int = 0
     order: list[tuple[str, ...]] = field(default_factory=list)
+    loop: TrainLoop = field(default_factory=TrainLoop)  # the optimiser steps' guard (and, in a stage, its checkpoints)
 
     def __post_init__(self):
         s = self.settings
@@ -93,9 +96,9 @@ class BridgeLoop:
 
     def policy_step(self, b, adv: Tensor) -> None:
         self.policy_opt.zero_grad()
-        self.grpo_loss(self.policy, b, adv).backward()
-        torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.settings.max_grad_norm)
-        self.policy_opt.step()
+        loss = self.grpo_loss(self.policy, b, adv)
+        loss.backward()
+        self.loop.optimizer_step(self.iteration + 1, loss, list(self.policy.parameters()), self.policy_opt, self.settings.max_grad_norm)
         self.order[-1] += ("policy",)
 
     def events(self, b) -> tuple[list, Tensor]:
@@ -118,9 +121,9 @@ class BridgeLoop:
         if self.settings.mu > 0:
             loss = loss + self.settings.mu * self.contrastive(b)
         self.retriever_opt.zero_grad()
-        if loss.requires_grad:
+        if loss.requires_grad:  # the retriever's step is not clipped (max norm inf): only the guard
             loss.backward()
-            self.retriever_opt.step()
+            self.loop.optimizer_step(self.iteration + 1, loss, list(self.retrieval.retriever.parameters()), self.retriever_opt, float("inf"))
         self.order[-1] += ("retriever",)
 
     def contrastive(self, b) -> Tensor:
@@ -188,11 +191,12 @@ class BridgeLoop:
         self.iteration += 1
         return metrics
 
+    def draw(self, train: list[Example]) -> list[Example]:
+        """The iteration's questions: `prompts_per_step` of `train` without replacement (the loop's own draw)."""
+        return self.rng.sample(train, min(self.settings.prompts_per_step, len(train)))
+
     def train(self, train: list[Example], iterations: int) -> list[dict[str, float]]:
-        history = []
-        for _ in range(iterations):
-            history.append(self.step(self.rng.sample(train, min(self.settings.prompts_per_step, len(train)))))
-        return history
+        return [self.step(self.draw(train)) for _ in range(iterations)]
 
     @torch.no_grad()
     def evaluate(self, heldout: list[Example]) -> dict[str, float]:
@@ -215,6 +219,16 @@ class BridgeLoop:
                 "generator": self.generator.get_state(), "retrieval_generator": self.retrieval.generator.get_state(),
                 "rng": self.rng.getstate(), "order": list(self.order)}
 
+    def parts(self) -> dict:
+        """What a TrainLoop checkpoint saves besides the policy's weights (its `model`): optimisers, the trainable
+        retriever, the rollout, retrieval and prompt-draw generators. The iteration and `order` go in its values."""
+        parts = {"policy_opt": self.policy_opt, "generator": self.generator, "rng": self.rng}
+        if self.retrieval.generator is not None:
+            parts["retrieval_generator"] = self.retrieval.generator
+        if self.retriever_opt is not None:
+            parts.update(retriever=self.retrieval.retriever, retriever_opt=self.retriever_opt)
+        return parts
+
     def load_state_dict(self, state: dict) -> None:
         self.policy.load_state_dict(state["policy"])
         self.policy_opt.load_state_dict(state["policy_opt"])
@@ -227,6 +241,33 @@ class BridgeLoop:
         self.retrieval.generator.set_state(state["retrieval_generator"])
         self.rng.setstate(state["rng"])
         self.order = list(state["order"])
+
+
+def train_bridge(bridge: BridgeLoop, train: list[Example], heldout: list[Example], on_log=None, log_every: int = 1, fresh=None
+                 ) -> tuple[list[dict], dict[str, float]]:
+    """`bridge.settings.iterations` iterations under `bridge.loop`, restored from its newest checkpoint on resume; a
+    fresh run first calls `fresh()` (e.g. a warm start) and evaluates the starting point. Returns (history, metrics:
+    held-out greedy `heldout_em`, `heldout_f1`, `heldout_recall` after training and `heldout_*_before` it, `order_ok`
+    (every iteration stepped in its arm's order), `train_reward_last` (the last third's rollout reward), `nonfinite_steps`)."""
+    loop, total = bridge.loop, bridge.settings.iterations
+    start, saved = loop.restore(bridge.policy, bridge.parts())
+    if start == 0:
+        if fresh is not None:
+            fresh()
+        saved = {"before": bridge.evaluate(heldout)}
+    history: list[dict] = saved.get("history", [])
+    bridge.iteration, bridge.order = start, [tuple(o) for o in saved.get("order", [])]
+    for step in range(start + 1, total + 1):
+        history.append(bridge.step(bridge.draw(train)))
+        if on_log and (step % log_every == 0 or step == total):
+            on_log(step, history[-1])
+        loop.checkpoint(step, total, bridge.policy, bridge.parts(), {"history": history, "order": [list(o) for o in bridge.order], "before": saved["before"]})
+    final = bridge.evaluate(heldout)
+    last = history[-max(1, len(history) // 3):]
+    first = ("policy",) if bridge.retriever_opt is None else ("policy", "retriever") if bridge.settings.arm == "policy_first" else ("retriever", "policy")
+    metrics = {**{f"heldout_{k}": v for k, v in final.items()}, **{f"heldout_{k}_before": v for k, v in saved["before"].items()},
+               "train_reward_last": sum(h["reward"] for h in last) / len(last), "order_ok": float(all(o == first for o in bridge.order)), **loop.metrics()}
+    return history, metrics
 
 
 def episode_rows(task, episodes, answers, examples) -> list[dict[str, str]]:
