@@ -10,7 +10,7 @@ export GX_ANALYTICS_ENABLED := false
 export MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR := false
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test install install-dev bench clean pipelines image image-cpu sweep test-gpu bench-gpu
+.PHONY: run test test-heavy install install-dev bench clean pipelines image image-cpu sweep test-gpu bench-gpu
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -70,6 +70,10 @@ clean:
 	rm -rf outputs mlflow.db mlartifacts .pytest_cache
 
 # CUDA checks (tests/gpu) and the rollout speed benchmark on a GPU; CPU CI runs neither
+# the end-to-end runs of many minutes that `make test` leaves out (pytest marker `heavy`)
+test-heavy: install-dev
+	POSTTRAIN_HEAVY_TESTS=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m heavy $(PYTEST_ARGS)
+
 test-gpu: install-dev
 	POSTTRAIN_GPU_TESTS=1 $(BIN)/python -m pytest tests/gpu $(PYTEST_ARGS)
 GPU_BENCH_MODEL := --set model.hidden_size=896 --set model.intermediate_size=4864 --set model.layers=24 --set model.heads=14 \

@@ -79,7 +79,7 @@ LONGEST_FIRST = ("test_kfp_pipeline.py", "test_airflow_servers.py", "test_resume
                  "test_image_stages.py", "test_s3.py", "test_dvc_sweep.py", "test_dvc_pipeline.py")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The longest files first, then the other files with slow end-to-end tests, unit tests last. pytest-xdist
     (`--dist loadfile --no-loadscope-reorder`, as `make test` runs it) hands out whole files in this order, so the
     long files start early and the short ones fill in around them, instead of one worker running the last long file
@@ -92,3 +92,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return longest, item.path not in slow_files, "unit" in item.path.parts
 
     items.sort(key=rank)  # stable: the order within each group is kept
+    if os.environ.get("POSTTRAIN_HEAVY_TESTS") != "1":  # many minutes each: `make test-heavy`, not `make test`
+        heavy = [item for item in items if item.get_closest_marker("heavy")]
+        config.hook.pytest_deselected(items=heavy)
+        items[:] = [item for item in items if not item.get_closest_marker("heavy")]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -11,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from orch_helpers import tiny_params, tool_env
+from orch_helpers import dvc, tiny_params, tool_env
 from kfp_local import LocalPipeline, kill_group
 
-from helpers import REPO
+from helpers import REPO, WALL_CLOCK, copy_repro_run, ran_stages
 from posttrain.orchestration.graph import load_tasks
 from posttrain.orchestration.submit import run_arguments
 from posttrain.stages import stages
@@ -203,9 +204,9 @@ def test_local_execution_of_the_compiled_yaml_matches_dvc_repro(dvc_repro_run, t
     assert {r.info.status for r in runs} == {"FINISHED"} and {r.data.tags["launcher"] for r in runs} == {"kubeflow"}
 
 
-def task_name(task_id: str) -> str:
+def task_name(task_id: str, package: Path = TEXT) -> str:
     """The compiled task name of a dvc task (the pipeline names tasks posttrain-<stage>[-N])."""
-    spec, _ = compiled()
+    spec, _ = compiled(package)
     inner = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]
     return next(n for n, t in inner.items() if t["taskInfo"]["name"] == task_id)
 
@@ -290,3 +291,35 @@ def test_local_execution_of_the_sweep_yaml_runs_each_arm_and_compares_them(dvc_r
     assert [(r["arm"], r["objective"]) for r in rows] == [("grpo", "grpo+clip"), ("rloo", "rloo+clip")]
     runs = _mlflow_runs(tmp_path, pipeline_run="local-job", stage="rl")
     assert sorted(r.data.tags["arm"] for r in runs) == ["grpo", "rloo"] and {r.info.status for r in runs} == {"FINISHED"}
+
+
+RLHF = COMPILED / "rlhf.yaml"
+
+
+@pytest.mark.heavy
+def test_local_execution_of_the_rlhf_yaml_matches_dvc_repro(dvc_repro_run, tmp_path):
+    """rlhf.yaml (data and sft, then the reward-model, preference, knowledge-editing and CARE chains) run locally
+    gives every task the metrics and weights `dvc repro rlhf/dvc.yaml` gives it on the same config. About 8 minutes
+    on 2 cores (the chains' extra models train at the tiny config's sizes): `make test-heavy`."""
+    repo = copy_repro_run(dvc_repro_run, tmp_path / "repo")
+    (repo / "rlhf").mkdir()
+    shutil.copy(REPO / "rlhf" / "dvc.yaml", repo / "rlhf" / "dvc.yaml")
+    rlhf_tasks = load_tasks(REPO / "rlhf" / "dvc.yaml", REPO, (REPO / "dvc.yaml",), "rlhf")
+    ran = ran_stages(dvc("repro", "rlhf/dvc.yaml", cwd=repo))
+    assert ran == {f"rlhf/dvc.yaml:{t.id}" for t in rlhf_tasks if t.id not in ("data", "sft")}, ran  # data, sft: the fixture's
+    params = tiny_params(tmp_path)
+    pipeline = LocalPipeline.load(RLHF, tmp_path / "kfp", tool_env())
+    states = pipeline.run(run_arguments(params, [], RLHF, image=""))
+    failed = [r for r in pipeline.runs if r.returncode]
+    assert not failed, failed[0].stderr[-3000:]
+    assert set(states.values()) == {"SUCCEEDED"}, states
+    weighed = 0
+    for task in rlhf_tasks:
+        kfp_out = pipeline.task_dir(f"exit-handler-1/{task_name(task.id, RLHF)}") / "artifacts" / "out"
+        dvc_out = repo / task.out
+        ours, theirs = (json.loads((d / "metrics.json").read_text()) for d in (kfp_out, dvc_out))
+        assert {k: v for k, v in ours.items() if k not in WALL_CLOCK} == {k: v for k, v in theirs.items() if k not in WALL_CLOCK}, task.id
+        weights = sorted(p.relative_to(dvc_out) for p in dvc_out.glob("model/**/*.safetensors"))
+        assert [_digest(kfp_out / w) for w in weights] == [_digest(dvc_out / w) for w in weights], task.id
+        weighed += len(weights)
+    assert weighed >= 4  # sft, reward_model, rl_rm, preference at least
