@@ -8,7 +8,7 @@ import json
 
 import yaml
 
-from helpers import REPO, fork_safe_params, kill_resume_and_compare, micro_params
+from helpers import REPO, claim_in_process, fork_safe_params, kill_resume_and_compare, micro_params
 
 
 def micro_sections() -> dict:
@@ -51,18 +51,10 @@ def test_a_killed_asct_run_resumes_bit_for_bit(tmp_path):
 
 
 def test_the_asct_claim_runs_through_the_harness_on_a_micro_budget(tmp_path, monkeypatch):
-    import importlib.util
-    import sys
+    results = claim_in_process(monkeypatch, tmp_path, "asct_vs_ppo", "asct_vs_ppo",
+                               ["--steps", "1", "--micro", "--no-mlflow", "--seeds", "2", "--json", str(tmp_path / "o.json")])
+    from _claims import COMPARISONS
 
-    monkeypatch.syspath_prepend(str(REPO / "experiments"))
-    spec = importlib.util.spec_from_file_location("claim_asct_vs_ppo", REPO / "experiments" / "asct_vs_ppo.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    from _claims import COMPARISONS, run_seeds
-
-    monkeypatch.setattr(sys, "argv", ["asct_vs_ppo.py"])
-    results = run_seeds(module.main, "asct_vs_ppo", ["--steps", "1", "--micro", "--no-mlflow", "--seeds", "2", "--json", str(tmp_path / "o.json")],
-                        script=str(REPO / "experiments" / "asct_vs_ppo.py"))
     assert len(results["comparisons"]) == len(COMPARISONS["asct_vs_ppo"])
     for seed in results["per_seed"]:
         arms = {r["arm"]: r for r in seed["table"]}

@@ -11,7 +11,7 @@ import json
 import pytest
 import yaml
 
-from helpers import REPO, fork_safe_params, kill_resume_and_compare, micro_params
+from helpers import REPO, claim_in_process, fork_safe_params, kill_resume_and_compare, micro_params
 
 
 def micro_motion() -> dict:
@@ -97,22 +97,12 @@ def test_the_claims_evaluators_were_fed_a_non_degenerate_reward():
 def test_the_claim_experiment_runs_through_the_harness_on_a_micro_budget(tmp_path, monkeypatch):
     """experiments/motion_vs_rgb.py under the claims harness (in this process: 2 seeds, micro sizes, no MLflow): per seed
     both arms' table, and per claimed difference both sides' values, an interval and a verdict."""
-    import importlib.util
-    import sys
-
-    monkeypatch.syspath_prepend(str(REPO / "experiments"))
-    spec = importlib.util.spec_from_file_location("claim_motion_vs_rgb", REPO / "experiments" / "motion_vs_rgb.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    from _claims import run_seeds
-
     out = tmp_path / "out.json"
-    monkeypatch.setattr(sys, "argv", ["motion_vs_rgb.py"])
-    results = run_seeds(module.main, "motion_vs_rgb", ["--steps", "1", "--sft-steps", "1", "--micro", "--no-mlflow", "--seeds", "2",
-                                                       "--set", "motion.n_train=6", "--set", "motion.n_heldout=4", "--json", str(out)],
-                        script=str(REPO / "experiments" / "motion_vs_rgb.py"))
+    results = claim_in_process(monkeypatch, tmp_path, "motion_vs_rgb", "motion_vs_rgb",
+                               ["--steps", "1", "--sft-steps", "1", "--micro", "--no-mlflow", "--seeds", "2",
+                                "--set", "motion.n_train=6", "--set", "motion.n_heldout=4", "--json", str(out)])
     assert json.loads(out.read_text())["seeds"] == [0, 1] and len(results["comparisons"]) == 5
     for seed in results["per_seed"]:
-        assert [r["arm"] for r in seed["table"]] == list(module.ARMS) and seed["steps"] == 1
+        assert [r["arm"] for r in seed["table"]] == ["motion", "rgb"] and seed["steps"] == 1  # the script's ARMS
     for c in results["comparisons"]:
         assert len(c["better_values"]) == 2 and c["verdict"] in {"reproduced", "contradicted", "inconclusive"}

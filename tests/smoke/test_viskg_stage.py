@@ -10,7 +10,7 @@ import json
 import pytest
 import yaml
 
-from helpers import REPO, fork_safe_params, kill_resume_and_compare, micro_params
+from helpers import REPO, claim_in_process, fork_safe_params, kill_resume_and_compare, micro_params
 
 
 def micro_viskg() -> dict:
@@ -57,23 +57,12 @@ def test_a_killed_viskg_rl_run_resumes_bit_for_bit(sft_dir, tmp_path):
 def test_the_claim_experiment_runs_through_the_harness_on_a_micro_budget(tmp_path, monkeypatch):
     """experiments/viskg_gdpo_vs_grpo.py under the claims harness (2 seeds, 1 RL step, micro sizes, no MLflow): per seed
     the arms' table, per claimed difference both sides' values, an interval and a verdict."""
-    import importlib.util
-    import sys
-
-    monkeypatch.setenv("POSTTRAIN_EXP_CACHE", str(tmp_path / "cache"))
-    monkeypatch.syspath_prepend(str(REPO / "experiments"))
-    spec = importlib.util.spec_from_file_location("claim_viskg", REPO / "experiments" / "viskg_gdpo_vs_grpo.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    from _claims import run_seeds
-
     out = tmp_path / "out.json"
-    monkeypatch.setattr(sys, "argv", ["viskg_gdpo_vs_grpo.py"])
-    results = run_seeds(module.main, "viskg_gdpo_vs_grpo", ["--steps", "1", "--micro", "--no-mlflow", "--seeds", "2", "--json", str(out)],
-                        script=str(REPO / "experiments" / "viskg_gdpo_vs_grpo.py"))
+    results = claim_in_process(monkeypatch, tmp_path, "viskg_gdpo_vs_grpo", "viskg_gdpo_vs_grpo",
+                               ["--steps", "1", "--micro", "--no-mlflow", "--seeds", "2", "--json", str(out)])
     assert json.loads(out.read_text())["seeds"] == [0, 1] and len(results["comparisons"]) == 3
     for seed in results["per_seed"]:
-        assert [r["arm"] for r in seed["table"]] == list(module.ARMS)
+        assert [r["arm"] for r in seed["table"]] == ["gdpo", "grpo", "caption_gdpo"]  # the script's ARMS
     for c in results["comparisons"]:
         assert len(c["better_values"]) == 2 and c["verdict"] in {"reproduced", "contradicted", "inconclusive"}
 
