@@ -10,7 +10,7 @@ export GX_ANALYTICS_ENABLED := false
 export MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR := false
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test test-heavy install install-dev bench clean pipelines image image-cpu sweep test-gpu bench-gpu
+.PHONY: run test test-heavy install install-dev bench clean pipelines image image-cpu image-local sweep test-gpu bench-gpu
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,9 @@ image:
 	docker build -f docker/Dockerfile -t $(IMAGE) .
 image-cpu:
 	docker build -f docker/Dockerfile --build-arg BASE=ubuntu:24.04 --build-arg TORCH_INDEX_URL=$(TORCH_CPU_INDEX) -t $(IMAGE)-cpu .
+# no registry, no Docker engine: podman on a Debian base made by debootstrap, then micro data + sft stages inside it
+image-local:
+	docker/build_local.sh
 
 # `dvc exp run` once per objective (rl.advantage), then a comparison table and plot from MLflow
 OBJECTIVES ?= grpo rloo dr_grpo
