@@ -48,8 +48,9 @@ def test_a_native_llava_runs_viskg_sft_rl_and_eval_by_path(llava, tmp_path):
 
     # greedy sampling with the KV cache picks the argmax of the full forward at every position
     out, kept = vlm.generate(images[:3], ids, mask, 20, 0.0)
-    logits = vlm.model(input_ids=torch.cat([ids, out], 1), attention_mask=torch.cat([mask, kept], 1),
-                       position_ids=(torch.cat([mask, kept], 1).cumsum(-1) - 1).clamp(min=0), pixel_values=vlm.pixels(images[:3])["pixel_values"]).logits
+    full = torch.cat([mask, kept], 1)
+    logits = vlm.model(input_ids=torch.cat([ids, out], 1), attention_mask=full, position_ids=(full.cumsum(-1) - 1).clamp(min=0),
+                       **vlm.pixels(images[:3])).logits
     assert torch.equal(logits[:, ids.shape[1] - 1:-1].argmax(-1)[kept.bool()], out[kept.bool()])
 
     vlm.save(tmp_path / "sft")  # the viskg_rl stage reads the SFT'd checkpoint by path and writes it back natively (no MLflow here)

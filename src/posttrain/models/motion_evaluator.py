@@ -76,7 +76,8 @@ class MotionEvaluator(SoftTokenLM):
 
     def token_logits(self, maps: Tensor, tracks: Tensor, completion: Tensor) -> Tensor:
         """[B, L, V] logits of each completion token [B, L] given the video and the tokens before it."""
-        return self.completion_logits(self.encoder(maps, tracks), *self._prompt(len(maps), maps.device), completion, torch.ones_like(completion))
+        prompt = self._prompt(len(maps), maps.device)
+        return self.completion_logits(self.encoder(maps, tracks), *prompt, completion, torch.ones_like(completion))
 
     def token_logp(self, maps: Tensor, tracks: Tensor, completion: Tensor) -> Tensor:
         """[B, L] log-probability of each completion token."""

@@ -58,7 +58,8 @@ def check_checkpoint(path: Path) -> None:
     model_type = json.loads((path / "config.json").read_text()).get("model_type")
     if model_type not in image_text_to_text_types():
         raise UserError(f"not a vision-language model: {path} holds a {model_type!r} checkpoint, not an image-text-to-text one "
-                        "(llava, idefics3, qwen2_vl, ...); a text-only causal LM takes a fresh patch encoder through viskg.model.language_model")
+                        "(llava, idefics3, qwen2_vl, ...); a text-only causal LM takes a fresh patch encoder through "
+                        "viskg.model.language_model")
     if not (path / "processor_config.json").is_file() and not (path / "preprocessor_config.json").is_file():
         raise UserError(f"not a usable vision-language model: {path} has no processor_config.json or preprocessor_config.json "
                         "(save the checkpoint's processor next to it: processor.save_pretrained)")
@@ -110,7 +111,8 @@ class NativeVLM(nn.Module):
         device, dtype = self.model.device, self.model.dtype
         return {k: (v.to(device, dtype) if v.is_floating_point() else v.to(device)) for k, v in out.items() if isinstance(v, Tensor)}
 
-    def completion_logp(self, images: Tensor, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, completion_mask: Tensor) -> Tensor:
+    def completion_logp(self, images: Tensor, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
+                        completion_mask: Tensor) -> Tensor:
         ids = torch.cat([prompt_ids, completion_ids], dim=1)
         mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -158,7 +160,8 @@ def tiny_llava(corpus: list[str], image_size: int, patch_size: int, hidden_size:
     common = {"hidden_size": hidden_size, "intermediate_size": 2 * hidden_size, "num_hidden_layers": layers, "num_attention_heads": heads}
     config = LlavaConfig(
         vision_config={"model_type": "clip_vision_model", **common, "image_size": image_size, "patch_size": patch_size},
-        text_config={"model_type": "llama", **common, "num_key_value_heads": heads, "vocab_size": len(tokenizer), "max_position_embeddings": 512,
+        text_config={"model_type": "llama", **common, "num_key_value_heads": heads, "vocab_size": len(tokenizer),
+                     "max_position_embeddings": 512,
                      "pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id, "bos_token_id": None},
         image_token_index=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN), image_seq_length=(image_size // patch_size) ** 2,
         vision_feature_select_strategy="default", vision_feature_layer=-2)

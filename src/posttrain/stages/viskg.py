@@ -2,9 +2,10 @@
 
 `viskg_sft` builds the vision-language model of `viskg.model` (tiny from the config, or loaded by path) and trains it
 by SFT with negative rationales; `viskg_rl` reads it (`--in model=outputs/viskg_sft`, or any VisionLanguageModel
-directory or native image-text-to-text checkpoint, models/vlm.py's `load_vlm`) and trains it by RL with `viskg.rl.advantage` (gdpo or grpo) over accuracy, format and compactness.
-Each writes `model/` (the model's own format: a VisionLanguageModel directory, or a native checkpoint with its processor), `history.json`, `samples.json` (held-out greedy outputs) and
-`scenes/scenes.png` (held-out scenes with the question, the model's answer and the truth); MLflow gets the per-step
+directory or native image-text-to-text checkpoint: models/vlm.py's `load_vlm`) and trains it by RL with
+`viskg.rl.advantage` (gdpo or grpo) over accuracy, format and compactness. Each writes `model/` (in the model's own
+format: a VisionLanguageModel directory, or a native checkpoint with its processor), `history.json`, `samples.json`
+(held-out greedy outputs) and `scenes/scenes.png` (held-out scenes with the question, the model's answer and the truth); MLflow gets the per-step
 figures, the samples as a table, the scene grid as an image and the model. Metrics: held-out greedy accuracy
 (overall and by hops), format rate, tokens per completion and per representation, the reference graph vs caption
 token counts. With `--resume` a stopped run continues from its last checkpoint (`viskg.sft` / `viskg.rl`
