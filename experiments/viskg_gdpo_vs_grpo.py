@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import _common as C
-from posttrain.models.vlm import VisionLanguageModel
+from posttrain.models.vlm import load_vlm
 from posttrain.trainers.viskg import build_model, evaluate, train_rl, train_sft
 
 ARMS = {"gdpo": ("kg", "gdpo"), "grpo": ("kg", "grpo"), "caption_gdpo": ("caption", "gdpo")}
@@ -58,7 +58,7 @@ def main() -> None:
         v = cfg.viskg.model_copy(update={"representation": representation, "rl": cfg.viskg.rl.model_copy(update={"advantage": advantage})})
         path, sft, sft_history = sft_start(v, args.seed)
         start = time.time()
-        vlm = VisionLanguageModel.load(path)
+        vlm = load_vlm(path)
         history = train_rl(v, vlm, args.seed)
         final, samples, _, _ = evaluate(v, vlm, args.seed)
         row = {"arm": name, "accuracy": final["accuracy"], "accuracy_sft": sft["accuracy"], "format_rate": final["format_rate"],

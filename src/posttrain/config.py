@@ -753,7 +753,7 @@ class VisKGDataConfig(Section):  # viskg.data: the synthetic VQA set (data/viskg
 
 
 class VisKGModelConfig(Section):  # viskg.model: the vision-language model (models/vlm.py)
-    path: str | None  # a VisionLanguageModel directory (vlm.json, vision.safetensors, language_model/); None: see below
+    path: str | None  # a VisionLanguageModel directory, or a native image-text-to-text checkpoint + processor (LLaVA, ...); None: see below
     language_model: str | None  # with path None: a transformers causal-LM directory, given a fresh patch encoder; None: tiny
     hidden_size: int = Field(gt=0)  # the tiny Qwen2-shaped language model (and the patch encoder's width)
     layers: int = Field(gt=0)
@@ -763,7 +763,7 @@ class VisKGModelConfig(Section):  # viskg.model: the vision-language model (mode
     @classmethod
     def _saved(cls, v: str | None) -> str | None:
         if v is not None and not Path(v).is_dir():
-            raise ValueError(f"model path not found: {v} (a directory VisionLanguageModel.save wrote)")
+            raise ValueError(f"model path not found: {v} (a VisionLanguageModel directory or an image-text-to-text checkpoint)")
         return v
 
     @field_validator("language_model")

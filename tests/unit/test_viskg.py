@@ -130,7 +130,7 @@ def test_the_tiny_vlm_loads_by_path_with_the_same_outputs(tmp_path):
     vlm = VisionLanguageModel.tiny(D.vocabulary(), 24, 8, 16, 1, 2)
     qs = QS[:3]
     images = torch.from_numpy(D.render_all(qs, 8))
-    prompt = encode_prompts(vlm.tokenizer, qs)
+    prompt = encode_prompts(vlm, qs, images)
     ids, mask = vlm.generate(images, *prompt, 6, 0.0)
     before = vlm.completion_logp(images, *prompt, ids, mask)
     vlm.save(tmp_path / "vlm")
@@ -140,13 +140,13 @@ def test_the_tiny_vlm_loads_by_path_with_the_same_outputs(tmp_path):
     # greedy decoding with the KV cache picks the argmax of the full (uncached) forward at every position
     embeds, prefix_mask = vlm.prefix(images, *prompt)
     full = torch.cat([embeds, vlm.language_model.get_input_embeddings()(ids)], 1)
-    logits = vlm._run(full, torch.cat([prefix_mask, mask], 1)).logits[:, embeds.shape[1] - 1:-1]
+    logits = vlm.run(full, torch.cat([prefix_mask, mask], 1)).logits[:, embeds.shape[1] - 1:-1]
     assert torch.equal(logits.argmax(-1)[mask.bool()], ids[mask.bool()])
     target = encode_completions(vlm.tokenizer, [D.target(q, "kg") for q in qs])
     assert vlm.completion_logp(images, *prompt, *target).shape == target[0].shape
     # a pretrained causal LM (here the tiny one's, saved on its own) takes a fresh patch encoder through `around`
     around = VisionLanguageModel.around(tmp_path / "vlm" / "language_model", 24, 8)
-    assert around.vision.n_tokens == 9 and around.generate(images, *prompt, 3, 0.0)[0].shape[0] == 3
+    assert around.encoder.n_tokens == 9 and around.generate(images, *prompt, 3, 0.0)[0].shape[0] == 3
     with pytest.raises(Exception, match="has no vlm.json"):
         VisionLanguageModel.load(tmp_path)
 

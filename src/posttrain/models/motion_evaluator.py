@@ -9,8 +9,9 @@ embedding space and they are prepended to the text), built from a config with a 
 
 The same class reads the motion representation (flow + mask maps and object tracks) or RGB frames (3 channels,
 no tracks): only `channels` and `track_dim` differ. `save` / `load` write and read a directory (evaluator.json,
-model.safetensors, the tokenizer). This module is MotionInsight's own; the VisKG branch builds a patch-encoder VLM
-of the same shape (soft tokens into the language model), so the two may later share one.
+model.safetensors, the tokenizer). The splice of the soft tokens before the prompt, the completion log-probs and the
+KV-cached sampling are models/soft_tokens.py's, shared with VisKG's vision-language model; the video encoder is this
+module's own (VisKG's is a patch encoder over one image).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from torch import Tensor, nn
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
 from posttrain.errors import UserError
+from posttrain.models.soft_tokens import SoftTokenLM, sampled_logp
 
 PROMPT = "causes"  # the token the completion follows (any vocabulary word: the soft tokens carry the input)
 
@@ -49,60 +51,43 @@ class VideoEncoder(nn.Module):
         return self.project(pooled.transpose(1, 2))
 
 
-class MotionEvaluator(nn.Module):
+class MotionEvaluator(SoftTokenLM):
     """Video encoder -> soft tokens -> a tiny Llama decoder that writes the judgement (see the module docstring)."""
 
     def __init__(self, spec: dict, tokenizer: PreTrainedTokenizerBase):
-        super().__init__()
-        self.spec, self.tokenizer = dict(spec), tokenizer
         lm = LlamaConfig(vocab_size=len(tokenizer), hidden_size=spec["hidden_size"], intermediate_size=2 * spec["hidden_size"],
                          num_hidden_layers=spec["layers"], num_attention_heads=spec["heads"], num_key_value_heads=spec["heads"],
                          max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
                          bos_token_id=None, tie_word_embeddings=True)
-        self.lm = LlamaForCausalLM(lm)
-        self.encoder = VideoEncoder(spec["channels"], spec["track_dim"], spec["encoder_width"], spec["soft_tokens"], spec["hidden_size"])
+        language_model = LlamaForCausalLM(lm)  # built before the encoder: a seed gives the weights it always gave
+        encoder = VideoEncoder(spec["channels"], spec["track_dim"], spec["encoder_width"], spec["soft_tokens"], spec["hidden_size"])
+        super().__init__(encoder, language_model, tokenizer)
+        self.spec = dict(spec)
         self.prompt_id = tokenizer.convert_tokens_to_ids(PROMPT)
+
+    def _prompt(self, n: int, device) -> tuple[Tensor, Tensor]:
+        ids = torch.full((n, 1), self.prompt_id, dtype=torch.long, device=device)
+        return ids, torch.ones_like(ids)
 
     def prefix(self, maps: Tensor, tracks: Tensor) -> Tensor:
         """[B, soft_tokens + 1, H]: the soft tokens and the prompt token's embedding."""
         soft = self.encoder(maps, tracks)
-        prompt = self.lm.get_input_embeddings()(torch.full((len(soft), 1), self.prompt_id, dtype=torch.long, device=soft.device))
-        return torch.cat([soft, prompt], 1)
+        return self.splice(soft, *self._prompt(len(soft), soft.device))[0]
 
     def token_logits(self, maps: Tensor, tracks: Tensor, completion: Tensor) -> Tensor:
         """[B, L, V] logits of each completion token [B, L] given the video and the tokens before it."""
-        prefix = self.prefix(maps, tracks)
-        embeds = torch.cat([prefix, self.lm.get_input_embeddings()(completion)], 1)
-        logits = self.lm(inputs_embeds=embeds).logits
-        return logits[:, prefix.shape[1] - 1: -1]
+        prompt = self._prompt(len(maps), maps.device)
+        return self.completion_logits(self.encoder(maps, tracks), *prompt, completion, torch.ones_like(completion))
 
     def token_logp(self, maps: Tensor, tracks: Tensor, completion: Tensor) -> Tensor:
         """[B, L] log-probability of each completion token."""
-        return torch.log_softmax(self.token_logits(maps, tracks, completion).float(), -1).gather(-1, completion[..., None]).squeeze(-1)
+        return sampled_logp(self.token_logits(maps, tracks, completion), completion, torch.ones_like(completion))
 
     @torch.no_grad()
     def generate(self, maps: Tensor, tracks: Tensor, max_new_tokens: int, temperature: float = 0.0,
                  generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         """(completion ids [B, L], mask [B, L]: 1 up to and including the end-of-text token). Greedy at temperature 0."""
-        embed = self.lm.get_input_embeddings()
-        out = self.lm(inputs_embeds=self.prefix(maps, tracks), use_cache=True)
-        past, logits = out.past_key_values, out.logits[:, -1]
-        eos, B = self.tokenizer.eos_token_id, len(maps)
-        ids, mask, done = [], [], torch.zeros(B, dtype=torch.bool)
-        for _ in range(max_new_tokens):
-            if temperature > 0:
-                token = torch.multinomial(torch.softmax(logits.float() / temperature, -1), 1, generator=generator).squeeze(-1)
-            else:
-                token = logits.argmax(-1)
-            token = torch.where(done, torch.full_like(token, self.tokenizer.pad_token_id), token)
-            ids.append(token)
-            mask.append(~done)
-            done = done | (token == eos)
-            if done.all():
-                break
-            out = self.lm(inputs_embeds=embed(token[:, None]), past_key_values=past, use_cache=True)
-            past, logits = out.past_key_values, out.logits[:, -1]
-        return torch.stack(ids, 1), torch.stack(mask, 1).long()
+        return self.generate_from(self.encoder(maps, tracks), *self._prompt(len(maps), maps.device), max_new_tokens, temperature, generator)
 
     def decode(self, ids: Tensor, mask: Tensor) -> list[str]:
         eos = self.tokenizer.eos_token_id

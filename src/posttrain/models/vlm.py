@@ -2,36 +2,61 @@
 features, projected into the word-embedding space, enter the language model as soft tokens before the text):
 
     soft = W2 GELU(W1 patchify(image)) + pos          [B, N_patches, H_lm]     PatchEncoder
-    logits = LM(inputs_embeds = [soft ; embed(prompt) ; embed(completion)])
+    logits = LM(inputs_embeds = [soft ; embed(prompt) ; embed(completion)])   models/soft_tokens.py (shared with
+                                                                              MotionInsight's evaluator)
 
-One interface for the tiny model built from a config and a model loaded by path:
+`VisionLanguage` is the interface VisKG's loops (trainers/viskg.py) use; two kinds of model implement it:
 
     vlm = VisionLanguageModel.tiny(words, image_size, patch_size, hidden_size, layers, heads)   # from a config
     vlm.save(path);  VisionLanguageModel.load(path)        # path/: vlm.json, vision.safetensors, language_model/
     VisionLanguageModel.around(lm_path, image_size, patch_size)   # any transformers causal LM directory (or hub id,
                                                                    # downloaded by the user) + a fresh patch encoder
+    NativeVLM.load(path)      # models/native_vlm.py: a transformers image-text-to-text checkpoint (LLaVA, ...) with
+                              # its processor (image processor, tokenizer with an image token, chat template)
 
-`language_model/` is a plain transformers directory (`AutoModelForCausalLM.from_pretrained` + its tokenizer), so a
-real pretrained language model takes the tiny one's place through the same `load`. Prompts are left-padded as a
-whole, [pad .. pad, soft tokens, question], so completions start at one column; positions count real tokens only.
+`load_vlm(path)` picks by what the directory holds. `language_model/` is a plain transformers directory
+(`AutoModelForCausalLM.from_pretrained` + its tokenizer), so a real pretrained language model takes the tiny one's
+place through the same `load`.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_model, save_model
 from torch import Tensor, nn
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase, Qwen2Config
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase, Qwen2Config
 
 from posttrain.errors import UserError
+from posttrain.models.soft_tokens import SoftTokenLM
 
 SPEC = "vlm.json"
 VISION = "vision.safetensors"
 LANGUAGE = "language_model"
+
+
+@runtime_checkable
+class VisionLanguage(Protocol):
+    """What VisKG's SFT, RL and evaluation need of a vision-language model (images: uint8 [B, S, S, 3])."""
+
+    tokenizer: PreTrainedTokenizerBase
+
+    def encode_prompts(self, texts: list[str], images: Tensor) -> tuple[Tensor, Tensor]:
+        """(left-padded prompt ids [B, P], mask [B, P]) of one question per image, in the model's prompt format."""
+
+    def completion_logp(self, images: Tensor, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
+                        completion_mask: Tensor) -> Tensor:
+        """[B, T] log-probabilities of the completion tokens given image and prompt (0 where completion_mask is 0)."""
+
+    def generate(self, images: Tensor, prompt_ids: Tensor, prompt_mask: Tensor, max_new_tokens: int, temperature: float,
+                 generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        """(completion ids [B, T], mask [B, T]: 1 up to and including EOS); temperature 0 is greedy."""
+
+    def save(self, out: Path) -> None:
+        """A directory `load_vlm` reads back."""
 
 
 class PatchEncoder(nn.Module):
@@ -57,10 +82,11 @@ class PatchEncoder(nn.Module):
         return self.project(self.patchify(x).flatten(2).transpose(1, 2)) + self.position
 
 
-class VisionLanguageModel(nn.Module):
+class VisionLanguageModel(SoftTokenLM):
+    """A patch encoder's soft tokens before the question, into a causal language model (see the module docstring)."""
+
     def __init__(self, vision: PatchEncoder, language_model, tokenizer: PreTrainedTokenizerBase):
-        super().__init__()
-        self.vision, self.language_model, self.tokenizer = vision, language_model, tokenizer
+        super().__init__(vision, language_model, tokenizer)
 
     # -- building, saving, loading --------------------------------------------------------------------------
     @classmethod
@@ -88,8 +114,8 @@ class VisionLanguageModel(nn.Module):
         out.mkdir(parents=True, exist_ok=True)
         self.language_model.save_pretrained(out / LANGUAGE)
         self.tokenizer.save_pretrained(out / LANGUAGE)
-        save_model(self.vision, str(out / VISION))
-        (out / SPEC).write_text(json.dumps(self.vision.spec, indent=1) + "\n")
+        save_model(self.encoder, str(out / VISION))
+        (out / SPEC).write_text(json.dumps(self.encoder.spec, indent=1) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> "VisionLanguageModel":
@@ -103,58 +129,31 @@ class VisionLanguageModel(nn.Module):
         load_model(vision, str(path / VISION))
         return cls(vision, lm, tokenizer)
 
-    # -- forward passes -------------------------------------------------------------------------------------
+    # -- the VisionLanguage interface ------------------------------------------------------------------------
+    def encode_prompts(self, texts: list[str], images: Tensor) -> tuple[Tensor, Tensor]:
+        """The raw question text (the soft tokens take the image's place in front of it)."""
+        enc = self.tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
+        return enc.input_ids, enc.attention_mask
+
     def prefix(self, images: Tensor, prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor]:
         """(embeddings [B, L, H], attention mask [B, L]) of [pads, soft tokens, prompt] for left-padded prompts."""
-        soft = self.vision(images)
-        words = self.language_model.get_input_embeddings()(prompt_ids)
-        rows, masks = [], []
-        ones = prompt_mask.new_ones(soft.shape[1])
-        for i in range(len(prompt_ids)):
-            pads = int((prompt_mask[i] == 0).sum())
-            rows.append(torch.cat([words[i, :pads], soft[i], words[i, pads:]]))
-            masks.append(torch.cat([prompt_mask[i, :pads], ones, prompt_mask[i, pads:]]))
-        return torch.stack(rows), torch.stack(masks)
-
-    def _run(self, embeds: Tensor, mask: Tensor, cache=None):
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        if cache is None:
-            return self.language_model(inputs_embeds=embeds, attention_mask=mask, position_ids=positions)
-        return self.language_model(inputs_embeds=embeds, attention_mask=mask, position_ids=positions[:, -embeds.shape[1]:], cache=cache,
-                                   use_cache=True, logits_to_keep=1)
+        return self.splice(self.encoder(images), prompt_ids, prompt_mask)
 
     def completion_logp(self, images: Tensor, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, completion_mask: Tensor) -> Tensor:
-        """[B, T] log-probabilities of the completion tokens (0 where completion_mask is 0)."""
-        embeds, mask = self.prefix(images, prompt_ids, prompt_mask)
-        full = torch.cat([embeds, self.language_model.get_input_embeddings()(completion_ids)], dim=1)
-        logits = self._run(full, torch.cat([mask, completion_mask.to(mask.dtype)], dim=1)).logits
-        logits = logits[:, embeds.shape[1] - 1:-1].float()
-        logp = torch.gather(F.log_softmax(logits, dim=-1), 2, completion_ids[..., None]).squeeze(-1)
-        return logp * completion_mask
+        return self.completion_logp_from(self.encoder(images), prompt_ids, prompt_mask, completion_ids, completion_mask)
 
     @torch.no_grad()
     def generate(self, images: Tensor, prompt_ids: Tensor, prompt_mask: Tensor, max_new_tokens: int, temperature: float,
                  generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-        """(completion ids [B, T], completion mask [B, T]: 1 up to and including EOS); temperature 0 is greedy."""
-        from transformers import DynamicCache
+        return self.generate_from(self.encoder(images), prompt_ids, prompt_mask, max_new_tokens, temperature, generator)
 
-        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
-        embeds, mask = self.prefix(images, prompt_ids, prompt_mask)
-        cache = DynamicCache()
-        out = self._run(embeds, mask, cache)
-        tokens, alive = [], torch.ones(len(prompt_ids), dtype=torch.bool)
-        for _ in range(max_new_tokens):
-            logits = out.logits[:, -1].float()
-            if temperature > 0:
-                nxt = torch.multinomial(F.softmax(logits / temperature, dim=-1), 1, generator=generator).squeeze(-1)
-            else:
-                nxt = logits.argmax(-1)
-            nxt = torch.where(alive, nxt, torch.full_like(nxt, pad))
-            tokens.append(torch.stack([nxt, alive.long()], dim=1))
-            alive = alive & (nxt != eos)
-            if not alive.any():
-                break
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            out = self._run(self.language_model.get_input_embeddings()(nxt[:, None]), mask, cache)
-        stacked = torch.stack(tokens, dim=1)
-        return stacked[..., 0], stacked[..., 1]
+
+def load_vlm(path: str | Path) -> VisionLanguage:
+    """The vision-language model saved at `path`: a VisionLanguageModel directory (vlm.json) or a transformers
+    image-text-to-text checkpoint with its processor (models/native_vlm.py); anything else is one clear error."""
+    path = Path(path)
+    if (path / SPEC).is_file():
+        return VisionLanguageModel.load(path)
+    from posttrain.models.native_vlm import NativeVLM
+
+    return NativeVLM.load(path)

@@ -2,9 +2,10 @@
 
 `viskg_sft` builds the vision-language model of `viskg.model` (tiny from the config, or loaded by path) and trains it
 by SFT with negative rationales; `viskg_rl` reads it (`--in model=outputs/viskg_sft`, or any VisionLanguageModel
-directory) and trains it by RL with `viskg.rl.advantage` (gdpo or grpo) over accuracy, format and compactness.
-Each writes `model/` (a VisionLanguageModel directory), `history.json`, `samples.json` (held-out greedy outputs) and
-`scenes/scenes.png` (held-out scenes with the question, the model's answer and the truth); MLflow gets the per-step
+directory or native image-text-to-text checkpoint: models/vlm.py's `load_vlm`) and trains it by RL with
+`viskg.rl.advantage` (gdpo or grpo) over accuracy, format and compactness. Each writes `model/` (in the model's own
+format: a VisionLanguageModel directory, or a native checkpoint with its processor), `history.json`, `samples.json`
+(held-out greedy outputs) and `scenes/scenes.png` (held-out scenes with the question, the model's answer and the truth); MLflow gets the per-step
 figures, the samples as a table, the scene grid as an image and the model. Metrics: held-out greedy accuracy
 (overall and by hops), format rate, tokens per completion and per representation, the reference graph vs caption
 token counts. With `--resume` a stopped run continues from its last checkpoint (`viskg.sft` / `viskg.rl`
@@ -54,12 +55,12 @@ def run_sft(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume
 @stages.register("viskg_rl", inputs={"model": "outputs/viskg_sft"}, resumable=True, gpu=False)
 def run_rl(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     """Stage `viskg_rl`: GDPO (or GRPO) over accuracy, format and compactness rewards (VisKG)."""
-    from posttrain.models.vlm import VisionLanguageModel
+    from posttrain.models.vlm import load_vlm
     from posttrain.trainers.loop import TrainLoop
     from posttrain.trainers.viskg import train_rl
 
     trained = inputs["model"] / "model"
-    vlm = VisionLanguageModel.load(trained if trained.is_dir() else inputs["model"])
+    vlm = load_vlm(trained if trained.is_dir() else inputs["model"])
     loop = TrainLoop.for_stage(cfg.training, out_dir, cfg.section_hash("pipeline", "viskg"), cfg.viskg.rl.checkpoint_every, resume, "viskg.rl")
     history = train_rl(cfg.viskg, vlm, cfg.pipeline.seed, loop, on_log=lambda step, m: tracker.log_metrics(m, step))
     last = {f"train_{k}": v for k, v in history[-1].items() if k.startswith("reward_")}

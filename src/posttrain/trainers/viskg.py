@@ -1,4 +1,5 @@
-"""VisKG's two loops (specs §29) over the vision-language model of models/vlm.py and the VQA set of data/viskg.py.
+"""VisKG's two loops (specs §29) over a vision-language model (models/vlm.py's `VisionLanguage`: the tiny patch-encoder
+model, or a native image-text-to-text checkpoint loaded by path) and the VQA set of data/viskg.py.
 
 1. `train_sft`: NLL on every target token of (image, question) -> representation -> reasoning -> answer, the
    positives mixed with negative-rationale samples (`viskg.sft.negatives_per_positive`; each ends with the correct
@@ -21,19 +22,20 @@ import numpy as np
 import torch
 
 from posttrain.data import viskg as D
-from posttrain.models.vlm import VisionLanguageModel
+from posttrain.models.vlm import VisionLanguage, VisionLanguageModel, load_vlm
 from posttrain.objectives import advantages, losses
 from posttrain.rewards.viskg import REWARD_NAMES, parse_output, reward_row
 from posttrain.trainers.loop import TrainLoop
 from posttrain.trainers.safe_rl import NumpyDraws
 
 
-def build_model(cfg, seed: int) -> VisionLanguageModel:
-    """The model of `viskg.model`: a saved VisionLanguageModel, a causal LM with a fresh patch encoder, or a tiny one."""
+def build_model(cfg, seed: int) -> VisionLanguage:
+    """The model of `viskg.model`: a saved vision-language model (a VisionLanguageModel directory or a native
+    image-text-to-text checkpoint), a causal LM with a fresh patch encoder, or a tiny one."""
     m, d = cfg.model, cfg.data
     torch.manual_seed(seed)
     if m.path:
-        return VisionLanguageModel.load(m.path)
+        return load_vlm(m.path)
     if m.language_model:
         return VisionLanguageModel.around(m.language_model, d.grid * d.cell, d.cell)
     return VisionLanguageModel.tiny(D.vocabulary(), d.grid * d.cell, d.cell, m.hidden_size, m.layers, m.heads)
@@ -45,9 +47,8 @@ def split(cfg, seed: int, heldout: bool) -> tuple[list[D.Question], torch.Tensor
     return qs, torch.from_numpy(D.render_all(qs, d.cell))
 
 
-def encode_prompts(tokenizer, qs: list[D.Question]) -> tuple[torch.Tensor, torch.Tensor]:
-    enc = tokenizer([q.text for q in qs], padding=True, return_tensors="pt", add_special_tokens=False)
-    return enc.input_ids, enc.attention_mask
+def encode_prompts(vlm: VisionLanguage, qs: list[D.Question], images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return vlm.encode_prompts([q.text for q in qs], images)
 
 
 def encode_completions(tokenizer, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,7 +72,7 @@ def token_counter(tokenizer) -> Callable[[str], int]:
 
 
 # -- 1. SFT with negative rationales -------------------------------------------------------------------------
-def train_sft(cfg, vlm: VisionLanguageModel, seed: int, loop: TrainLoop | None = None, on_log=None) -> tuple[list[dict], dict]:
+def train_sft(cfg, vlm: VisionLanguage, seed: int, loop: TrainLoop | None = None, on_log=None) -> tuple[list[dict], dict]:
     """(history, figures) of SFT on the training questions (cfg: the viskg section)."""
     s = cfg.sft
     qs, images = split(cfg, seed, heldout=False)
@@ -85,9 +86,10 @@ def train_sft(cfg, vlm: VisionLanguageModel, seed: int, loop: TrainLoop | None =
     vlm.train()
     for step in range(start + 1, s.steps + 1):
         chosen = [examples[i] for i in rng.choice(len(examples), size=min(s.batch_size, len(examples)), replace=False)]
-        prompt_ids, prompt_mask = encode_prompts(vlm.tokenizer, [qs[i] for i, _ in chosen])
+        batch_images = images[[i for i, _ in chosen]]
+        prompt_ids, prompt_mask = encode_prompts(vlm, [qs[i] for i, _ in chosen], batch_images)
         ids, mask = encode_completions(vlm.tokenizer, [t for _, t in chosen])
-        logp = vlm.completion_logp(images[[i for i, _ in chosen]], prompt_ids, prompt_mask, ids, mask)
+        logp = vlm.completion_logp(batch_images, prompt_ids, prompt_mask, ids, mask)
         loss = -logp.sum() / mask.sum()
         loss.backward()
         grad_norm = loop.optimizer_step(step, loss, list(vlm.parameters()), optimizer, s.max_grad_norm)
@@ -112,12 +114,12 @@ def nonconstant_share(column: torch.Tensor, group: torch.Tensor) -> float:
     return float(np.mean([float(column[group == g].std() > 0) for g in group.unique()]))
 
 
-def rl_step(cfg, vlm: VisionLanguageModel, qs, images, seed: int, step: int, optimizer, loop: TrainLoop) -> dict[str, float]:
+def rl_step(cfg, vlm: VisionLanguage, qs, images, seed: int, step: int, optimizer, loop: TrainLoop) -> dict[str, float]:
     r = cfg.rl
     rng = np.random.default_rng([seed, 29, 13, step])
     picked = rng.choice(len(qs), size=min(r.prompts_per_step, len(qs)), replace=False).repeat(r.group_size)
     batch_qs = [qs[i] for i in picked]
-    prompt_ids, prompt_mask = encode_prompts(vlm.tokenizer, batch_qs)
+    prompt_ids, prompt_mask = encode_prompts(vlm, batch_qs, images[picked])
     generator = torch.Generator().manual_seed(int(rng.integers(2**62)))
     vlm.eval()
     ids, mask = vlm.generate(images[picked], prompt_ids, prompt_mask, r.max_new_tokens, r.temperature, generator)
@@ -137,7 +139,7 @@ def rl_step(cfg, vlm: VisionLanguageModel, qs, images, seed: int, step: int, opt
             "completion_tokens": float(mask.sum(1).float().mean()), **out, **metrics}
 
 
-def train_rl(cfg, vlm: VisionLanguageModel, seed: int, loop: TrainLoop | None = None, on_log=None) -> list[dict]:
+def train_rl(cfg, vlm: VisionLanguage, seed: int, loop: TrainLoop | None = None, on_log=None) -> list[dict]:
     r = cfg.rl
     qs, images = split(cfg, seed, heldout=False)
     optimizer = torch.optim.AdamW(vlm.parameters(), lr=r.lr, weight_decay=0.0)
@@ -154,7 +156,7 @@ def train_rl(cfg, vlm: VisionLanguageModel, seed: int, loop: TrainLoop | None = 
 
 
 # -- evaluation ----------------------------------------------------------------------------------------------
-def evaluate(cfg, vlm: VisionLanguageModel, seed: int) -> tuple[dict[str, float], list[dict], list[D.Question], torch.Tensor]:
+def evaluate(cfg, vlm: VisionLanguage, seed: int) -> tuple[dict[str, float], list[dict], list[D.Question], torch.Tensor]:
     """(figures, per-question rows, the held-out questions, their images) of greedy decoding."""
     e = cfg.eval
     qs, images = split(cfg, seed, heldout=True)
@@ -163,7 +165,7 @@ def evaluate(cfg, vlm: VisionLanguageModel, seed: int) -> tuple[dict[str, float]
     rows = []
     for lo in range(0, len(qs), e.batch_size):
         part = qs[lo: lo + e.batch_size]
-        prompt_ids, prompt_mask = encode_prompts(vlm.tokenizer, part)
+        prompt_ids, prompt_mask = encode_prompts(vlm, part, images[lo: lo + e.batch_size])
         ids, mask = vlm.generate(images[lo: lo + e.batch_size], prompt_ids, prompt_mask, e.max_new_tokens, 0.0)
         for q, text, n in zip(part, decode(vlm.tokenizer, ids, mask), mask.sum(1).tolist()):
             acc, fmt, kg = reward_row(text, q.answer, cfg.representation, cfg.rl.kg_budget, count)
