@@ -213,7 +213,10 @@ class RolloutRanks:
                     raise UserError(f"rl.mode async: the weight broadcast of version {version} did not reach every rollout rank "
                                     f"within {self.timeout_s:g}s (rl.workers.timeout_s)")
                 time.sleep(POLL_S)
-            work.wait()
+            try:
+                work.wait()
+            except RuntimeError as e:  # gloo: a rank's connection closed (it died)
+                raise UserError(f"rl.mode async: the weight broadcast of version {version} failed: {str(e).splitlines()[0]}") from None
             self.inflight.pop(0)
 
     def newest(self) -> int:

@@ -1,0 +1,95 @@
+"""`rl.mode: async` under torchrun on the CPU (gloo, trainers/async_dist.py): 1 trainer rank + 1 rollout rank gives
+the weights and metrics of the local async run with 1 worker process (deterministic schedule, same seed), bit for
+bit; a rollout rank killed with SIGKILL mid-run ends the run on every rank with one line within a bound; and
+`--resume` then finishes with those same weights (exact resume across the failure)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from helpers import micro_params, posttrain_in_process
+
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+POSTTRAIN = Path(sys.executable).with_name("posttrain")
+WORKERS = {"count": 1, "queued_groups": 3, "timeout_s": 20, "deterministic": True, "refresh_every_tokens": 2}
+RL = {"steps": 3, "prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4, "checkpoint_every": 1, "log_every": 1, "mode": "async",
+      "pool_policy": "pace", "correction": "decoupled", "workers": WORKERS}
+WALL = ("async/wait_s", "tokens_per_s")  # wall-clock figures
+
+
+def _torchrun(*args: str) -> subprocess.Popen:
+    command = [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", str(POSTTRAIN), "rl", "--in", "policy=outputs/policy", *args]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def _rank_pid(parent: int, rank: int) -> int:
+    """The pid of torchrun's worker process of `rank` (its environment says RANK)."""
+    children = [int(c) for task in Path(f"/proc/{parent}/task").iterdir() for c in (task / "children").read_text().split()]
+    for pid in children:
+        env = dict(kv.split("=", 1) for kv in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in kv)
+        if env.get("RANK") == str(rank):
+            return pid
+    raise AssertionError(f"no rank {rank} among torchrun's children {children}")
+
+
+def _weights(directory: Path) -> dict[str, torch.Tensor]:
+    return {k: v for path in sorted(directory.glob("*.safetensors")) for k, v in load_file(path).items()}
+
+
+def _history(directory: Path) -> list[dict[str, float]]:
+    return [{k: v for k, v in h.items() if k not in WALL} for h in json.loads((directory / "history.json").read_text())]
+
+
+@pytest.mark.slow
+def test_async_under_torchrun_is_the_local_run_and_a_killed_rollout_rank_ends_it_with_one_line(tmp_path, monkeypatch):
+    from posttrain import resolve
+    from posttrain.models import build_tiny, save_pretrained, train_char_tokenizer
+    from posttrain.tasks import build_task
+
+    monkeypatch.chdir(tmp_path)
+    micro_params(tmp_path, task={"n_train": 60, "n_heldout": 10}, rl=RL, tracking={"enabled": False})
+    posttrain_in_process("data")
+    cfg = resolve.load(tmp_path / "params.yaml")
+    torch.manual_seed(0)
+    tokenizer = train_char_tokenizer([build_task(cfg.task).alphabet()])
+    save_pretrained(build_tiny(cfg.model, tokenizer), tokenizer, tmp_path / "outputs/policy/model")  # a random micro policy
+    posttrain_in_process("rl", "--in", "policy=outputs/policy", "--out", "outputs/rl_local")  # one machine: 1 worker process
+    local = _weights(tmp_path / "outputs/rl_local/model")
+    start = _weights(tmp_path / "outputs/policy/model")
+    assert max(float((local[k] - start[k]).abs().max()) for k in local) > 1e-4  # the updates moved the weights
+    history = _history(tmp_path / "outputs/rl_local")
+    assert any(h["advantage_abs_mean"] > 0 for h in history) and history[-1]["async/token_lag_max"] == 1  # a signal; off-policy tokens
+
+    # torchrun: rank 0 trains, rank 1 serves rollouts; rank 1 is killed once checkpoint 1 is on disk
+    checkpoints = tmp_path / "outputs/.rl_dist.partial/checkpoints"
+    run = _torchrun("--out", "outputs/rl_dist")
+    deadline = time.monotonic() + 240
+    while not (checkpoints / "step-000001").is_dir() and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert run.poll() is None, run.communicate()[1][-3000:]
+    os.kill(_rank_pid(run.pid, 1), signal.SIGKILL)
+    killed = time.monotonic()
+    _, stderr = run.communicate(timeout=120)
+    ended = time.monotonic() - killed
+    assert run.returncode != 0 and ended < WORKERS["timeout_s"], (ended, stderr[-3000:])
+    lines = [line for line in stderr.splitlines() if line.startswith("posttrain: error:")]
+    assert lines == ["posttrain: error: rl.mode async: torchrun stopped the trainer (SIGTERM): another rank of the job ended first "
+                     "(a rollout rank died or was killed; torchrun's summary names it)"], stderr[-3000:]
+    assert not (tmp_path / "outputs/rl_dist").exists() and (checkpoints / "step-000001").is_dir()
+
+    resumed = _torchrun("--out", "outputs/rl_dist", "--resume")
+    _, stderr = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, stderr[-3000:]
+    dist = _weights(tmp_path / "outputs/rl_dist/model")
+    assert dist.keys() == local.keys() and all(torch.equal(dist[k], local[k]) for k in local)  # the same algorithm, bit for bit
+    assert _history(tmp_path / "outputs/rl_dist") == history
