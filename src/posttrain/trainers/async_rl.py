@@ -1,6 +1,7 @@
 """Asynchronous online RL (`rl.mode: async`): rollout worker processes generate whole groups while the trainer updates.
 
-The roles on one machine (docs/async.md says why processes here, and torch.distributed under torchrun beyond it):
+The roles on one machine (docs/async.md says why processes here, and torch.distributed under torchrun beyond it:
+trainers/async_dist.py, where rank 0 is this trainer and the other ranks run the same decode loop, `decode_jobs`):
 
 - the trainer (this process) owns the policy, the optimiser and the pool (rollout/pool.py). It hands prompts out as
   jobs, pools the completed groups, draws whole groups under `rl.pool_policy`, scores them, takes one `OnlineRL`
@@ -27,7 +28,9 @@ Two schedules:
   from their start under the same versions, which gives the same tokens: the run resumes bit-exactly.
 
 A worker that dies, fails or stalls, or a weight sync that does not arrive within `rl.workers.timeout_s`, ends the
-run with one line (UserError) within that time; the workers are stopped on every exit.
+run with one line (UserError) within that time; the workers are stopped on every exit. The trainer talks to its
+workers through a transport (`LocalWorkers` here, `async_dist.RolloutRanks` under torchrun) with one interface:
+start, send a job, receive a message, publish weights, stop.
 """
 
 from __future__ import annotations
