@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections import Counter
 import signal
 import subprocess
@@ -93,8 +94,11 @@ def test_async_under_torchrun_is_the_local_run_and_a_killed_rollout_rank_ends_it
     ended = time.monotonic() - killed
     assert run.returncode != 0 and ended < WORKERS["timeout_s"], (ended, stderr[-3000:])
     lines = [line for line in stderr.splitlines() if line.startswith("posttrain: error:")]
-    assert lines == ["posttrain: error: rl.mode async: torchrun stopped the trainer (SIGTERM): another rank of the job ended first "
-                     "(a rollout rank died or was killed; torchrun's summary names it)"], stderr[-3000:]
+    # torchrun's SIGTERM, usually; gloo's closed connection when a broadcast to the dead rank was pending and noticed first
+    sigterm = ("rl.mode async: torchrun stopped the trainer (SIGTERM): another rank of the job ended first "
+               "(a rollout rank died or was killed; torchrun's summary names it)")
+    assert len(lines) == 1 and re.fullmatch(rf"posttrain: error: ({re.escape(sigterm)}|rl.mode async: the weight broadcast of version \d+ failed: .+)",
+                                            lines[0]), stderr[-3000:]
     assert not (tmp_path / "outputs/rl_dist").exists() and (checkpoints / "step-000001").is_dir()
 
     resumed = _torchrun("--out", "outputs/rl_dist", "--resume")

@@ -6,8 +6,8 @@ The roles are those of trainers/async_rl.py, and so is the rollout loop (`decode
   process group of all ranks. The state dict travels as one byte buffer (`Layout`) with its version in its last 8
   bytes. A rollout rank keeps one receive posted (`async_op=True`), so the bytes land while it decodes; between
   decode steps it collects what has arrived (`ReceivedWeights.poll`) and keeps the two newest versions, as the
-  local workers' two shared slots do. The trainer keeps at most two broadcasts in flight: it waits for version
-  v - 2 to reach every rank before it sends v, at most `rl.workers.timeout_s`.
+  local workers' two shared slots do. The trainer keeps at most two broadcasts in flight: once it has sent
+  version v it waits, at most `rl.workers.timeout_s`, for v - 2 to reach every rank.
 - jobs out and groups back: small pickled messages in torchrun's rendezvous store (TCPStore), one FIFO per rank
   and direction (`StoreQueue`: one writer, one reader, a counter and a key per item). The trainer assigns a job
   to the rank with the fewest outstanding jobs (deterministic: rank 1 + number % rollout ranks).
