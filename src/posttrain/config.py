@@ -176,9 +176,9 @@ class CriticConfig(Section):
 class AsyncWorkersConfig(Section):
     """The rollout workers of `rl.mode: async` (trainers/async_rl.py)."""
 
-    count: int = Field(ge=1)  # worker processes on this machine, each generating whole groups
+    count: int = Field(ge=1)  # worker processes on this machine, each generating whole groups (under torchrun: ranks 1.. instead)
     queued_groups: int = Field(ge=1)  # prompts handed out ahead of the trainer (bounds the in-flight work)
-    timeout_s: float = Field(gt=0)  # a worker or weight sync silent this long ends the run with one line
+    timeout_s: float = Field(gt=0)  # a worker, rollout rank or weight sync silent this long ends the run with one line
     deterministic: bool  # a fixed schedule of weight refreshes instead of wall-clock races (exact resume, tests)
     refresh_every_tokens: int = Field(ge=1)  # deterministic: a worker loads the newest published weights every this many decode steps
 

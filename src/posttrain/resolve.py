@@ -134,6 +134,9 @@ def _check_meta(cfg: Config, registries: dict[str, Registry]) -> None:
     from posttrain.trainers.extras import check_providers
 
     check_providers(rl)
+    from posttrain.trainers.async_rl import check_async
+
+    check_async(rl, registries["tasks"].get(cfg.task.name))  # rl.mode async: what it does not support
 
     if cfg.eval.best_of_n.n > 1 and not registries["samplers"].entry(cfg.eval.sampler).meta.get("stochastic"):
         raise UserError(f"eval.best_of_n.n: {cfg.eval.sampler} draws one answer per prompt; best-of-N needs a stochastic eval.sampler "

@@ -1,6 +1,7 @@
 """Asynchronous online RL (`rl.mode: async`): rollout worker processes generate whole groups while the trainer updates.
 
-The roles on one machine (docs/async.md says why processes here, and torch.distributed under torchrun beyond it):
+The roles on one machine (docs/async.md says why processes here, and torch.distributed under torchrun beyond it:
+trainers/async_dist.py, where rank 0 is this trainer and the other ranks run the same decode loop, `decode_jobs`):
 
 - the trainer (this process) owns the policy, the optimiser and the pool (rollout/pool.py). It hands prompts out as
   jobs, pools the completed groups, draws whole groups under `rl.pool_policy`, scores them, takes one `OnlineRL`
@@ -27,11 +28,14 @@ Two schedules:
   from their start under the same versions, which gives the same tokens: the run resumes bit-exactly.
 
 A worker that dies, fails or stalls, or a weight sync that does not arrive within `rl.workers.timeout_s`, ends the
-run with one line (UserError) within that time; the workers are stopped on every exit.
+run with one line (UserError) within that time; the workers are stopped on every exit. The trainer talks to its
+workers through a transport (`LocalWorkers` here, `async_dist.RolloutRanks` under torchrun) with one interface:
+start, send a job, receive a message, publish weights, stop.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import queue
@@ -44,6 +48,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
+from posttrain.config import RLConfig
 from posttrain.errors import UserError
 from posttrain.models.sampling import Samples, StopStrings, concat_samples, encode_prompts, sample
 from posttrain.rollout.pool import Group, TrajectoryPool, pool_policies
@@ -81,6 +86,9 @@ class SharedWeights:
                 tensor.copy_(state[key])
             self.version.value = max(self.version.value, version)
 
+    def newest(self) -> int:
+        return self.version.value
+
     def slot(self, version: int) -> dict[str, torch.Tensor]:
         return {k: v.clone() for k, v in self.slots[version % 2].items()}
 
@@ -113,67 +121,85 @@ def job_generator(seed: int, number: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + number)
 
 
-def worker_main(rank: int, model, tokenizer, examples, settings: dict, shared: SharedWeights, jobs, results, alive) -> None:
-    """One rollout worker: decode each job's group, loading weights between decode steps, and send it back."""
+def worker_settings(run: RLRun, count: int, device: torch.device) -> dict[str, Any]:
+    """What the decode loop reads, for `count` workers (or rollout ranks) decoding on `device`."""
+    cfg, w = run.cfg, run.cfg.workers
+    return {"stop": tuple(cfg.stop), "timeout": w.timeout_s, "refresh_every_tokens": w.refresh_every_tokens, "group_size": cfg.group_size,
+            "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "seed": run.seed,
+            "jobs_per_worker": -(-w.queued_groups // count), "device": str(device)}
+
+
+def decode_jobs(rank: int, model, tokenizer, examples, settings: dict, weights, jobs, results, beat: Callable[[], None],
+                stopping: Callable[[], bool]) -> None:
+    """The rollout loop of a worker process and of a rollout rank (trainers/async_dist.py): decode each job's group,
+    loading weights between decode steps, and send it back. `weights` has `newest()` and `load(model, version,
+    timeout, beat)`; `jobs` and `results` are queues (`get(timeout)`, `get_nowait()`, `put`); None is the stop signal."""
     torch.set_num_threads(1)
-    try:
-        model.to(settings["device"]).eval().requires_grad_(False)
-        stop = StopStrings(tokenizer, settings["stop"])
-        held = [-2]  # the version in the model
+    model.to(settings["device"]).eval().requires_grad_(False)
+    stop = StopStrings(tokenizer, settings["stop"])
+    held = [-2]  # the version in the model
 
-        def beat() -> None:
-            alive[rank] = time.time()
+    def hold(version: int) -> None:
+        if version == NEWEST and weights.newest() == held[0]:
+            return
+        if version != held[0]:
+            held[0] = weights.load(model, version, settings["timeout"], beat)
 
-        def hold(version: int) -> None:
-            if version == NEWEST and shared.version.value == held[0]:
+    while True:
+        try:
+            job = jobs.get(timeout=1.0)
+        except queue.Empty:
+            # the trainer was killed (kill -9 leaves no one to stop us), or is stopping while a killed worker
+            # still holds the queue's lock (get() times out instead of seeing the stop signal)
+            if stopping():
                 return
-            if version != held[0]:
-                held[0] = shared.load(model, version, settings["timeout"], beat)
-
-        trainer = os.getppid()
-        while True:
+            continue
+        if job is None:
+            return
+        batch = [job]  # free-running, a worker decodes the jobs waiting in the queue together (one forward per step)
+        while job.start == NEWEST and len(batch) < settings["jobs_per_worker"]:
             try:
-                job = jobs.get(timeout=1.0)
+                more = jobs.get_nowait()
             except queue.Empty:
-                # the trainer was killed (kill -9 leaves no one to stop us), or is stopping while a killed worker
-                # still holds the queue's lock (get() times out instead of seeing the stop signal)
-                if os.getppid() != trainer or shared.stopping.is_set():
-                    return
-                continue
-            if job is None:
-                return
-            batch = [job]  # free-running, a worker decodes the jobs waiting in the queue together (one forward per step)
-            while job.start == NEWEST and len(batch) < settings["jobs_per_worker"]:
-                try:
-                    more = jobs.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None:
-                    jobs.put(None)  # the stop signal is another worker's too, or ours after this batch
-                    break
-                batch.append(more)
+                break
+            if more is None:
+                jobs.put(None)  # the stop signal is another worker's too, or ours after this batch
+                break
+            batch.append(more)
+        beat()
+        hold(job.start)
+        versions = [held[0]]
+
+        def between(t: int) -> None:  # before the forward that gives token t
+            if job.refresh == NEWEST or t == settings["refresh_every_tokens"]:
+                hold(job.refresh)
+            versions.append(held[0])
             beat()
-            hold(job.start)
-            versions = [held[0]]
 
-            def between(t: int) -> None:  # before the forward that gives token t
-                if job.refresh == NEWEST or t == settings["refresh_every_tokens"]:
-                    hold(job.refresh)
-                versions.append(held[0])
-                beat()
+        # deterministic: one job, its own generator, so a group does not depend on its worker or its neighbours
+        ids, mask = encode_prompts(tokenizer, [examples[j.example] for j in batch], settings["device"])
+        samples = sample(model, ids, mask, group_size=settings["group_size"], max_new_tokens=settings["max_new_tokens"],
+                         eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, temperature=settings["temperature"],
+                         generator=job_generator(settings["seed"], job.number), stop=stop or None, between_steps=between)
+        g = settings["group_size"]
+        for i, done in enumerate(batch):
+            rows = slice(i * g, (i + 1) * g)
+            results.put(("done", rank, done.number, {
+                "ids": samples.completion_ids[rows].tolist(), "mask": samples.completion_mask[rows].tolist(),
+                "logp": samples.logp[rows].tolist(), "finished": samples.finished[rows].tolist(), "versions": versions,
+            }))
 
-            # deterministic: one job, its own generator, so a group does not depend on its worker or its neighbours
-            ids, mask = encode_prompts(tokenizer, [examples[j.example] for j in batch], settings["device"])
-            samples = sample(model, ids, mask, group_size=settings["group_size"], max_new_tokens=settings["max_new_tokens"],
-                             eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, temperature=settings["temperature"],
-                             generator=job_generator(settings["seed"], job.number), stop=stop or None, between_steps=between)
-            g = settings["group_size"]
-            for i, done in enumerate(batch):
-                rows = slice(i * g, (i + 1) * g)
-                results.put(("done", rank, done.number, {
-                    "ids": samples.completion_ids[rows].tolist(), "mask": samples.completion_mask[rows].tolist(),
-                    "logp": samples.logp[rows].tolist(), "finished": samples.finished[rows].tolist(), "versions": versions,
-                }))
+
+def worker_main(rank: int, model, tokenizer, examples, settings: dict, shared: SharedWeights, jobs, results, alive) -> None:
+    """One rollout worker process on this machine: `decode_jobs` with the shared weights and the queues."""
+    trainer = os.getppid()
+
+    def beat() -> None:
+        alive[rank] = time.time()
+
+    try:
+        decode_jobs(rank, model, tokenizer, examples, settings, shared, jobs, results, beat,
+                    stopping=lambda: os.getppid() != trainer or shared.stopping.is_set())
     except Stopped:
         return
     except Exception as e:  # the trainer turns it into one line
@@ -183,72 +209,63 @@ def worker_main(rank: int, model, tokenizer, examples, settings: dict, shared: S
         os._exit(1)
 
 
-class AsyncRollouts:
-    """The trainer's side of the workers: jobs handed out, completed groups, the pool, and their checkpointed state."""
+class LocalWorkers:
+    """`rl.workers.count` worker processes on this machine (torch.multiprocessing): jobs and groups through queues,
+    the weights in shared memory (`SharedWeights`). trainers/async_dist.RolloutRanks has the same interface."""
 
-    def __init__(self, run: RLRun, stream: PromptStream):
-        self.run, self.cfg, self.stream = run, run.cfg, stream
-        self.workers_cfg = run.cfg.workers
-        self.policy = pool_policies.get(run.cfg.pool_policy)(run.cfg.options_for(run.cfg.pool_policy))
-        self.pool = TrajectoryPool()
-        self.payloads: dict[int, dict[str, Any]] = {}  # job number -> the group's tokens, log-probs, versions
-        self.pending: dict[int, Job] = {}  # handed out, not pooled yet
-        self.received: dict[int, dict[str, Any]] = {}  # completed, not pooled yet (deterministic: not due yet)
-        self.next_number = 0
-        self.previous: dict[str, torch.Tensor] | None = None  # restored weights of version v - 1 (deterministic)
-        self._index = {id(e): i for i, e in enumerate(run.examples)}
+    noun = "rollout worker"
+
+    def __init__(self, count: int):
+        self.count = count
         self.processes: list = []
-        self.generated = self.rejected = 0
-        self.waiting_since = time.time()
 
-    # -- checkpointed state ------------------------------------------------------------------------------------
-
-    def state_dict(self) -> dict[str, Any]:
-        version = self.shared.version.value
-        return {
-            "pool": [{"prompt": g.prompt, "token_versions": [list(v) for v in g.token_versions], "v_end": list(g.v_end)} for g in self.pool.groups],
-            "payloads": {str(g.prompt): self.payloads[g.prompt] for g in self.pool.groups},
-            "pending": [asdict(job) for job in self.pending.values()],
-            "next_number": self.next_number,
-            "previous": self.shared.slot(version - 1) if version >= 1 else {},
-            "counts": [self.generated, self.rejected],
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.pool.groups = [Group(g["prompt"], tuple(map(tuple, g["token_versions"])), tuple(g["v_end"])) for g in state["pool"]]
-        self.payloads = {int(k): v for k, v in state["payloads"].items()}
-        self.pending = {j["number"]: Job(**j) for j in state["pending"]}
-        self.next_number = state["next_number"]
-        self.previous = state["previous"] or None
-        self.generated, self.rejected = state["counts"]
-
-    # -- workers -----------------------------------------------------------------------------------------------
-
-    def start(self, version: int) -> None:
-        """Start the workers with the policy published as `version` (and v - 1 from a checkpoint), and hand out jobs."""
-        policy, w = self.run.policy, self.workers_cfg
+    def start(self, run: RLRun, settings: dict, published: list[tuple[int, dict[str, torch.Tensor]]]) -> None:
+        policy = run.policy
         ctx = mp.get_context("spawn" if next(policy.parameters()).is_cuda else "fork")
         self.shared = SharedWeights(policy, ctx)
-        if self.previous is not None:
-            self.shared.publish(self.previous, version - 1)
-        self.shared.publish(policy.state_dict(), version)
+        for version, state in published:
+            self.shared.publish(state, version)
         self.jobs, self.results = ctx.Queue(), ctx.Queue()
-        self.alive = ctx.Array("d", [time.time()] * w.count)
-        cfg = self.cfg
-        settings = {"stop": tuple(cfg.stop), "timeout": w.timeout_s, "refresh_every_tokens": w.refresh_every_tokens, "group_size": cfg.group_size,
-                    "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "seed": self.run.seed,
-                    "jobs_per_worker": -(-w.queued_groups // w.count),
-                    "device": str(next(policy.parameters()).device)}
+        self.alive = ctx.Array("d", [time.time()] * self.count)
         worker_model = copy.deepcopy(policy).cpu()
-        for rank in range(w.count):
-            p = ctx.Process(target=worker_main, args=(rank, worker_model, self.run.tokenizer, self.run.examples, settings, self.shared,
+        for rank in range(self.count):
+            p = ctx.Process(target=worker_main, args=(rank, worker_model, run.tokenizer, run.examples, settings, self.shared,
                                                       self.jobs, self.results, self.alive), daemon=True, name=f"rollout-worker-{rank}")
             p.start()
             self.processes.append(p)
-        for job in sorted(self.pending.values(), key=lambda j: j.number):  # in flight at the checkpoint: decoded again
-            self.jobs.put(job)
-        if version == 0 and not self.pending:
-            self.hand_out(0)
+
+    def send(self, job: Job) -> None:
+        self.jobs.put(job)
+
+    def receive(self, timeout: float) -> tuple | None:
+        try:
+            return self.results.get(timeout=timeout) if timeout > 0 else self.results.get_nowait()
+        except queue.Empty:
+            return None
+
+    def check(self, on_message: Callable[[tuple], None]) -> None:
+        """A dead worker ends the run with one line."""
+        dead = next(((rank, p) for rank, p in enumerate(self.processes) if not p.is_alive()), None)
+        if dead is not None:
+            message = self.receive(0.1)  # a failing worker sends its error, then exits: that line says more than its exit code
+            if message is not None:
+                on_message(message)
+            raise UserError(f"rl.mode async: rollout worker {dead[0]} died (exit code {dead[1].exitcode})")
+
+    def last_beat(self) -> float:
+        return max(self.alive[:])
+
+    def publish(self, state: dict[str, torch.Tensor], version: int) -> None:
+        self.shared.publish(state, version)
+
+    def newest(self) -> int:
+        return self.shared.newest()
+
+    def slot(self, version: int) -> dict[str, torch.Tensor]:
+        return self.shared.slot(version)
+
+    def finish(self, history: list[dict[str, float]]) -> None:
+        pass
 
     def stop(self) -> None:
         if self.processes:
@@ -262,6 +279,60 @@ class AsyncRollouts:
                 p.kill()
                 p.join(timeout=5)
         self.processes = []
+
+
+class AsyncRollouts:
+    """The trainer's side of the workers: jobs handed out, completed groups, the pool, and their checkpointed state."""
+
+    def __init__(self, run: RLRun, stream: PromptStream, transport):
+        self.run, self.cfg, self.stream, self.transport = run, run.cfg, stream, transport
+        self.workers_cfg = run.cfg.workers
+        self.policy = pool_policies.get(run.cfg.pool_policy)(run.cfg.options_for(run.cfg.pool_policy))
+        self.pool = TrajectoryPool()
+        self.payloads: dict[int, dict[str, Any]] = {}  # job number -> the group's tokens, log-probs, versions
+        self.pending: dict[int, Job] = {}  # handed out, not pooled yet
+        self.received: dict[int, dict[str, Any]] = {}  # completed, not pooled yet (deterministic: not due yet)
+        self.next_number = 0
+        self.previous: dict[str, torch.Tensor] | None = None  # restored weights of version v - 1 (deterministic)
+        self._index = {id(e): i for i, e in enumerate(run.examples)}
+        self.generated = self.rejected = 0
+        self.waiting_since = time.time()
+
+    # -- checkpointed state ------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        version = self.transport.newest()
+        return {
+            "pool": [{"prompt": g.prompt, "token_versions": [list(v) for v in g.token_versions], "v_end": list(g.v_end)} for g in self.pool.groups],
+            "payloads": {str(g.prompt): self.payloads[g.prompt] for g in self.pool.groups},
+            "pending": [asdict(job) for job in self.pending.values()],
+            "next_number": self.next_number,
+            "previous": self.transport.slot(version - 1) if version >= 1 else {},
+            "counts": [self.generated, self.rejected],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.pool.groups = [Group(g["prompt"], tuple(map(tuple, g["token_versions"])), tuple(g["v_end"])) for g in state["pool"]]
+        self.payloads = {int(k): v for k, v in state["payloads"].items()}
+        self.pending = {j["number"]: Job(**j) for j in state["pending"]}
+        self.next_number = state["next_number"]
+        self.previous = state["previous"] or None
+        self.generated, self.rejected = state["counts"]
+
+    # -- workers ----------------------------------------------------------------------------------------------
+
+    def start(self, version: int) -> None:
+        """Start the workers with the policy published as `version` (and v - 1 from a checkpoint), and hand out jobs."""
+        policy = self.run.policy
+        published = ([(version - 1, self.previous)] if self.previous is not None else []) + [(version, policy.state_dict())]
+        self.transport.start(self.run, worker_settings(self.run, self.transport.count, next(policy.parameters()).device), published)
+        for job in sorted(self.pending.values(), key=lambda j: j.number):  # in flight at the checkpoint: decoded again
+            self.transport.send(job)
+        if version == 0 and not self.pending:
+            self.hand_out(0)
+
+    def stop(self) -> None:
+        self.transport.stop()
 
     def hand_out(self, version: int) -> None:
         """After `version` is published: deterministic, block version + 2 (block 1 and 2 at the start); free-running,
@@ -279,24 +350,17 @@ class AsyncRollouts:
             job = Job(self.next_number, self._index[id(example)], start, refresh)
             self.next_number += 1
             self.pending[job.number] = job
-            self.jobs.put(job)
+            self.transport.send(job)
 
     def _receive(self, block: bool) -> bool:
         """Take one message from the workers (waiting at most a second when `block`); False when there was none.
         A dead, failing or silent worker ends the run with one line."""
-        try:
-            message = self.results.get(timeout=1.0) if block else self.results.get_nowait()
-        except queue.Empty:
-            dead = next(((rank, p) for rank, p in enumerate(self.processes) if not p.is_alive()), None)
-            if dead is not None:
-                try:  # a failing worker sends its error, then exits: that line says more than its exit code
-                    self._message(self.results.get(timeout=0.1))
-                except queue.Empty:
-                    pass
-                raise UserError(f"rl.mode async: rollout worker {dead[0]} died (exit code {dead[1].exitcode})") from None
-            silent = time.time() - max(*self.alive[:], self.waiting_since)
+        message = self.transport.receive(1.0 if block else 0.0)
+        if message is None:
+            self.transport.check(self._message)
+            silent = time.time() - max(self.transport.last_beat(), self.waiting_since)
             if block and silent > self.workers_cfg.timeout_s:
-                raise UserError(f"rl.mode async: no rollout worker progressed for {silent:.0f}s "
+                raise UserError(f"rl.mode async: no {self.transport.noun} progressed for {silent:.0f}s "
                                 f"(rl.workers.timeout_s {self.workers_cfg.timeout_s:g}): a worker or weight sync stalled") from None
             return False
         self._message(message)
@@ -305,7 +369,7 @@ class AsyncRollouts:
     def _message(self, message: tuple) -> None:
         kind, rank, *rest = message
         if kind == "error":
-            raise UserError(f"rl.mode async: rollout worker {rank} failed: {rest[0]}")
+            raise UserError(f"rl.mode async: {self.transport.noun} {rank} failed: {rest[0]}")
         number, payload = rest
         self.waiting_since = time.time()
         if number in self.pending:  # a job re-issued on resume may also arrive from before: keep one
@@ -373,13 +437,13 @@ class AsyncRollouts:
         return moved, tags, examples
 
 
-def check_async(run: RLRun) -> None:
-    """What asynchronous RL does not support yet, refused before any work with one line."""
-    cfg = run.cfg
-    if distributed.current().active:
-        raise UserError("rl.mode async runs on one machine (worker processes); under torchrun use rl.mode sync")
-    if hasattr(run.task, "sampler"):
-        raise UserError(f"rl.mode async: task {type(run.task).__name__} samples multi-turn episodes; use rl.mode sync")
+def check_async(cfg: RLConfig, task_class: type) -> None:
+    """What asynchronous RL does not support, refused with one line: at config validation (resolve.check, so
+    `posttrain preflight` and every stage's CLI fail before any work) and again when training starts."""
+    if cfg.mode != "async":
+        return
+    if hasattr(task_class, "sampler"):
+        raise UserError(f"rl.mode async: task {task_class.__name__} samples multi-turn episodes; use rl.mode sync")
     if cfg.dynamic_sampling:
         raise UserError("rl.mode async: rl.dynamic_sampling is not supported (the pool policy decides what is trained)")
     if cfg.sampler != "temperature":
@@ -390,48 +454,61 @@ def check_async(run: RLRun) -> None:
 
 def train_async(run: RLRun, resume: bool, on_log: Callable[[int, dict[str, float]], None],
                 on_step: Callable[[int, StepResult], None] | None = None) -> tuple[list[dict[str, float]], list[dict[str, object]]]:
-    """`train_online_rl` for `rl.mode: async`: the same steps, on groups drawn from the workers' pool."""
+    """`train_online_rl` for `rl.mode: async`: the same steps, on groups drawn from the workers' pool. Under torchrun
+    rank 0 is the trainer and the other ranks serve rollouts (trainers/async_dist.py)."""
     cfg, policy = run.cfg, run.policy
-    check_async(run)
+    check_async(cfg, type(run.task))
+    ctx = distributed.current()
+    if ctx.active and not ctx.is_main:
+        from posttrain.trainers.async_dist import serve_rollouts
+
+        return serve_rollouts(run)
     loop = TrainLoop(run.checkpoint_dir, run.config_hash, cfg.checkpoint_every, resume, run.max_nonfinite_steps, run.keep_checkpoints,
                      run.checkpoint_section)
-    trainer = OnlineRL(run, loop=loop)
+    trainer = OnlineRL(run, loop=loop, replicas=distributed.SINGLE)  # the trainer alone takes each update
     stream = PromptStream(run.examples, run.seed)
-    rollouts = AsyncRollouts(run, stream)
+    if ctx.active:
+        from posttrain.trainers.async_dist import RolloutRanks, trainer_signals
+
+        transport, signals = RolloutRanks(cfg.workers.deterministic, cfg.workers.timeout_s), trainer_signals()
+    else:
+        transport, signals = LocalWorkers(cfg.workers.count), contextlib.nullcontext()
+    rollouts = AsyncRollouts(run, stream, transport)
     parts = {"trainer": trainer, "stream": stream, "async": rollouts}
     start_step, saved = loop.restore(policy, parts)
     history: list[dict[str, float]] = saved.get("history", [])
     policy.train()
     bar = progress(cfg.steps, f"rl async ({cfg.advantage}+{cfg.loss}, {cfg.pool_policy})", initial=start_step)
     result = None
-    rollouts.start(start_step)
-    try:
-        for step in range(start_step + 1, cfg.steps + 1):
-            groups, figures = rollouts.draw(step)
-            samples, tags, examples = rollouts.samples_of(groups)
-            prompts = [run.examples[i] for i in examples]
-            ids, mask = encode_prompts(run.tokenizer, prompts, trainer.device)
-            batch, texts = trainer.score(prompts, ids, mask, samples, StopStrings(run.tokenizer, cfg.stop))
-            lag = (step - 1) - tags[samples.completion_mask.cpu().bool()]  # versions each trained token lags v_now
-            figures.update({"completion_length": float(samples.completion_mask.sum()) / batch.size,
-                            "async/token_lag_max": float(lag.max()), "async/token_lag_mean": float(lag.double().mean())})
-            result = trainer.step([], collected=(batch, texts, prompts, figures))
-            rollouts.shared.publish(policy.state_dict(), step)
-            rollouts.hand_out(step)
-            metrics = result.metrics
-            history.append(metrics)
-            if on_step is not None:
-                on_step(step, result)
-            bar.update()
-            if step % cfg.log_every == 0 or step == cfg.steps:
-                on_log(step, metrics)
-            loop.checkpoint(step, cfg.steps, policy, parts, {"history": history})
-    finally:
-        rollouts.stop()
-        bar.close()
+    with signals:
+        rollouts.start(start_step)
+        try:
+            for step in range(start_step + 1, cfg.steps + 1):
+                groups, figures = rollouts.draw(step)
+                samples, tags, examples = rollouts.samples_of(groups)
+                prompts = [run.examples[i] for i in examples]
+                ids, mask = encode_prompts(run.tokenizer, prompts, trainer.device)
+                batch, texts = trainer.score(prompts, ids, mask, samples, StopStrings(run.tokenizer, cfg.stop))
+                lag = (step - 1) - tags[samples.completion_mask.cpu().bool()]  # versions each trained token lags v_now
+                figures.update({"completion_length": float(samples.completion_mask.sum()) / batch.size,
+                                "async/token_lag_max": float(lag.max()), "async/token_lag_mean": float(lag.double().mean())})
+                result = trainer.step([], collected=(batch, texts, prompts, figures))
+                transport.publish(policy.state_dict(), step)
+                rollouts.hand_out(step)
+                metrics = result.metrics
+                history.append(metrics)
+                if on_step is not None:
+                    on_step(step, result)
+                bar.update()
+                if step % cfg.log_every == 0 or step == cfg.steps:
+                    on_log(step, metrics)
+                loop.checkpoint(step, cfg.steps, policy, parts, {"history": history})
+            transport.finish(history)
+        finally:
+            rollouts.stop()
+            bar.close()
     if result is None:
         return history, []
     table = [{"prompt": result.prompts[i // cfg.group_size].prompt, "completion": text,
               **{n: float(result.batch.rewards[i, k]) for k, n in enumerate(result.batch.reward_names)}} for i, text in enumerate(result.texts)]
     return history, table
-

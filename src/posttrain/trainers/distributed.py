@@ -6,6 +6,9 @@ trainers run exactly as a single process. Every rank holds a full replica: it ta
 (`shard`), back-propagates, and the gradients are summed or averaged over ranks before the (identical)
 optimizer step, so replicas never drift (`check_in_sync` asserts it). Only rank 0 writes outputs and logs to
 MLflow (stages.execute).
+
+`rl.mode: async` under torchrun uses the ranks differently: rank 0 trains alone and the others are rollout ranks
+(trainers/async_dist.py). It reads the rendezvous store that `init` keeps (`store()`) for its small messages.
 """
 
 from __future__ import annotations
@@ -35,13 +38,14 @@ class Context:
         return self.world_size > 1
 
 
-_SINGLE = Context(rank=0, world_size=1, local_rank=0)
-_current = _SINGLE
+SINGLE = Context(rank=0, world_size=1, local_rank=0)  # one process; also the async trainer's own data-parallel world
+_current = SINGLE
+_store = None  # the rendezvous store of torchrun's process group (None without torchrun)
 
 
 def init() -> Context:
     """Join torchrun's process group once per process (idempotent); the single-process context without torchrun."""
-    global _current
+    global _current, _store
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size == 1 or _current.active:
         return _current
@@ -50,14 +54,23 @@ def init() -> Context:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank)  # before NCCL starts: one GPU per process
-    if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+    if not dist.is_initialized():  # the env:// rendezvous init_process_group would do, keeping its store
+        from torch.distributed.constants import default_pg_timeout
+
+        _store, rank, world = next(dist.rendezvous("env://", timeout=default_pg_timeout))
+        _store.set_timeout(default_pg_timeout)
+        dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo", store=_store, rank=rank, world_size=world)
     _current = Context(rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=local_rank)
     return _current
 
 
 def current() -> Context:
     return _current
+
+
+def store():
+    """torchrun's rendezvous store (a TCPStore every rank reaches), or None when `init` did not create the group."""
+    return _store
 
 
 def shard(items: Sequence[T] | torch.Tensor, ctx: Context | None = None):

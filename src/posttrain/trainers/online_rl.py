@@ -154,9 +154,11 @@ class OnlineRL:
     """The optimiser, schedule, generator, frozen models by role, side modules and declared states of one
     online RL run over `run.policy`; `step(prompts)` is one update, its optimiser steps guarded by `loop`."""
 
-    def __init__(self, run: RLRun, total_steps: int | None = None, loop: TrainLoop | None = None):
+    def __init__(self, run: RLRun, total_steps: int | None = None, loop: TrainLoop | None = None,
+                 replicas: distributed.Context | None = None):
         cfg, policy = run.cfg, run.policy
         self.run, self.cfg = run, cfg
+        self.replicas = replicas or distributed.current()  # the data-parallel ranks that share each update (async: the trainer alone)
         self.loop = loop or TrainLoop(max_nonfinite_steps=run.max_nonfinite_steps)
         self.device = next(policy.parameters()).device
         self.needs = needs_of(cfg)
@@ -386,7 +388,7 @@ class OnlineRL:
             if loss.requires_grad:  # `none` loss and no term: nothing to learn from this batch
                 loss.backward()
             for model in (policy, *self.modules.values(), *([self.critic] if self.critic is not None else [])):
-                distributed.reduce_gradients(model, average=True)  # torchrun: equal prompt shares, so the mean of rank means
+                distributed.reduce_gradients(model, average=True, ctx=self.replicas)  # torchrun: equal prompt shares, so the mean of rank means
             guarded = loss
             if self.critic is not None:  # clipped on its own; a non-finite critic gradient skips the whole step
                 critic_norm = float(torch.nn.utils.clip_grad_norm_(self.optimizer.param_groups[-1]["params"], cfg.max_grad_norm))
