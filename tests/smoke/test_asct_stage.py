@@ -17,8 +17,9 @@ def micro_sections() -> dict:
     task.update(name="search", n_train=30, n_heldout=10)
     task["options"]["search"].update(people=20, companies=5, cities=5, cost_per_call=0.1, reward="f1")
     asct = {**params["asct"], "iterations": 3, "episodes": 3, "n_sim": 3, "n_heldout": 5, "example_episodes": 2, "log_every": 1, "epochs": 1,
-            "checkpoint_every": 1}
-    return {"task": task, "asct": asct}
+            "checkpoint_every": 1, "lm": {**params["asct"]["lm"], "sft_steps": 2, "sft_batch_size": 4}}
+    model = {"hidden_size": 16, "intermediate_size": 32, "layers": 1, "heads": 2, "kv_heads": 1, "max_positions": 512}  # the lm actor
+    return {"task": task, "asct": asct, "model": model}
 
 
 def test_asct_stage_logs_episodes_and_figures(tmp_path):
@@ -34,7 +35,8 @@ def test_asct_stage_logs_episodes_and_figures(tmp_path):
     assert len(history) == 3 and all(h["aux_tokens"] > 0 and "q_spread" in h for h in history)
     rows = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
     assert len(rows) == 5 and {"question", "queries", "passages", "answer", "gold", "utility"} <= set(rows[0])
-    assert (out / "model" / "model.safetensors").is_file()
+    assert (out / "model" / "model.safetensors").is_file() and (out / "model" / "tokenizer.json").is_file()  # the LM actor
+    assert json.loads((out / "model" / "actor.json").read_text())["actor"] == "lm"
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
     run_id = json.loads((out / "mlflow_run.json").read_text())["run_id"]
     client = mlflow.MlflowClient()
