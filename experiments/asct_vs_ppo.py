@@ -34,8 +34,8 @@ from posttrain.stages.asct import search_setup
 from posttrain.trainers.asct import ASCTTrainer, train_asct
 from posttrain.trainers.loop import TrainLoop
 
-MICRO = ["task.n_train=40", "task.n_heldout=10", "asct.n_heldout=10", "asct.episodes=4", "asct.n_sim=3", "asct.mc_rollouts=3",
-         "task.options.search.people=30", "task.options.search.companies=6", "task.options.search.cities=6", "asct.lm.sft_steps=5",
+MICRO = ["task.n_train=40", "task.n_heldout=10", "asct.n_heldout=5", "asct.episodes=3", "asct.n_sim=3", "asct.mc_rollouts=3",
+         "task.options.search.people=30", "task.options.search.companies=6", "task.options.search.cities=6", "asct.lm.sft_steps=2", "asct.lm.sft_batch_size=4",
          "model.hidden_size=16", "model.intermediate_size=32", "model.layers=1", "model.heads=2", "model.kv_heads=1"]
 
 

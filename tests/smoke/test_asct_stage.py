@@ -77,3 +77,17 @@ def test_the_measured_claim_fed_every_arm_a_learning_signal():
         assert abs(arms["mc_value"]["aux_tokens"] / arms["asct"]["aux_tokens"] - 1) < 0.15
         for arm, curve in seed["train_curve"].items():
             assert curve[-1] > curve[0] + 0.2, arm
+
+
+def test_the_measured_lm_claim_fed_the_lm_actor_a_tree_signal():
+    """experiments/results/asct_lm_vs_ppo.json: 3 seeds with the LM actor; on each the tree's Q_hat differed across a
+    visited state's actions in every round, the tree arms spent auxiliary tokens, the value baseline at least ASCT's
+    per visited state and in total (within 25%), trajectory PPO none."""
+    results = json.loads((REPO / "experiments" / "results" / "asct_lm_vs_ppo.json").read_text())
+    assert len(results["per_seed"]) >= 3
+    for seed in results["per_seed"]:
+        arms = {r["arm"]: r for r in seed["table"]}
+        assert seed["actor"] == "lm" and all(r["actor"] == "lm" for r in seed["table"])
+        assert min(seed["q_spread"]) > 0 and arms["asct"]["aux_tokens"] > 0 and arms["trajectory"]["aux_tokens"] == 0
+        assert arms["mc_value"]["aux_tokens_per_visit"] >= seed["mc_token_budget"]
+        assert 1 <= arms["mc_value"]["aux_tokens"] / arms["asct"]["aux_tokens"] < 1.25
