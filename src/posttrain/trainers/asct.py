@@ -166,7 +166,7 @@ def mc_value_credit(episodes: Sequence[Episode], frozen: Actor, env: Recoverable
 class ASCTTrainer:
     def __init__(self, cfg, env: RecoverableEnv, train: Sequence, seed: int, model_cfg=None):
         torch.manual_seed(seed)
-        self.cfg, self.env, self.train, self.seed = cfg, env, list(train), seed
+        self.cfg, self.env, self.train = cfg, env, list(train)
         self.actor = actors.get(cfg.actor)(cfg, env, model_cfg, env.alphabet())
         self.optimizer = torch.optim.Adam(self.actor.parameters(), lr=self.actor.learning_rate(cfg))
         self.generator = torch.Generator().manual_seed(seed)
