@@ -16,8 +16,9 @@ Each arm's held-out figures are the greedy actor alone (deployment: no tree): ut
 recall; plus the auxiliary tokens it spent in training (in total and per visited state). The harness pairs ASCT
 with each baseline by seed.
 
-    .venv/bin/python experiments/claims.py --claim asct_vs_ppo          (40 rounds)
-    .venv/bin/python experiments/claims.py --claim asct_vs_ppo_short    (12 rounds)
+    .venv/bin/python experiments/claims.py --claim asct_lm_vs_ppo       (the LM actor: 10 rounds of 8 episodes, N = 4)
+    .venv/bin/python experiments/claims.py --claim asct_vs_ppo          (the MLP actor: 40 rounds)
+    .venv/bin/python experiments/claims.py --claim asct_vs_ppo_short    (the MLP actor: 12 rounds)
     .venv/bin/python experiments/asct_vs_ppo.py [--steps N] [--seeds 3] [--json FILE] [--micro]
 
 --params defaults to search/params.yaml; --steps sets asct.iterations.
@@ -30,18 +31,22 @@ import time
 import _common as C
 from posttrain import resolve
 from posttrain.stages.asct import search_setup
-from posttrain.trainers.asct import train_asct
+from posttrain.trainers.asct import ASCTTrainer, train_asct
 from posttrain.trainers.loop import TrainLoop
 
-MICRO = ["task.n_train=40", "task.n_heldout=10", "asct.n_heldout=10", "asct.episodes=4", "asct.n_sim=3", "asct.mc_rollouts=3",
-         "task.options.search.people=30", "task.options.search.companies=6", "task.options.search.cities=6"]
+MICRO = ["task.n_train=40", "task.n_heldout=10", "asct.n_heldout=5", "asct.episodes=3", "asct.n_sim=3", "asct.mc_rollouts=3",
+         "task.options.search.people=30", "task.options.search.companies=6", "task.options.search.cities=6", "asct.lm.sft_steps=2", "asct.lm.sft_batch_size=4",
+         "model.hidden_size=16", "model.intermediate_size=32", "model.layers=1", "model.heads=2", "model.kv_heads=1"]
 
 
 SHORT = 20  # rounds: a run below it is the short-budget claim (asct_vs_ppo_short: does the tree's credit learn sooner?)
 
 
 def claim_of(argv: list[str]) -> str:
-    """The claim a command line runs: `asct_vs_ppo`, or `asct_vs_ppo_short` with --steps below SHORT."""
+    """The claim a command line runs: `asct_lm_vs_ppo` (the LM actor, the default), or with `--set asct.actor=mlp`
+    `asct_vs_ppo` (the MLP actor), `asct_vs_ppo_short` with --steps below SHORT."""
+    if "asct.actor=mlp" not in argv:
+        return "asct_lm_vs_ppo"
     steps = int(argv[argv.index("--steps") + 1]) if "--steps" in argv else 40
     return "asct_vs_ppo_short" if steps < SHORT else "asct_vs_ppo"
 
@@ -54,19 +59,23 @@ def main() -> None:
     cfg = C.load_config(args, (MICRO if args.micro else []) + [f"asct.iterations={args.steps}", "asct.checkpoint_every=0"])
     env, train, held = search_setup(cfg, args.seed)
     base = cfg.asct
+    warm = ASCTTrainer(base, env, train, args.seed, cfg.model)  # every arm starts from this actor (the LM: warm-started once)
+    warm.actor.warm_start(env, train, base, args.seed)
+    initial = {k: v.clone() for k, v in warm.actor.state_dict().items()}
     arms = {"asct": {"credit": "asct", "tree_policy": "uniform"}, "asct_agent_uct": {"credit": "asct", "tree_policy": "agent_uct"},
             "trajectory": {"credit": "trajectory"}, "mc_value": {"credit": "mc_value"}}
-    table, runs, curves, per_visit = [], {}, {}, 0
+    table, runs, curves, per_visit, runs_history = [], {}, {}, 0, {}
     for arm, update in arms.items():
         if arm == "mc_value":  # ASCT's (uniform tree) mean auxiliary tokens per visited state: the value baseline's budget
             update = {**update, "mc_token_budget": max(1, round(per_visit))}
         arm_cfg = resolve.updated(base, "asct", **update)
         start = time.time()
-        _, history, final, _ = train_asct(arm_cfg, env, train, held, args.seed, TrainLoop())
+        _, history, final, _ = train_asct(arm_cfg, env, train, held, args.seed, TrainLoop(), model_cfg=cfg.model, initial=initial)
         visits = sum(h["visits"] for h in history)
+        runs_history[arm] = history
         if arm == "asct":
             per_visit = final["aux_tokens"] / visits
-        row = {"arm": arm, **{k.removeprefix("heldout_"): v for k, v in final.items() if k.startswith("heldout_")},
+        row = {"arm": arm, "actor": base.actor, **{k.removeprefix("heldout_"): v for k, v in final.items() if k.startswith("heldout_")},
                "aux_tokens": final["aux_tokens"], "aux_tokens_per_visit": final["aux_tokens"] / visits,
                "train_utility_last": C.window_mean(history, "train_utility", False, max(1, len(history) // 5)),
                "seconds": round(time.time() - start, 1)}
@@ -78,8 +87,9 @@ def main() -> None:
             runs[arm] = (history, cfg.model_copy(update={"asct": arm_cfg}), final)
     text = C.print_table(f"\nASCT vs PPO in the search environment, {args.steps} rounds, seed {args.seed}, {len(held)} held-out questions", table)
     mlflow_runs = {arm: C.log_arm(arm_cfg, f"asct_vs_ppo/{arm}", history, final, table, text) for arm, (history, arm_cfg, final) in runs.items()}
-    C.write_json(args, {"claim": claim_of(["--steps", str(args.steps)]), "steps": args.steps, "seed": args.seed, "table": table, "train_curve": curves,
-                        "mc_token_budget": max(1, round(per_visit)), "mlflow_runs": mlflow_runs,
+    C.write_json(args, {"claim": claim_of(["--steps", str(args.steps), *args.set]), "steps": args.steps, "seed": args.seed, "table": table, "train_curve": curves,
+                        "mc_token_budget": max(1, round(per_visit)), "mlflow_runs": mlflow_runs, "actor": base.actor,
+                        "q_spread": [h.get("q_spread", 0.0) for h in runs_history["asct"]],
                         "runtime_s": round(time.time() - t0, 1)})
 
 

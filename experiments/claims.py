@@ -54,8 +54,11 @@ CLAIMS: dict[str, tuple[str, list[str]]] = {
     "async_pace": ("async_pace", ["--steps", "200", "--every", "10"]),
     "async_pace_deterministic": ("async_pace", ["--steps", "200", "--every", "10", "--schedule", "deterministic"]),
     "bridge_vs_baselines": ("bridge_vs_baselines", ["--steps", "10"]),
-    "asct_vs_ppo": ("asct_vs_ppo", ["--steps", "40"]),
-    "asct_vs_ppo_short": ("asct_vs_ppo", ["--steps", "12"]),
+    "asct_vs_ppo": ("asct_vs_ppo", ["--steps", "40", "--set", "asct.actor=mlp"]),  # the MLP actor over action features
+    "asct_vs_ppo_short": ("asct_vs_ppo", ["--steps", "12", "--set", "asct.actor=mlp"]),
+    # the LM actor, at a budget the shared CPU allows: 10 rounds of 8 episodes, N = 4, a 32-wide LM warm-started 30 steps
+    "asct_lm_vs_ppo": ("asct_vs_ppo", ["--steps", "10", "--set", "asct.episodes=8", "--set", "asct.n_sim=4", "--set", "asct.n_heldout=60",
+                                       "--set", "asct.lm.sft_steps=30", "--set", "model.hidden_size=32", "--set", "model.intermediate_size=64"]),
     # measured at a short budget (the shared CPU): 3 objects, 1-2 hops, 200 SFT steps, 12 RL steps of 4 questions x G=8
     "viskg_gdpo_vs_grpo": ("viskg_gdpo_vs_grpo", ["--steps", "12", "--set", "viskg.data.n_objects=3", "--set", "viskg.data.max_hops=2",
                                                   "--set", "viskg.data.n_train=2000", "--set", "viskg.data.n_heldout=100",

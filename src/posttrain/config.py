@@ -711,9 +711,19 @@ class BridgeConfig(Section):
     checkpoint_every: int = Field(ge=0)  # stage bridge: iterations between checkpoints (`posttrain bridge --resume`); 0: none
 
 
+class AsctLMConfig(Section):  # asct.lm: the language-model actor (asct.actor lm; trainers/asct_actors.py)
+    lr: float = Field(gt=0)  # Adam on the LM in the PPO updates
+    sft_steps: int = Field(ge=0)  # warm start on the environment's reference transcripts (loss on the LM's own tokens); 0: none
+    sft_lr: float = Field(gt=0)
+    sft_batch_size: int = Field(gt=0)
+    score_batch: int = Field(gt=0)  # (state, action) rows per LM forward when scoring legal actions
+
+
 class AsctConfig(Section):
     """Stage `asct`: ASCT (specs §24) in the search environment (task `search`); trainers/asct.py."""
 
+    actor: Annotated[str, Registered("asct_actors")]  # lm: the language model (the `model` section) | mlp: features -> score
+    lm: AsctLMConfig
     credit: Annotated[str, Registered("asct_credits")]  # asct (the tree's centred Q) | trajectory (U - mean U) | mc_value (VinePPO)
     tree_policy: Annotated[str, Registered("tree_policies")]  # uniform | uct | agent_uct (rollout/tree.py)
     n_sim: int = Field(gt=0)  # simulations per actor-visited state (credit asct)
@@ -725,11 +735,11 @@ class AsctConfig(Section):
     iterations: int = Field(gt=0)  # rollout + credit + PPO rounds
     episodes: int = Field(gt=0)  # actor episodes per round (training questions drawn with replacement)
     epochs: int = Field(gt=0)  # PPO passes over a round's visited states
-    lr: float = Field(gt=0)
+    lr: float = Field(gt=0)  # Adam on the mlp actor (the lm actor's: lm.lr)
     clip_eps: float = Field(gt=0)
     entropy_coef: float = Field(ge=0)
     max_grad_norm: float = Field(gt=0)
-    hidden_size: int = Field(gt=0)  # the actor: an MLP scoring each legal action from its features
+    hidden_size: int = Field(gt=0)  # the mlp actor: an MLP scoring each legal action from its features
     max_steps: int = Field(gt=0)  # actions per episode (an episode cut off scores as unanswered)
     n_heldout: int = Field(gt=0)  # held-out questions for the greedy actor's figures (at most task.n_heldout)
     example_episodes: int = Field(ge=0)  # held-out episodes logged as a table (queries, passages, answers)

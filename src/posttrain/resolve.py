@@ -46,6 +46,7 @@ def all_registries() -> dict[str, Registry]:
     from posttrain.rollout.pool import pool_policies
     from posttrain.rollout.samplers import samplers
     from posttrain.trainers.asct import credits as asct_credits
+    from posttrain.trainers.asct_actors import actors as asct_actors
     from posttrain.trainers.extras import extras
     from posttrain.rollout.tree import tree_policies
 
@@ -79,6 +80,7 @@ def all_registries() -> dict[str, Registry]:
         "retrievers": retrievers,
         "tree_policies": tree_policies,
         "asct_credits": asct_credits,
+        "asct_actors": asct_actors,
     }
     plugins.load(registries)  # the installed plugins' parts (entry points `posttrain.plugins`), once per process
     return registries

@@ -17,8 +17,9 @@ def micro_sections() -> dict:
     task.update(name="search", n_train=30, n_heldout=10)
     task["options"]["search"].update(people=20, companies=5, cities=5, cost_per_call=0.1, reward="f1")
     asct = {**params["asct"], "iterations": 3, "episodes": 3, "n_sim": 3, "n_heldout": 5, "example_episodes": 2, "log_every": 1, "epochs": 1,
-            "checkpoint_every": 1}
-    return {"task": task, "asct": asct}
+            "checkpoint_every": 1, "lm": {**params["asct"]["lm"], "sft_steps": 2, "sft_batch_size": 4}}
+    model = {"hidden_size": 16, "intermediate_size": 32, "layers": 1, "heads": 2, "kv_heads": 1, "max_positions": 512}  # the lm actor
+    return {"task": task, "asct": asct, "model": model}
 
 
 def test_asct_stage_logs_episodes_and_figures(tmp_path):
@@ -34,7 +35,8 @@ def test_asct_stage_logs_episodes_and_figures(tmp_path):
     assert len(history) == 3 and all(h["aux_tokens"] > 0 and "q_spread" in h for h in history)
     rows = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
     assert len(rows) == 5 and {"question", "queries", "passages", "answer", "gold", "utility"} <= set(rows[0])
-    assert (out / "model" / "model.safetensors").is_file()
+    assert (out / "model" / "model.safetensors").is_file() and (out / "model" / "tokenizer.json").is_file()  # the LM actor
+    assert json.loads((out / "model" / "actor.json").read_text())["actor"] == "lm"
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
     run_id = json.loads((out / "mlflow_run.json").read_text())["run_id"]
     client = mlflow.MlflowClient()
@@ -75,3 +77,17 @@ def test_the_measured_claim_fed_every_arm_a_learning_signal():
         assert abs(arms["mc_value"]["aux_tokens"] / arms["asct"]["aux_tokens"] - 1) < 0.15
         for arm, curve in seed["train_curve"].items():
             assert curve[-1] > curve[0] + 0.2, arm
+
+
+def test_the_measured_lm_claim_fed_the_lm_actor_a_tree_signal():
+    """experiments/results/asct_lm_vs_ppo.json: 3 seeds with the LM actor; on each the tree's Q_hat differed across a
+    visited state's actions in every round, the tree arms spent auxiliary tokens, the value baseline at least ASCT's
+    per visited state and in total (within 25%), trajectory PPO none."""
+    results = json.loads((REPO / "experiments" / "results" / "asct_lm_vs_ppo.json").read_text())
+    assert len(results["per_seed"]) >= 3
+    for seed in results["per_seed"]:
+        arms = {r["arm"]: r for r in seed["table"]}
+        assert seed["actor"] == "lm" and all(r["actor"] == "lm" for r in seed["table"])
+        assert min(seed["q_spread"]) > 0 and arms["asct"]["aux_tokens"] > 0 and arms["trajectory"]["aux_tokens"] == 0
+        assert arms["mc_value"]["aux_tokens_per_visit"] >= seed["mc_token_budget"]
+        assert 1 <= arms["mc_value"]["aux_tokens"] / arms["asct"]["aux_tokens"] < 1.25

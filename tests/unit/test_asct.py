@@ -56,7 +56,7 @@ class ProbeEnv(RecoverableEnv):
 
 
 def settings(**kw):
-    base = dict(credit="asct", tree_policy="uniform", n_sim=6, uct_c=1.0, cost_weight=0.1, lambda_mix=1.0, mc_rollouts=6, mc_token_budget=0, episodes=6,
+    base = dict(actor="mlp", credit="asct", tree_policy="uniform", n_sim=6, uct_c=1.0, cost_weight=0.1, lambda_mix=1.0, mc_rollouts=6, mc_token_budget=0, episodes=6,
                 iterations=2, epochs=2, lr=0.05, clip_eps=0.2, entropy_coef=0.0, max_grad_norm=1.0, hidden_size=8, max_steps=6, log_every=1)
     return SimpleNamespace(**{**base, **kw})
 
@@ -160,7 +160,7 @@ def test_live_actor_updates_do_not_change_the_credit():
 
     for step in range(5):
         trainer.update(visits, before, step + 1, TrainLoop())
-    live = trainer.actor(visits[0].features).exp()
+    live = trainer.actor.distribution(trainer.env, visits[0].state, trainer.env.legal_actions(visits[0].state))
     assert not torch.allclose(live, visits[0].pi0, atol=1e-3)  # the live actor did move
     trainer.generator.set_state(state)
     after, _ = trainer.credit(episodes, frozen)

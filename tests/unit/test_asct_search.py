@@ -58,7 +58,7 @@ def test_features_cross_the_action_with_the_question_kind(setup):
 
 def test_the_tree_feeds_a_non_degenerate_credit_in_the_search_environment(setup):
     env, train, _ = setup
-    cfg = SimpleNamespace(credit="asct", tree_policy="uniform", n_sim=6, uct_c=1.0, cost_weight=0.1, lambda_mix=1.0, mc_rollouts=2,
+    cfg = SimpleNamespace(actor="mlp", credit="asct", tree_policy="uniform", n_sim=6, uct_c=1.0, cost_weight=0.1, lambda_mix=1.0, mc_rollouts=2,
                           mc_token_budget=0, episodes=6, epochs=1, lr=0.01, clip_eps=0.2, entropy_coef=0.0, max_grad_norm=1.0,
                           hidden_size=8, max_steps=6)
     trainer = ASCTTrainer(cfg, env, train, seed=0)

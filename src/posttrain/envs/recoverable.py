@@ -2,7 +2,8 @@
 
 ASCT's tree (rollout/tree.py, trainers/asct.py) evaluates the alternatives to an actor's action from the very
 prefix the actor was in; that needs an environment that can step a stored state again, without replaying or
-mutating an episode. The actor chooses among the state's legal actions (each described by a feature vector), the
+mutating an episode. The actor chooses among the state's legal actions (each described by a feature vector, or,
+for a language-model actor, by its text after the state's text: `text`, `action_text`), the
 episode ends in a terminal state with a utility (e.g. answer F1 minus a cost per tool call), and every transition
 reports the tokens it writes (what an auxiliary simulation spends).
 """
@@ -50,3 +51,19 @@ class RecoverableEnv(ABC, Generic[State]):
     @abstractmethod
     def calls(self, state: State) -> int:
         """Tool calls made so far in the episode."""
+
+    def alphabet(self) -> str | None:
+        """The characters of the text view (a char-level LM actor's vocabulary); None: the environment has none."""
+        return None
+
+    def text(self, state: State) -> str:
+        """What a language-model actor has read at `state` (the prompt and every earlier action and observation)."""
+        raise NotImplementedError(f"{type(self).__name__} has no text view (needed by asct.actor lm)")
+
+    def action_text(self, action: Any) -> str:
+        """The text a language-model actor writes for `action`."""
+        raise NotImplementedError(f"{type(self).__name__} has no text view (needed by asct.actor lm)")
+
+    def demonstration(self, example: Any) -> tuple[str, str]:
+        """(prompt, reference completion) of `example`: a language-model actor's warm start."""
+        raise NotImplementedError(f"{type(self).__name__} has no reference transcripts (needed by asct.lm.sft_steps)")

@@ -14,7 +14,11 @@ actions alone). Utility: token F1 of the answer minus `cost_per_call` per search
 A transition writes the action text (`<search>q</search>` / `<answer>x</answer>`) and, for a search, the
 observation `<result>...</result>`: its characters are the tokens it spends (the search task's char tokenizer).
 
-What the actor sees of an action (`features`): what the action is (a query of a relation word about the subject or
+What a language-model actor reads (`text`): the question, then every call as the multi-turn episode writes it,
+`<search>q</search><result>p | p</result>`; what it writes for an action (`action_text`): `<search>q</search>` or
+`<answer>x</answer>` (the transition's tokens are the action text and the observation).
+
+What the MLP actor sees of an action (`features`): what the action is (a query of a relation word about the subject or
 about a read entity; an answer naming the object of a retrieved passage of a given relation, read about the subject
 or about an entity read earlier), the share of calls used, and that description crossed with the question's kind
 (which the question text states), so one actor can learn which query and which evidence answer which question.
@@ -30,7 +34,9 @@ import torch
 from torch import Tensor
 
 from posttrain.envs.recoverable import RecoverableEnv
-from posttrain.envs.search import ANSWER_CLOSE, ANSWER_OPEN, KINDS, SEARCH_CLOSE, SEARCH_OPEN, Corpus, Question, observation, token_f1
+from posttrain.envs.search import (
+    ALPHABET, ANSWER_CLOSE, ANSWER_OPEN, KINDS, SEARCH_CLOSE, SEARCH_OPEN, Corpus, Question, observation, reference_transcript, token_f1,
+)
 
 RELATIONS = ("works", "lives", "based")  # the relation words a query can name
 PASSAGE_RELATIONS = ("works at", "lives in", "is based in", "visited", "was born in", "opened an office in")
@@ -99,9 +105,25 @@ class SearchTreeEnv(RecoverableEnv[SearchState]):
 
     def tokens(self, s: SearchState, action: tuple[str, str]) -> int:
         kind, text = action
-        if kind == "answer":
-            return len(ANSWER_OPEN + text + ANSWER_CLOSE)
-        return len(SEARCH_OPEN + text + SEARCH_CLOSE) + len(observation([self.corpus.passages[i] for i in self._search(text)]))
+        written = len(self.action_text(action))
+        return written if kind == "answer" else written + len(self.observation(self._search(text)))
+
+    def observation(self, ids: tuple[int, ...]) -> str:
+        return observation([self.corpus.passages[i] for i in ids])
+
+    def alphabet(self) -> str:
+        return ALPHABET
+
+    def text(self, s: SearchState) -> str:
+        return s.question.text + "".join(SEARCH_OPEN + q + SEARCH_CLOSE + self.observation(ids) for q, ids in zip(s.queries, s.results))
+
+    def action_text(self, action: tuple[str, str]) -> str:
+        kind, text = action
+        return ANSWER_OPEN + text + ANSWER_CLOSE if kind == "answer" else SEARCH_OPEN + text + SEARCH_CLOSE
+
+    def demonstration(self, question: Question) -> tuple[str, str]:
+        """The question and its reference transcript (the reference queries, what retrieval returns, the gold answer)."""
+        return question.text, reference_transcript(question, lambda query: [self.corpus.passages[i] for i in self._search(query)])
 
     def describe(self, s: SearchState, action: tuple[str, str], subject: str, facts) -> list[float]:
         kind, text = action

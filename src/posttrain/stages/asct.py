@@ -1,7 +1,9 @@
 """Stage `asct`: ASCT (specs §24, docs/asct.md) in the search environment, or one of its baselines (`asct.credit`).
 
 Needs `task.name: search` (the corpus, the retriever, the cost per call: task.options.search) and no input: the actor
-starts from scratch on the task's training questions. It writes `model/` (the actor's weights and its shape),
+(`asct.actor`) starts from scratch on the task's training questions; the lm actor (the `model` section, a char-level
+LM) is first warm-started on their reference transcripts (`asct.lm.sft_steps`). It writes `model/` (the lm actor: a
+`from_pretrained` directory with its tokenizer; the mlp actor: its weights and its shape),
 `history.json` (one row per round), `episodes.jsonl` (held-out greedy episodes: question, queries, passages, answer,
 gold; the first `asct.example_episodes` also an MLflow table); metrics: the held-out greedy actor's utility (F1 minus
 cost), F1, exact match, search calls, gold-passage recall (`heldout_*`) and the auxiliary tokens the credit spent
@@ -44,20 +46,16 @@ def search_setup(cfg: Config, seed: int):
 @stages.register("asct", inputs={}, resumable=True, gpu=False)
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     """Stage `asct`: PPO on the search environment with ASCT's counterfactual-tree credit (or a baseline's)."""
-    from safetensors.torch import save_model
-
     from posttrain.runtime import seed_everything
     from posttrain.trainers.asct import train_asct
     from posttrain.trainers.loop import TrainLoop
 
     seed_everything(cfg.pipeline.seed)
     env, train, heldout = search_setup(cfg, cfg.pipeline.seed)
-    loop = TrainLoop.for_stage(cfg.training, out_dir, cfg.section_hash("pipeline", "task", "asct"), cfg.asct.checkpoint_every, resume, "asct")
+    loop = TrainLoop.for_stage(cfg.training, out_dir, cfg.section_hash("pipeline", "task", "model", "asct"), cfg.asct.checkpoint_every, resume, "asct")
     trainer, history, metrics, episodes = train_asct(cfg.asct, env, train, heldout, cfg.pipeline.seed, loop,
-                                                     on_log=lambda step, m: tracker.log_metrics(m, step))
-    (out_dir / "model").mkdir()
-    save_model(trainer.actor, str(out_dir / "model" / "model.safetensors"))
-    (out_dir / "model" / "actor.json").write_text(json.dumps({"n_features": env.n_features, "hidden_size": cfg.asct.hidden_size}) + "\n")
+                                                     on_log=lambda step, m: tracker.log_metrics(m, step), model_cfg=cfg.model)
+    trainer.actor.save(out_dir / "model")
     (out_dir / "history.json").write_text(strict_json(history) + "\n")
     rows = [{**env.transcript(e.final), "utility": e.utility} for e in episodes]
     (out_dir / "episodes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

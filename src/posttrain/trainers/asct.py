@@ -1,10 +1,13 @@
 """ASCT training (Attentive Search over Counterfactual Trees, 2026; specs/seed_methods.md §24) and its two baselines,
 in any recoverable environment (envs/recoverable.py), e.g. the search environment (envs/search_tree.py).
 
-The actor scores each legal action of a state from its features (an MLP; a softmax over the legal actions) and plays
-episodes to a terminal utility U (answer F1 minus a cost per search call). Every iteration:
+The actor (`asct.actor`, trainers/asct_actors.py) is the language model by default: its probability of a legal
+action is the LM's sequence probability of the action's text (`<search>q</search>`, `<answer>x</answer>`) after the
+state's text (the question, earlier calls and their observations), normalised over the legal set; or an MLP over
+hand-made features of each legal action. The actor plays episodes to a terminal utility U (answer F1 minus a cost
+per search call). Every iteration:
 
-1. rollout: `asct.episodes` training episodes by the actor; per visited state the features, the action taken, its
+1. rollout: `asct.episodes` training episodes by the actor; per visited state the action taken, its
    log-probability and the whole action distribution pi_0 (the actor as it is now, frozen for this iteration);
 2. credit, by the arm `asct.credit` (registry `credits`):
    asct        at each visited state the auxiliary tree (rollout/tree.py, `asct.tree_policy`) spends `asct.n_sim`
@@ -17,56 +20,44 @@ episodes to a terminal utility U (answer F1 minus a cost per search call). Every
                `asct.mc_token_budget` auxiliary tokens, to match another arm's spend), V_hat(s_T) = U, and
                A_t = V_hat(s_{t+1}) - V_hat(s_t)
 3. PPO: `asct.epochs` passes of the clipped surrogate (objectives/policy_losses.py `clip`, eps `asct.clip_eps`) over
-   the visited states, each action's log-probability under the live actor against its rollout-time one.
+   the visited states, each action's log-probability under the live actor against its rollout-time one. For the LM
+   this is one ratio per action, pi(a_t|s_t) / pi_0(a_t|s_t) with pi the legal-set-normalised sequence probability:
+   the credit is defined on that policy (centred under it), and the gradient reaches every token of a_t's text (and,
+   through the normaliser, the competing actions' tokens).
 
 Deployment uses the actor alone: held-out figures are greedy actor episodes, no tree. Auxiliary tokens (everything
-the tree's or the value baseline's simulations wrote) are counted per iteration, so arms compare at matched tokens.
+the tree's or the value baseline's simulations wrote, and for the LM actor every legal action's tokens it scored to
+choose) are counted per iteration, so arms compare at matched tokens.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from posttrain.envs.recoverable import RecoverableEnv
 from posttrain.objectives.asct import local_credit, mixed_credit
 from posttrain.objectives.policy_losses import clipped_surrogate
 from posttrain.registry import Registry
 from posttrain.rollout.tree import Simulation, search
+from posttrain.trainers.asct_actors import Actor, actors
 from posttrain.trainers.loop import TrainLoop
 
 credits: Registry = Registry("asct credit")
 
 
-class Actor(nn.Module):
-    """Scores each legal action from its features; the policy is the softmax over a state's legal actions."""
-
-    def __init__(self, n_features: int, hidden: int):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(n_features, hidden), nn.Tanh(), nn.Linear(hidden, 1))
-
-    def forward(self, features: Tensor, legal: Tensor | None = None) -> Tensor:
-        """Log-probabilities [..., A] from features [..., A, F]; `legal` [..., A] masks padding actions."""
-        scores = self.net(features).squeeze(-1)
-        if legal is not None:
-            scores = scores.masked_fill(~legal, float("-inf"))
-        return torch.log_softmax(scores, dim=-1)
-
-
 @dataclass
 class Visit:
     state: Any
-    features: Tensor  # [A, F]
-    taken: int
+    taken: int  # index into env.legal_actions(state)
     logp: float  # log pi_0(a_t | s_t)
     pi0: Tensor  # [A] the frozen actor's probabilities
-    tokens: int  # tokens of the taken transition
+    tokens: int  # tokens of the transition (written, and for the LM also scored)
 
 
 @dataclass
@@ -79,12 +70,11 @@ class Episode:
 
 
 @torch.no_grad()
-def act(actor: Actor, env: RecoverableEnv, state, generator: torch.Generator | None, greedy: bool) -> tuple[int, Tensor, Tensor, list]:
+def act(actor: Actor, env: RecoverableEnv, state, generator: torch.Generator | None, greedy: bool) -> tuple[int, Tensor, list]:
     actions = env.legal_actions(state)
-    features = env.features(state, actions)
-    probs = actor(features).exp()
+    probs = actor.distribution(env, state, actions)
     index = int(probs.argmax()) if greedy else int(torch.multinomial(probs, 1, generator=generator))
-    return index, probs, features, actions
+    return index, probs, actions
 
 
 def play(actor: Actor, env: RecoverableEnv, example, generator: torch.Generator | None, greedy: bool = False,
@@ -95,9 +85,9 @@ def play(actor: Actor, env: RecoverableEnv, example, generator: torch.Generator 
     for _ in range(max_steps):
         if env.done(state):
             break
-        index, probs, features, actions = act(actor, env, state, generator, greedy)
-        tokens = env.tokens(state, actions[index])
-        episode.visits.append(Visit(state, features, index, float(probs[index].log()), probs, tokens))
+        index, probs, actions = act(actor, env, state, generator, greedy)
+        tokens = env.tokens(state, actions[index]) + actor.extra_tokens(env, state, actions, index)
+        episode.visits.append(Visit(state, index, float(probs[index].log()), probs, tokens))
         episode.tokens += tokens
         state = env.step(state, actions[index])
     episode.final, episode.utility = state, env.utility(state)  # an unfinished episode scores as unanswered
@@ -107,7 +97,7 @@ def play(actor: Actor, env: RecoverableEnv, example, generator: torch.Generator 
 def simulate(frozen: Actor, env: RecoverableEnv, state, generator: torch.Generator, max_steps: int, first=None) -> Simulation:
     """A simulation from a recovered `state`: the action `first` (if given), then the frozen actor to termination."""
     tokens, calls = 0, env.calls(state)
-    if first is not None:
+    if first is not None:  # the tree chose it: the actor scored no alternatives
         tokens += env.tokens(state, first)
         state = env.step(state, first)
     episode = play(frozen, env, None, generator, max_steps=max_steps, state=state)
@@ -173,23 +163,12 @@ def mc_value_credit(episodes: Sequence[Episode], frozen: Actor, env: Recoverable
     return out, {"aux_tokens": float(tokens), "visits": float(sum(len(e.visits) for e in episodes))}
 
 
-def pad_visits(visits: Sequence[Visit]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(features [S, A_max, F], legal [S, A_max], taken [S], old logp [S]) of a list of visits."""
-    width = max(v.features.shape[0] for v in visits)
-    features = torch.zeros(len(visits), width, visits[0].features.shape[1])
-    legal = torch.zeros(len(visits), width, dtype=torch.bool)
-    for i, v in enumerate(visits):
-        features[i, : v.features.shape[0]] = v.features
-        legal[i, : v.features.shape[0]] = True
-    return features, legal, torch.tensor([v.taken for v in visits]), torch.tensor([v.logp for v in visits])
-
-
 class ASCTTrainer:
-    def __init__(self, cfg, env: RecoverableEnv, train: Sequence, seed: int):
+    def __init__(self, cfg, env: RecoverableEnv, train: Sequence, seed: int, model_cfg=None):
         torch.manual_seed(seed)
         self.cfg, self.env, self.train = cfg, env, list(train)
-        self.actor = Actor(env.n_features, cfg.hidden_size)
-        self.optimizer = torch.optim.Adam(self.actor.parameters(), lr=cfg.lr)
+        self.actor = actors.get(cfg.actor)(cfg, env, model_cfg, env.alphabet())
+        self.optimizer = torch.optim.Adam(self.actor.parameters(), lr=self.actor.learning_rate(cfg))
         self.generator = torch.Generator().manual_seed(seed)
         self.loss_cfg = SimpleNamespace(clip_eps_low=cfg.clip_eps, clip_eps_high=cfg.clip_eps, loss_agg="token_mean")
 
@@ -198,7 +177,7 @@ class ASCTTrainer:
 
     def collect(self) -> tuple[list[Episode], Actor]:
         """The iteration's episodes and the frozen actor pi_0 that sampled them."""
-        frozen = copy.deepcopy(self.actor).requires_grad_(False).eval()
+        frozen = self.actor.frozen()
         index = torch.randint(len(self.train), (self.cfg.episodes,), generator=self.generator)
         return [play(frozen, self.env, self.train[int(i)], self.generator, max_steps=self.cfg.max_steps) for i in index], frozen
 
@@ -207,10 +186,11 @@ class ASCTTrainer:
         return torch.cat(per_episode).float(), metrics
 
     def update(self, visits: Sequence[Visit], advantages: Tensor, step: int, loop: TrainLoop) -> dict[str, float]:
-        features, legal, taken, old_logp = pad_visits(visits)
+        batch = self.actor.prepare(self.env, visits)
+        taken, old_logp = torch.tensor([v.taken for v in visits]), torch.tensor([v.logp for v in visits])
         sums, n = {}, 0
         for _ in range(self.cfg.epochs):
-            logp_all = self.actor(features, legal)
+            logp_all, legal = self.actor.log_probs(batch)
             logp = logp_all.gather(1, taken[:, None])
             loss, m = clipped_surrogate(logp, old_logp[:, None], advantages, torch.ones_like(logp), self.loss_cfg)
             entropy = -(logp_all.exp() * logp_all.masked_fill(~legal, 0.0)).sum(-1).mean()
@@ -244,12 +224,18 @@ class ASCTTrainer:
 
 
 def train_asct(cfg, env: RecoverableEnv, train: Sequence, heldout: Sequence, seed: int, loop: TrainLoop | None = None,
-               on_log: Callable[[int, dict], None] | None = None) -> tuple[ASCTTrainer, list[dict], dict[str, float], list[Episode]]:
+               on_log: Callable[[int, dict], None] | None = None, model_cfg=None, initial: dict | None = None) -> tuple[ASCTTrainer, list[dict], dict[str, float], list[Episode]]:
     """(the trainer, per-iteration history, final figures: held-out greedy `heldout_*` and the total `aux_tokens`, the
-    held-out episodes) under `cfg` (the asct section)."""
+    held-out episodes) under `cfg` (the asct section; `model_cfg`: the model section, the LM actor's shape). A fresh
+    run warm-starts the actor, or loads `initial` (the state_dict of an actor warm-started the same way: arms that share
+    a start compute it once)."""
     loop = loop or TrainLoop()
-    trainer = ASCTTrainer(cfg, env, train, seed)
+    trainer = ASCTTrainer(cfg, env, train, seed, model_cfg)
     start, saved = loop.restore(trainer.actor, trainer.parts())
+    if start == 0 and initial is not None:
+        trainer.actor.load_state_dict(initial)
+    elif start == 0:  # a fresh run: the LM actor's warm start (a resumed one restores the weights it reached)
+        trainer.actor.warm_start(env, train, cfg, seed)
     history: list[dict] = saved.get("history", [])
     for step in range(start + 1, cfg.iterations + 1):
         history.append(trainer.iteration(step, loop))
