@@ -10,7 +10,7 @@ export GX_ANALYTICS_ENABLED := false
 export MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR := false
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test test-heavy install install-dev bench clean pipelines image image-cpu image-local sweep test-gpu bench-gpu
+.PHONY: run test test-heavy install install-dev system-packages bench clean pipelines image image-cpu image-local sweep test-gpu bench-gpu
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,8 +25,19 @@ $(VENV)/.installed-dev: pyproject.toml constraints.txt | $(BIN)/python
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
 	touch $@ $(VENV)/.installed-run
 
+# what the orchestration tests start besides Python packages: Debian's chromium (the browser test; Playwright drives
+# it, no browser download) and PostgreSQL (the shared MLflow server's store), from apt when missing; a no-op otherwise
+SYSTEM_PACKAGES := /usr/bin/chromium:chromium /usr/lib/postgresql/*/bin/postgres:postgresql
+system-packages:
+	@missing=$$(for entry in $(SYSTEM_PACKAGES); do compgen -G "$${entry%%:*}" >/dev/null || echo "$${entry#*:}"; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing $$missing (apt-get)"; \
+	  sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
 install: $(VENV)/.installed-run
-install-dev: $(VENV)/.installed-dev
+install-dev: $(VENV)/.installed-dev system-packages
 
 # one progress line per stage, then the summary; dvc's own output (its git / remote advice too) goes to RUN_LOG
 RUN_LOG ?= outputs/make-run.log

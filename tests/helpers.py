@@ -375,10 +375,10 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def moto_server(*buckets: str) -> Iterator[tuple[str, subprocess.Popen]]:
-    """A loopback S3 stand-in (moto) on 127.0.0.1 with `buckets`, started here and stopped by its process id;
-    yields its endpoint and its process (tests freeze it with SIGSTOP)."""
-    port = free_port()
+def moto_server(*buckets: str, port: int | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
+    """A loopback S3 stand-in (moto) on 127.0.0.1 (on `port`, else a free one) with `buckets`, started here and stopped
+    by its process id; yields its endpoint and its process (tests freeze it with SIGSTOP)."""
+    port = port or free_port()
     server = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     endpoint = f"http://127.0.0.1:{port}"

@@ -102,11 +102,13 @@ def _stop(process: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def airflow_servers(home: Path, dag_ids: tuple[str, ...], timeout: float = 240) -> Iterator[Airflow]:
-    """api-server, scheduler and dag-processor on a fresh metadata DB; yields once `dag_ids` are parsed and unpaused."""
+def airflow_servers(home: Path, dag_ids: tuple[str, ...], timeout: float = 240, env: dict[str, str] | None = None) -> Iterator[Airflow]:
+    """api-server, scheduler and dag-processor on a fresh metadata DB (`env`: more variables for them and their tasks);
+    yields once `dag_ids` are parsed and unpaused."""
     port = free_port()
     env = airflow_env(
         home,
+        **(env or {}),
         AIRFLOW__CORE__PARALLELISM="2",
         AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"http://127.0.0.1:{port}/execution/",
         AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION="False",

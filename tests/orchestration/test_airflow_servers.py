@@ -3,48 +3,57 @@ the REST API the UI's Trigger button uses, with a micro `conf` of Params. (These
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 from pathlib import Path
 
 import pytest
-from airflow_servers import airflow_servers
+from airflow_servers import _password, airflow_servers
+from browser import airflow_login, chromium, mlflow_compare, trigger_from_form
 from orch_helpers import TINY
+from tracking_server import TrackingServer, compare_pipeline_run
 
 pytestmark = pytest.mark.slow
 RUN_TIMEOUT = 900  # seconds: a micro text run takes about 90 s alone on 2 cores
 
 
 @pytest.fixture(scope="module")
-def airflow(tmp_path_factory):
+def airflow(tmp_path_factory, tracking_server_starting):
     home = tmp_path_factory.mktemp("airflow")
-    with airflow_servers(home, ("posttrain_text", "posttrain_sweep")) as api:
+    # the browser test loads the UI from the same single api-server worker the tasks report to: give them time
+    env = {**tracking_server_starting.env, "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "30"}
+    with airflow_servers(home, ("posttrain_text", "posttrain_sweep"), env=env) as api:
+        tracking_server_starting.wait()  # it started meanwhile
         yield api
 
 
 @pytest.fixture(scope="module")
-def triggered(airflow, tmp_path_factory) -> dict[str, tuple[Path, str]]:
+def triggered(airflow, tracking_server, tmp_path_factory) -> dict[str, tuple[Path, str]]:
     """The runs of the tests below, triggered together (two tasks at a time run): name -> (its folder, its run id)."""
     settings = {"unknown_key": {"rl.stepz": 5}, "failing_stage": {"task.digits": 1}, "text": {}}  # digits 1: too few sums
     found = {}
     for name, extra in settings.items():
         work = tmp_path_factory.mktemp(name)
-        status, run = airflow.trigger("posttrain_text", _conf(work, **extra))
+        status, run = airflow.trigger("posttrain_text", _conf(work, tracking_server, **extra))
         assert status == 200, (name, run)
         found[name] = (work, run["dag_run_id"])
     return found
 
 
-def _conf(work: Path, **extra) -> dict:
+def _conf(work: Path, server: TrackingServer | None = None, **extra) -> dict:
+    """A micro run's conf, logging to the shared tracking `server` (else to a sqlite file in `work`)."""
     conf = {f"{section}.{key}": value for section, values in TINY.items() for key, value in values.items()}
-    conf.update({"tracking.uri": f"sqlite:///{work / 'mlflow.db'}", "tracking.artifact_root": str(work / "mlartifacts")})
+    conf.update(dict(o.split("=", 1) for o in server.overrides) if server else
+                {"tracking.uri": f"sqlite:///{work / 'mlflow.db'}", "tracking.artifact_root": str(work / "mlartifacts")})
     conf.update({"model.hidden_size": 32, "model.intermediate_size": 64, "model.layers": 1}, **extra)
     return conf
 
 
-def _runs(work: Path, pipeline_run: str):
+def _runs(work: Path, pipeline_run: str, server: TrackingServer | None = None):
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
+    client = MlflowClient(server.url if server else f"sqlite:///{work / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("posttrain")
     return client.search_runs([experiment.experiment_id], f"tags.pipeline_run = '{pipeline_run}'") if experiment else []
 
@@ -56,30 +65,71 @@ def test_an_invalid_param_is_refused_at_trigger_time_with_its_name(airflow, tmp_
     assert status == 400 and "objectives" in json.dumps(answer), (status, answer)
 
 
-def test_an_unknown_conf_key_fails_preflight_by_name_before_any_stage(airflow, triggered):
+@pytest.fixture(scope="module")
+def browser():
+    with chromium() as context:
+        yield context
+
+
+@pytest.fixture(scope="module")
+def text_params(airflow) -> dict[str, dict]:
+    """posttrain_text's Params as Airflow holds them (asked before the runs are triggered: a busy api-server is slow)."""
+    _, details = airflow.request("GET", "/api/v2/dags/posttrain_text/details")
+    return details["params"]
+
+
+def test_the_trigger_form_in_a_browser_starts_a_run_with_the_changed_value(airflow, text_params, triggered, browser):
+    """Chromium, logged into the UI as admin, opens posttrain_text's trigger form (while the runs above run): the
+    Params are grouped in one section per params.yaml section the DAG reads, rl.advantage is a drop-down of the
+    advantage registry's names, and the run triggered with rloo picked there starts with it and the form's defaults
+    for every other key. (It is a full-size run: stopped once it has started.)"""
+    from posttrain.resolve import all_registries
+
+    params = {name: p["value"] for name, p in text_params.items()}
+    page = airflow_login(browser, airflow.url, _password(airflow.home), "/dags/posttrain_text")
+    form = trigger_from_form(page, "rl.advantage", "rloo")
+    assert sorted(form.sections) == sorted({*(p["schema"]["section"] for p in text_params.values()), "Advanced Options"})
+    assert form.labels == sorted(name for name in params if name.startswith("rl.")), form.labels
+    assert sorted(form.options) == sorted(all_registries()["advantages"].names()) and params["rl.advantage"] != "rloo"
+    assert form.status == 200, form.run
+    run_id = form.run["dag_run_id"]
+    _, run = airflow.request("GET", f"/api/v2/dags/posttrain_text/dagRuns/{run_id}")
+    assert run["conf"] == {**params, "rl.advantage": "rloo"} and run["triggered_by"] == "ui"
+    deadline = time.time() + 120
+    while run["state"] == "queued" and time.time() < deadline:
+        time.sleep(1)
+        _, run = airflow.request("GET", f"/api/v2/dags/posttrain_text/dagRuns/{run_id}")
+    assert run["state"] != "queued", "the run did not start"
+    stopped, _ = airflow.request("PATCH", f"/api/v2/dags/posttrain_text/dagRuns/{run_id}", {"state": "failed"})
+    assert stopped == 200
+
+
+def test_an_unknown_conf_key_fails_preflight_by_name_before_any_stage(airflow, triggered, tracking_server):
     work, run_id = triggered["unknown_key"]
     assert airflow.wait("posttrain_text", run_id, RUN_TIMEOUT) == "failed"
     states = airflow.task_states("posttrain_text", run_id)
     assert states["preflight"] == "failed" and states["data"] == "upstream_failed", states
     assert "unknown key 'rl.stepz' (did you mean 'rl.steps'?)" in airflow.task_log("posttrain_text", run_id, "preflight")
-    assert _runs(work, run_id) == []  # nothing started
+    assert _runs(work, run_id, tracking_server) == []  # nothing started
 
 
-def test_a_failing_stage_ends_the_run_failed_with_its_mlflow_run_failed(airflow, triggered):
+def test_a_failing_stage_ends_the_run_failed_with_its_mlflow_run_failed(airflow, triggered, tracking_server):
     work, run_id = triggered["failing_stage"]
     assert airflow.wait("posttrain_text", run_id, RUN_TIMEOUT) == "failed"
     states = airflow.task_states("posttrain_text", run_id)
     # finalize ran (it marks the runs) and failed on purpose: the DAG run does not take the teardown's success
     assert states["data"] == "failed" and states["sft"] == "upstream_failed" and states["finalize"] == "failed", states
-    (data,) = _runs(work, run_id)
+    (data,) = _runs(work, run_id, tracking_server)
     assert data.data.tags["stage"] == "data" and data.info.status == "FAILED"
 
 
-def test_a_text_run_triggered_like_the_ui_runs_every_task_and_logs_to_mlflow(airflow, triggered):
+def test_a_text_run_triggered_like_the_ui_runs_every_task_and_logs_to_mlflow(airflow, triggered, tracking_server, monkeypatch):
+    """...to the shared tracking server: its runs are rows of its PostgreSQL store, their artifacts objects of its S3
+    bucket, and `posttrain compare` of this pipeline run reads them back from it."""
     tmp_path, run_id = triggered["text"]
     assert airflow.wait("posttrain_text", run_id, RUN_TIMEOUT) == "success", airflow.task_states("posttrain_text", run_id)
     assert set(airflow.task_states("posttrain_text", run_id).values()) == {"success"}
-    runs = _runs(tmp_path, run_id)  # every stage's run carries the Airflow run id
+    runs = _runs(tmp_path, run_id, tracking_server)  # every stage's run carries the Airflow run id
     assert sorted(r.data.tags["stage"] for r in runs) == ["data", "distill", "eval", "eval", "rl", "sft"]
     assert {r.info.status for r in runs} == {"FINISHED"} and {r.data.tags["launcher"] for r in runs} == {"airflow"}
     names = sorted(r.data.tags["mlflow.runName"] for r in runs)
@@ -91,14 +141,38 @@ def test_a_text_run_triggered_like_the_ui_runs_every_task_and_logs_to_mlflow(air
     import mlflow.pyfunc
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = tracking_server.url
     client = MlflowClient(uri)
-    (version,) = client.search_model_versions("name = 'posttrain-rl'")
+    (version,) = client.search_model_versions(f"name = 'posttrain-rl' and tags.pipeline_run = '{run_id}'")  # the server's other runs register too
     rl_run = next(r for r in runs if r.data.tags["stage"] == "rl")
     assert version.run_id == rl_run.info.run_id and version.tags["pipeline_run"] == run_id and version.tags["arm"] == "grpo"
+    for key, value in {**tracking_server.env, "MLFLOW_TRACKING_URI": uri}.items():  # set_tracking_uri exports the URI: restored after
+        monkeypatch.setenv(key, value)
     mlflow.set_tracking_uri(uri)
     (completion,) = mlflow.pyfunc.load_model("models:/posttrain-rl/latest").predict(["12+7="], params={"max_new_tokens": 4})
     assert isinstance(completion, str)
     sft_run = next(r for r in runs if r.data.tags["stage"] == "sft")
     logged = [a.path for a in client.list_artifacts(sft_run.info.run_id, "model")]
     assert "model/MLmodel" in logged and len(logged) == len(set(logged))
+    # the shared server's stores: PostgreSQL holds the runs, the bucket the artifacts (the registered model's files too)
+    import boto3
+    import psycopg2
+
+    with contextlib.closing(psycopg2.connect(tracking_server.database.replace("+psycopg2", ""))) as connection, connection.cursor() as cursor:
+        cursor.execute("SELECT run_uuid, status FROM runs WHERE run_uuid = ANY(%s)", ([r.info.run_id for r in runs],))
+        assert sorted(cursor.fetchall()) == sorted((r.info.run_id, "FINISHED") for r in runs)
+    bucket, prefix = rl_run.info.artifact_uri.removeprefix("s3://").split("/", 1)
+    listed = boto3.client("s3", endpoint_url=tracking_server.s3_endpoint).list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/model/")
+    assert f"{prefix}/model/MLmodel" in {o["Key"] for o in listed.get("Contents", [])}
+    (row,) = compare_pipeline_run(tracking_server, airflow.home / "runs" / run_id / "params.yaml", run_id, tmp_path / "compare", monkeypatch)
+    assert (row["arm"], row["rl_run_id"]) == ("grpo", rl_run.info.run_id) and row["heldout_accuracy"] == metrics["greedy_accuracy"]
+
+
+def test_the_mlflow_ui_of_the_shared_server_compares_the_runs_of_the_text_run(airflow, triggered, tracking_server, browser):
+    from mlflow.tracking import MlflowClient
+
+    work, run_id = triggered["text"]
+    assert airflow.wait("posttrain_text", run_id, RUN_TIMEOUT) == "success"
+    runs = _runs(work, run_id, tracking_server)
+    experiment = MlflowClient(tracking_server.url).get_experiment_by_name("posttrain")
+    mlflow_compare(browser, tracking_server.url, experiment.experiment_id, sorted(r.info.run_id for r in runs))

@@ -14,6 +14,7 @@ import pytest
 import yaml
 from orch_helpers import dvc, tiny_params, tool_env
 from kfp_local import LocalPipeline, kill_group
+from tracking_server import compare_pipeline_run
 
 from helpers import REPO, WALL_CLOCK, copy_repro_run, ran_stages
 from posttrain.orchestration.graph import load_tasks
@@ -170,24 +171,26 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _local_pipeline(work: Path, overrides: tuple[str, ...] = ()) -> tuple[LocalPipeline, dict]:
+def _local_pipeline(work: Path, overrides: tuple[str, ...] = (), env: dict[str, str] | None = None) -> tuple[LocalPipeline, dict]:
     params = tiny_params(work)
     arguments = run_arguments(params, list(overrides), TEXT, image="")
-    return LocalPipeline.load(TEXT, work / "kfp", tool_env()), arguments
+    return LocalPipeline.load(TEXT, work / "kfp", tool_env(**(env or {}))), arguments
 
 
-def _mlflow_runs(work: Path, **filters: str):
+def _mlflow_runs(work: Path, uri: str | None = None, **filters: str):
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
+    client = MlflowClient(uri or f"sqlite:///{work / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("posttrain")
     query = " and ".join(f"tags.{k} = '{v}'" for k, v in filters.items())
     return client.search_runs([experiment.experiment_id], query)
 
 
 @pytest.mark.slow
-def test_local_execution_of_the_compiled_yaml_matches_dvc_repro(dvc_repro_run, tmp_path):
-    pipeline, arguments = _local_pipeline(tmp_path)
+def test_local_execution_of_the_compiled_yaml_matches_dvc_repro(dvc_repro_run, tracking_server, tmp_path, monkeypatch):
+    """The tasks log to the shared tracking server (PostgreSQL, S3 artifacts), as the Airflow text run does, and
+    `posttrain compare` of this pipeline run reads its rl run back from there."""
+    pipeline, arguments = _local_pipeline(tmp_path, tracking_server.overrides, tracking_server.env)
     states = pipeline.run(arguments)
     failed = [r for r in pipeline.runs if r.returncode]
     assert not failed, failed[0].stderr[-3000:]
@@ -199,9 +202,12 @@ def test_local_execution_of_the_compiled_yaml_matches_dvc_repro(dvc_repro_run, t
         weights = sorted(dvc_out.glob("model/*.safetensors"))
         assert [_digest(kfp_out / "model" / w.name) for w in weights] == [_digest(w) for w in weights], task.id
     assert sorted(dvc_repro_run.glob("outputs/*/model/*.safetensors"))  # there were weights to compare
-    runs = _mlflow_runs(tmp_path, pipeline_run="local-job")
+    runs = _mlflow_runs(tmp_path, tracking_server.url, pipeline_run="local-job")
     assert sorted(r.data.tags["stage"] for r in runs) == ["data", "distill", "eval", "eval", "rl", "sft"]
     assert {r.info.status for r in runs} == {"FINISHED"} and {r.data.tags["launcher"] for r in runs} == {"kubeflow"}
+    assert all(r.info.artifact_uri.startswith(tracking_server.artifact_root + "/") for r in runs)  # in the bucket
+    (row,) = compare_pipeline_run(tracking_server, tmp_path / "params.yaml", "local-job", tmp_path / "compare", monkeypatch)
+    assert (row["arm"], row["rl_run_id"]) == ("grpo", next(r.info.run_id for r in runs if r.data.tags["stage"] == "rl"))
 
 
 def task_name(task_id: str, package: Path = TEXT) -> str:
