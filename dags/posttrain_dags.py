@@ -178,7 +178,7 @@ def build(dag_id: str, tasks: list[dict], sweep: bool = False) -> DAG:
         user_defined_filters={"config_values": config_values, "conf_settings": conf_settings, "pipeline_state": pipeline_state},
         default_args={
             "retries": int(os.environ.get("POSTTRAIN_AIRFLOW_RETRIES", ORCH["retries"])),
-            "retry_delay": timedelta(seconds=float(ORCH["retry_backoff"].rstrip("s"))),
+            "retry_delay": timedelta(seconds=float(os.environ.get("POSTTRAIN_AIRFLOW_RETRY_DELAY", ORCH["retry_backoff"]).rstrip("s"))),
             "retry_exponential_backoff": ORCH["retry_backoff_factor"],
             "on_failure_callback": mark_failed,
         },

@@ -13,6 +13,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from orch_helpers import BIN, tool_env
@@ -20,19 +21,22 @@ from orch_helpers import BIN, tool_env
 from helpers import REPO, free_port
 
 DAGS = REPO / "dags"
+ARTIFACTS = REPO / "outputs" / "test-artifacts"  # kept after the tests: the closing notes' figures
 FINISHED = {"success", "failed"}
 
 
 def airflow_env(home: Path, **extra: str) -> dict[str, str]:
-    return tool_env(
-        AIRFLOW_HOME=str(home),
-        AIRFLOW__CORE__DAGS_FOLDER=str(DAGS),
-        AIRFLOW__CORE__LOAD_EXAMPLES="False",
-        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home / 'airflow.db'}",
-        POSTTRAIN_RUNS_DIR=str(home / "runs"),
-        POSTTRAIN_AIRFLOW_RETRIES="0",  # a failing stage fails the run at once (retries wait a minute)
+    return tool_env(**{
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        # three servers and every task's supervisor write one SQLite file: wait up to a minute for its lock (the
+        # default 5 s, on a loaded machine, crashed a server with "database is locked")
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}?timeout=60",
+        "POSTTRAIN_RUNS_DIR": str(home / "runs"),
+        "POSTTRAIN_AIRFLOW_RETRIES": "0",  # unless `extra` says otherwise, a failing stage fails the run at once
         **extra,
-    )
+    })
 
 
 @dataclass
@@ -49,7 +53,7 @@ class Airflow:
         headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {self.token}"} if self.token else {})}
         request = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=30) as response:
+            with urllib.request.urlopen(request, timeout=120) as response:  # a loaded api-server can take a minute
                 return response.status, json.loads(response.read() or b"{}")
         except urllib.error.HTTPError as e:
             text = e.read()
@@ -65,16 +69,39 @@ class Airflow:
     def wait(self, dag_id: str, run_id: str, timeout: float) -> str:
         deadline = time.time() + timeout
         while time.time() < deadline:
-            _, run = self.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")
-            if run.get("state") in FINISHED:
-                return run["state"]
+            with contextlib.suppress(TimeoutError, urllib.error.URLError):  # a loaded api-server answers late: ask again
+                _, run = self.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")
+                if run.get("state") in FINISHED:
+                    return run["state"]
             self.check_alive()
             time.sleep(2)
         raise AssertionError(f"{dag_id} run {run_id} did not finish in {timeout:.0f} s: {self.task_states(dag_id, run_id)}\n{self.logs()}")
 
-    def task_states(self, dag_id: str, run_id: str) -> dict[str, str]:
+    def task_instances(self, dag_id: str, run_id: str) -> dict[str, dict]:
+        """The run's task instances by task id (`objective[0]` for a mapped one): state, try_number, duration, ..."""
         _, found = self.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances?limit=100")
-        return {t["task_id"] + (f"[{t['map_index']}]" if t.get("map_index", -1) >= 0 else ""): t["state"] for t in found.get("task_instances", [])}
+        return {t["task_id"] + (f"[{t['map_index']}]" if t.get("map_index", -1) >= 0 else ""): t for t in found.get("task_instances", [])}
+
+    def task_states(self, dag_id: str, run_id: str) -> dict[str, str]:
+        return {name: t["state"] for name, t in self.task_instances(dag_id, run_id).items()}
+
+    def record_wall_time(self, name: str, dag_id: str, run_id: str, note: str = "") -> dict:
+        """The finished run's wall time (its start to its end) and its tasks' summed durations, merged into
+        outputs/test-artifacts/airflow_wall_times.json under `name` (several test processes may write it)."""
+        from filelock import FileLock
+
+        _, run = self.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")
+        wall = datetime.fromisoformat(run["end_date"]) - datetime.fromisoformat(run["start_date"])
+        tasks = self.task_instances(dag_id, run_id).values()
+        entry = {"dag": dag_id, "run_id": run_id, "state": run["state"], "wall_s": round(wall.total_seconds(), 1),
+                 "task_s": round(sum(t["duration"] or 0.0 for t in tasks), 1), "tasks": len(tasks), "note": note}
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        path = ARTIFACTS / "airflow_wall_times.json"
+        with FileLock(str(path) + ".lock"):
+            found = json.loads(path.read_text()) if path.is_file() else {}
+            path.write_text(json.dumps({**found, name: entry}, indent=1) + "\n")
+        print(f"airflow wall time: {name} ({dag_id}) {entry['wall_s']} s, tasks {entry['task_s']} s")
+        return entry
 
     def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str:
         _, found = self.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}?full_content=true")
@@ -102,19 +129,27 @@ def _stop(process: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def airflow_servers(home: Path, dag_ids: tuple[str, ...], timeout: float = 240, env: dict[str, str] | None = None) -> Iterator[Airflow]:
-    """api-server, scheduler and dag-processor on a fresh metadata DB (`env`: more variables for them and their tasks);
-    yields once `dag_ids` are parsed and unpaused."""
+def airflow_servers(home: Path, dag_ids: tuple[str, ...], timeout: float = 480, **dag_env: str) -> Iterator[Airflow]:
+    """api-server, scheduler and dag-processor on a fresh metadata DB; yields once `dag_ids` are parsed and unpaused.
+    `dag_env`: more variables of their environment (the DAG files read POSTTRAIN_AIRFLOW_RETRIES, ...)."""
     port = free_port()
     env = airflow_env(
         home,
-        **(env or {}),
+        **dag_env,
         AIRFLOW__CORE__PARALLELISM="2",
         AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"http://127.0.0.1:{port}/execution/",
         AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION="False",
         AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC="2",
         AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="5",
+        # the DAG files do not change while the tests run: parse them once. (By default every 30 s, each parse killed
+        # after 50 s; on a loaded machine a parse took longer, and its DAGs went stale for minutes, scheduling nothing.)
+        AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL="3600",
+        AIRFLOW__DAG_PROCESSOR__DAG_FILE_PROCESSOR_TIMEOUT="600",
+        AIRFLOW__DAG_PROCESSOR__STALE_DAG_THRESHOLD="600",
         AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="admin:admin",
+        # a task's first call to the execution API can wait long on a loaded machine's api-server (one worker, SQLite
+        # locked by the scheduler): its default 5 s, retried, fails the task before it runs ("state is queued")
+        AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT="120",
         AIRFLOW__API__BASE_URL=f"http://127.0.0.1:{port}",
     )
     migrated = subprocess.run([str(BIN / "airflow"), "db", "migrate"], env=env, capture_output=True, text=True, timeout=300)
@@ -158,3 +193,37 @@ def _password(home: Path) -> str:
     """The simple auth manager's generated password of `admin`."""
     generated = home / "simple_auth_manager_passwords.json.generated"
     return json.loads(generated.read_text()).get("admin", "") if generated.is_file() else ""
+
+
+def stage_processes(out: Path) -> set[int]:
+    """The processes of the stage writing `out`: the holder recorded in its output lock (the `posttrain` process that
+    trains: with the warm CLI a fork of its server) and every process started as `posttrain ... --out <out>` (the
+    task's command: the warm shim, or the real script)."""
+    lock = out.parent / f".{out.name}.lock"
+    found = {json.loads(lock.read_text())["pid"]} if lock.is_file() and lock.read_text() else set()
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError):
+                argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+                if any(a == "--out" and b == str(out) for a, b in zip(argv, argv[1:])):
+                    found.add(int(proc.name))
+    return found
+
+
+def kill_at_checkpoint(out: Path, step: int, timeout: float) -> set[int]:
+    """Once the stage writing `out` has written checkpoint `step` (in its staging directory), kill -9 its processes
+    (what a lost node takes with it; Airflow's own task supervisor stays, to see the task fail). Returns the killed
+    process ids; fails if the stage finished first, or never got there in `timeout` seconds."""
+    checkpoint = out.parent / f".{out.name}.partial" / "checkpoints" / f"step-{step:06d}"
+    deadline = time.time() + timeout
+    while not checkpoint.is_dir():
+        assert not out.is_dir(), f"{out} was written before it could be killed"
+        assert time.time() < deadline, f"no {checkpoint} in {timeout:.0f} s"
+        time.sleep(0.02)
+    killed = set()
+    for pid in stage_processes(out):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+            killed.add(pid)
+    assert killed and not out.is_dir(), f"nothing of the stage writing {out} was left to kill"
+    return killed

@@ -48,9 +48,11 @@ print(json.dumps({{"errors": {{k: str(v) for k, v in bag.import_errors.items()}}
     "tasks": {{d: sorted(dag.task_dict) for d, dag in bag.dags.items()}}, "commands": commands, "refused": refused,
     "objectives": [objectives.value, objectives.schema], "states": states,
     "conf": filters["conf_settings"]({{"rl.stepz": 5, "objectives": ["grpo"]}}), "env": text.task_dict["preflight"].env,
-    "teardown": [text.task_dict["finalize"].is_teardown, text.task_dict["finalize"].on_failure_fail_dagrun, text.task_dict["finalize"].retries]}}))
+    "teardown": [text.task_dict["finalize"].is_teardown, text.task_dict["finalize"].on_failure_fail_dagrun, text.task_dict["finalize"].retries],
+    "retry": {{t: [text.task_dict[t].retries, text.task_dict[t].retry_delay.total_seconds()] for t in ("preflight", "rl")}}}}))
 """
-    result = subprocess.run([sys.executable, "-c", probe], env=airflow_env(tmp_path_factory.mktemp("dagbag")), capture_output=True, text=True, timeout=300)
+    env = airflow_env(tmp_path_factory.mktemp("dagbag"), POSTTRAIN_AIRFLOW_RETRIES="3", POSTTRAIN_AIRFLOW_RETRY_DELAY="7s")
+    result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -106,6 +108,8 @@ def test_dag_runs_refuse_unknown_conf_keys_duplicate_arms_and_end_failed_when_a_
     # finalize fails its run when another task failed or was skipped (a run marked failed), and has no retries
     assert found["states"] == {"all_ok": "ended", "one_failed": "failed", "marked_failed": "failed", "arm_failed": "failed"}
     assert found["teardown"] == [True, True, 0]
+    # the environment's retries and first delay (POSTTRAIN_AIRFLOW_RETRIES, _RETRY_DELAY) on every task but preflight
+    assert found["retry"] == {"preflight": [0, 7.0], "rl": [3, 7.0]}
     assert "--state '{{ ti | pipeline_state }}' --fail-if-failed" in found["commands"]["posttrain_text"]["finalize"]
 
 

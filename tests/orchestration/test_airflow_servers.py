@@ -1,44 +1,73 @@
 """Airflow as a person runs it: the api-server, scheduler and dag-processor on loopback, DAG runs triggered through
-the REST API the UI's Trigger button uses, with a micro `conf` of Params. (These replace `airflow dags test`.)"""
+the REST API the UI's Trigger button uses, with a micro `conf` of Params. (These replace `airflow dags test`.)
+
+One server set runs the text, sweep and image DAGs' runs together, with one retry 1 s after a failure: a text run
+whose rl task is kill -9'd after its first checkpoint (its retry resumes there), a sweep of two arms, the image
+pipeline, a failing stage and an unknown conf key, all logging to the session's shared MLflow server (PostgreSQL, S3:
+tracking_server.py); a browser fills the text DAG's trigger form meanwhile. The rlhf DAG (minutes) runs on its own servers, marked heavy.
+Each DAG's wall time goes to outputs/test-artifacts/airflow_wall_times.json."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import threading
 import time
 from pathlib import Path
 
 import pytest
-from airflow_servers import _password, airflow_servers
+from airflow_servers import _password, airflow_servers, kill_at_checkpoint
 from browser import airflow_login, chromium, mlflow_compare, trigger_from_form
 from orch_helpers import TINY
 from tracking_server import TrackingServer, compare_pipeline_run
 
+from helpers import MICRO_IMAGE, deterministic
+
 pytestmark = pytest.mark.slow
 RUN_TIMEOUT = 900  # seconds: a micro text run takes about 90 s alone on 2 cores
+RETRY = {"POSTTRAIN_AIRFLOW_RETRIES": "1", "POSTTRAIN_AIRFLOW_RETRY_DELAY": "1s"}  # a killed task's retry, at once
+IMAGE = {f"{section}.{key}": value for section, values in MICRO_IMAGE.items() for key, value in values.items()}
+# name -> (DAG, the conf's own keys); digits 1: too few sums. The rl task of `text` is killed once (a run more
+# would cost the suite a minute): the sweep's grpo arm, the same rl on the same conf, is the uninterrupted run
+RUNS = {
+    "unknown_key": ("posttrain_text", {"rl.stepz": 5}), "failing_stage": ("posttrain_text", {"task.digits": 1}),
+    "sweep": ("posttrain_sweep", {"objectives": ["grpo", "rloo"]}), "image": ("posttrain_image", IMAGE), "text": ("posttrain_text", {}),
+}
 
 
 @pytest.fixture(scope="module")
 def airflow(tmp_path_factory, tracking_server_starting):
     home = tmp_path_factory.mktemp("airflow")
-    # the browser test loads the UI from the same single api-server worker the tasks report to: give them time
-    env = {**tracking_server_starting.env, "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "30"}
-    with airflow_servers(home, ("posttrain_text", "posttrain_sweep"), env=env) as api:
+    with airflow_servers(home, ("posttrain_text", "posttrain_sweep", "posttrain_image"), **RETRY, **tracking_server_starting.env) as api:
         tracking_server_starting.wait()  # it started meanwhile
         yield api
 
 
 @pytest.fixture(scope="module")
 def triggered(airflow, tracking_server, tmp_path_factory) -> dict[str, tuple[Path, str]]:
-    """The runs of the tests below, triggered together (two tasks at a time run): name -> (its folder, its run id)."""
-    settings = {"unknown_key": {"rl.stepz": 5}, "failing_stage": {"task.digits": 1}, "text": {}}  # digits 1: too few sums
+    """The runs of the tests below, triggered together (two tasks at a time run): name -> (its folder, its run id).
+    A thread watches the `text` run and kill -9s its rl task once it has written its first checkpoint."""
     found = {}
-    for name, extra in settings.items():
+    for name, (dag_id, extra) in RUNS.items():
         work = tmp_path_factory.mktemp(name)
-        status, run = airflow.trigger("posttrain_text", _conf(work, tracking_server, **extra))
+        status, run = airflow.trigger(dag_id, _conf(work, tracking_server, **extra))
         assert status == 200, (name, run)
         found[name] = (work, run["dag_run_id"])
+    out = airflow.home / "runs" / found["text"][1] / "outputs" / "rl"
+    watcher = threading.Thread(target=_kill_once, args=(out,), daemon=True)
+    watcher.start()
     return found
+
+
+KILLS: dict[str, object] = {}  # what the watcher killed, or how it failed
+
+
+def _kill_once(out: Path) -> None:
+    try:
+        KILLS["pids"] = kill_at_checkpoint(out, step=1, timeout=RUN_TIMEOUT)
+    except BaseException as e:  # noqa: BLE001  (reported by the test that waits for it)
+        KILLS["error"] = e
 
 
 def _conf(work: Path, server: TrackingServer | None = None, **extra) -> dict:
@@ -50,11 +79,11 @@ def _conf(work: Path, server: TrackingServer | None = None, **extra) -> dict:
     return conf
 
 
-def _runs(work: Path, pipeline_run: str, server: TrackingServer | None = None):
+def _runs(work: Path, pipeline_run: str, server: TrackingServer | None = None, experiment: str = "posttrain"):
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(server.url if server else f"sqlite:///{work / 'mlflow.db'}")
-    experiment = client.get_experiment_by_name("posttrain")
+    experiment = client.get_experiment_by_name(experiment)
     return client.search_runs([experiment.experiment_id], f"tags.pipeline_run = '{pipeline_run}'") if experiment else []
 
 
@@ -116,11 +145,13 @@ def test_an_unknown_conf_key_fails_preflight_by_name_before_any_stage(airflow, t
 def test_a_failing_stage_ends_the_run_failed_with_its_mlflow_run_failed(airflow, triggered, tracking_server):
     work, run_id = triggered["failing_stage"]
     assert airflow.wait("posttrain_text", run_id, RUN_TIMEOUT) == "failed"
-    states = airflow.task_states("posttrain_text", run_id)
+    tasks = airflow.task_instances("posttrain_text", run_id)
+    states = {name: t["state"] for name, t in tasks.items()}
     # finalize ran (it marks the runs) and failed on purpose: the DAG run does not take the teardown's success
     assert states["data"] == "failed" and states["sft"] == "upstream_failed" and states["finalize"] == "failed", states
-    (data,) = _runs(work, run_id, tracking_server)
-    assert data.data.tags["stage"] == "data" and data.info.status == "FAILED"
+    assert tasks["data"]["try_number"] == 2 and tasks["finalize"]["try_number"] == 1  # data's one retry failed too
+    runs = _runs(work, run_id, tracking_server)  # one per attempt (data does not resume)
+    assert [r.data.tags["stage"] for r in runs] == ["data", "data"] and {r.info.status for r in runs} == {"FAILED"}
 
 
 def test_a_text_run_triggered_like_the_ui_runs_every_task_and_logs_to_mlflow(airflow, triggered, tracking_server, monkeypatch):
@@ -135,6 +166,7 @@ def test_a_text_run_triggered_like_the_ui_runs_every_task_and_logs_to_mlflow(air
     names = sorted(r.data.tags["mlflow.runName"] for r in runs)
     assert names == ["data", "distill grpo+clip seed 0", "eval rl grpo", "eval sft", "rl grpo+clip seed 0", "sft"], names
     assert {r.data.tags["stage"] for r in runs if "objective" in r.data.tags} == {"rl", "distill", "eval"}  # eval of rl: inherited
+    airflow.record_wall_time("text", "posttrain_text", run_id, f"its rl kill -9'd once and retried; {len(RUNS)} runs triggered together, 2 task slots")
     metrics = json.loads((airflow.home / "runs" / run_id / "outputs/eval/rl/metrics.json").read_text())
     assert 0.0 <= metrics["greedy_accuracy"] <= 1.0 and metrics["n_prompts"] == TINY["eval"]["n_prompts"]
     # the final models are MLflow models in the Model Registry, tagged with the pipeline run, and load by name
@@ -176,3 +208,86 @@ def test_the_mlflow_ui_of_the_shared_server_compares_the_runs_of_the_text_run(ai
     runs = _runs(work, run_id, tracking_server)
     experiment = MlflowClient(tracking_server.url).get_experiment_by_name("posttrain")
     mlflow_compare(browser, tracking_server.url, experiment.experiment_id, sorted(r.info.run_id for r in runs))
+
+
+def _digests(out: Path) -> dict[str, str]:
+    return {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.rglob("*.safetensors"))}
+
+
+def test_a_task_killed_mid_run_is_retried_resumes_from_its_checkpoint_and_ends_as_if_never_killed(airflow, triggered, tracking_server):
+    work, run_id = triggered["text"]
+    assert airflow.wait("posttrain_text", run_id, RUN_TIMEOUT) == "success", airflow.task_states("posttrain_text", run_id)
+    assert "error" not in KILLS, KILLS.get("error")
+    assert KILLS["pids"], "the watcher killed nothing"
+    tasks = airflow.task_instances("posttrain_text", run_id)
+    assert {t["state"] for t in tasks.values()} == {"success"} and tasks["rl"]["try_number"] == 2, tasks["rl"]
+    first, retry = (airflow.task_log("posttrain_text", run_id, "rl", n) for n in (1, 2))
+    assert "posttrain: resumed" not in first and "posttrain: resumed rl at step 1 from " in retry, retry[-3000:]
+    # the same rl metrics, history and weights as the uninterrupted rl of the same conf: the sweep's grpo arm
+    assert airflow.wait("posttrain_sweep", triggered["sweep"][1], RUN_TIMEOUT) == "success"
+    killed = airflow.home / "runs" / run_id / "outputs" / "rl"
+    straight = airflow.home / "runs" / triggered["sweep"][1] / "objectives" / "grpo" / "outputs" / "rl"
+    for name in ("metrics.json", "history.json"):
+        assert deterministic(json.loads((killed / name).read_text())) == deterministic(json.loads((straight / name).read_text())), name
+    assert _digests(killed) and _digests(killed) == _digests(straight)
+    runs = _runs(work, run_id, tracking_server)  # the retry reopened the killed attempt's MLflow run and ended it
+    assert sorted(r.data.tags["stage"] for r in runs) == ["data", "distill", "eval", "eval", "rl", "sft"]
+    assert {r.info.status for r in runs} == {"FINISHED"}
+
+
+def test_a_sweep_of_two_objectives_runs_both_arms_and_compares_them_alone(airflow, triggered, tracking_server):
+    work, run_id = triggered["sweep"]
+    assert airflow.wait("posttrain_sweep", run_id, RUN_TIMEOUT) == "success", airflow.task_states("posttrain_sweep", run_id)
+    states = airflow.task_states("posttrain_sweep", run_id)
+    assert set(states.values()) == {"success"} and {"objective[0]", "objective[1]", "compare"} <= set(states), states
+    airflow.record_wall_time("sweep", "posttrain_sweep", run_id, f"objectives grpo, rloo; {len(RUNS)} runs triggered together, 2 task slots")
+    runs = _runs(work, run_id, tracking_server)
+    assert {r.info.status for r in runs} == {"FINISHED"} and {r.data.tags["launcher"] for r in runs} == {"airflow"}
+    rl = {r.data.tags["arm"]: r for r in runs if r.data.tags["stage"] == "rl"}
+    assert {arm: r.data.tags["mlflow.runName"] for arm, r in rl.items()} == {"grpo": "rl grpo+clip seed 0", "rloo": "rl rloo+clip seed 0"}
+    assert {arm: r.data.tags["objective"] for arm, r in rl.items()} == {"grpo": "grpo+clip", "rloo": "rloo+clip"}
+    rows = json.loads((airflow.home / "runs" / run_id / "compare" / "comparison.json").read_text())
+    assert [(r["arm"], r["rl_run_id"]) for r in rows] == [(arm, rl[arm].info.run_id) for arm in ("grpo", "rloo")]  # its two arms only
+    arms = airflow.home / "runs" / run_id / "objectives"
+    assert _digests(arms / "grpo/outputs/rl") != _digests(arms / "rloo/outputs/rl")  # two updates, not one twice
+
+
+def test_the_image_pipeline_triggered_like_the_ui_writes_its_outputs_and_logs_to_mlflow(airflow, triggered, tracking_server):
+    work, run_id = triggered["image"]
+    assert airflow.wait("posttrain_image", run_id, RUN_TIMEOUT) == "success", airflow.task_states("posttrain_image", run_id)
+    assert set(airflow.task_states("posttrain_image", run_id).values()) == {"success"}
+    airflow.record_wall_time("image", "posttrain_image", run_id, f"{len(RUNS)} runs triggered together, 2 task slots")
+    runs = _runs(work, run_id, tracking_server, "posttrain-images")  # the pipeline's own experiment (its pipeline.name)
+    assert sorted(r.data.tags["stage"] for r in runs) == ["city", "curate", "flow_eval", "flow_rl", "flow_sft"]
+    assert {r.info.status for r in runs} == {"FINISHED"} and {r.data.tags["launcher"] for r in runs} == {"airflow"}
+    out = airflow.home / "runs" / run_id / "outputs" / "images"
+    assert (out / "flow_sft/model/unet/config.json").is_file() and (out / "flow_eval/samples.png").is_file()
+    assert len(json.loads((out / "flow_rl/history.json").read_text())) == MICRO_IMAGE["flow_rl"]["steps"]
+    ev = json.loads((out / "flow_eval/metrics.json").read_text())
+    assert all(0 <= ev[f"{model}_overall"] <= 1 for model in ("sft", "rl")), ev
+    flow_eval = next(r for r in runs if r.data.tags["stage"] == "flow_eval")
+    assert flow_eval.data.metrics["rl_overall"] == pytest.approx(ev["rl_overall"])
+
+
+@pytest.mark.heavy
+def test_the_rlhf_pipeline_triggered_like_the_ui_runs_every_task_and_logs_to_mlflow(tmp_path):
+    """posttrain_rlhf (data and sft, then the reward-model, preference, knowledge-editing and CARE chains) on its own
+    servers: about 8 minutes of tasks at the tiny config's sizes, so `make test-heavy`, not `make test`."""
+    # With one retry: its first tasks (knowledge, care, data) start together on a fresh SQLite MLflow store and can
+    # race on creating it ("Online migration expected to match one row ..."); the retry finds it made. (A known bug:
+    # preflight should create the store and the experiment before any stage starts.)
+    with airflow_servers(tmp_path / "airflow", ("posttrain_rlhf",), **RETRY) as airflow:
+        status, run = airflow.trigger("posttrain_rlhf", _conf(tmp_path))
+        assert status == 200, run
+        run_id = run["dag_run_id"]
+        assert airflow.wait("posttrain_rlhf", run_id, 2400) == "success", airflow.task_states("posttrain_rlhf", run_id)
+        states = airflow.task_states("posttrain_rlhf", run_id)
+        assert set(states.values()) == {"success"} and {"knowledge", "edit", "care", "reward_model", "rl_rm", "preference"} <= set(states)
+        retried = sorted(name for name, t in airflow.task_instances("posttrain_rlhf", run_id).items() if t["try_number"] > 1)
+        airflow.record_wall_time("rlhf", "posttrain_rlhf", run_id, f"alone on its servers, 2 task slots; retried: {retried}")
+        runs = _runs(tmp_path, run_id)
+        stages = sorted(r.data.tags["stage"] for r in runs)
+        assert stages == ["care", "data", "edit", "eval", "eval", "knowledge", "preference", "reward_model", "rl_rm", "sft"], stages
+        assert {r.info.status for r in runs} == {"FINISHED"} and {r.data.tags["launcher"] for r in runs} == {"airflow"}
+        for task in ("reward_model", "rl_rm", "preference"):
+            assert (airflow.home / "runs" / run_id / "outputs" / task / "metrics.json").is_file(), task

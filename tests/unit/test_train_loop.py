@@ -105,7 +105,7 @@ def test_only_a_phase_that_saves_its_last_step_checkpoints_it_and_phases_have_th
     assert TrainLoop().phase("rl").checkpoint_dir is None  # no checkpoints stays no checkpoints
 
 
-def test_restore_puts_back_the_weights_parts_values_and_counts(tmp_path):
+def test_restore_puts_back_the_weights_parts_values_and_counts(tmp_path, capsys):
     model, optimizer = model_and_optimizer()
     generator, pairs = torch.Generator().manual_seed(1), random.Random(2)
     parts = {"optimizer": optimizer, "generator": generator, "pairs": pairs}
@@ -117,14 +117,16 @@ def test_restore_puts_back_the_weights_parts_values_and_counts(tmp_path):
 
     fresh, fresh_optimizer = model_and_optimizer(seed=7)
     fresh_generator, fresh_pairs = torch.Generator().manual_seed(9), random.Random(9)
-    again = TrainLoop(tmp_path, "h", every=1, resume=True)
+    again = TrainLoop(tmp_path, "h", every=1, resume=True, section="rl")
     start, values = again.restore(fresh, {"optimizer": fresh_optimizer, "generator": fresh_generator, "pairs": fresh_pairs})
+    assert capsys.readouterr().err == f"posttrain: resumed rl at step 2 from {tmp_path / 'step-000002'}\n"  # what a retry's log shows
     assert start == 2 and values == {"history": [{"loss": 1.5}], "state": {"alpha": 0.25, "variance": math.inf}}
     assert (again.nonfinite_steps, again.consecutive) == (1, 0) and again.last_checkpoint == tmp_path / "step-000002"
     assert all(torch.equal(v, expected[0][k]) for k, v in fresh.state_dict().items())
     assert torch.equal(torch.rand(3, generator=fresh_generator), expected[1]) and fresh_pairs.random() == expected[2]
     assert fresh_optimizer.state_dict()["state"][0]["step"] == optimizer.state_dict()["state"][0]["step"]
     assert TrainLoop(tmp_path, "h", every=1, resume=False).restore(fresh, {}) == (0, {})  # without --resume: a fresh start
+    assert capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize("damaged", ["model.safetensors", "trainer.pt"])

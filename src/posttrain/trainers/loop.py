@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -127,6 +128,8 @@ class TrainLoop:
         for name, part in parts.items():
             _restore(part, state["parts"][name])
         self.nonfinite_steps, self.consecutive = state["loop"]
+        if distributed.current().is_main:  # a launcher's log shows where a retried task went on from
+            print(f"posttrain: resumed {self.section or 'training'} at step {state['step']} from {self.last_checkpoint}", file=sys.stderr)
         return state["step"], state["values"]
 
     def checkpoint(self, step: int, total: int, model: torch.nn.Module, parts: dict[str, Any], values: dict[str, Any] | None = None) -> None:
