@@ -140,6 +140,7 @@ def preflight(
     """Check a run before any GPU is requested: config, MLflow, S3 credentials and buckets, inputs."""
     from posttrain.orchestration.preflight import config_text, preflight as check, resolve_config
     from posttrain.orchestration.sweep import arm_overrides, check_arms
+    from posttrain.tracking import prepare_store
 
     if sweep_arms:
         try:
@@ -154,6 +155,7 @@ def preflight(
     problems = check(cfg, _input_locations(inputs))
     if problems:
         raise UserError("preflight failed: " + "; ".join(problems))
+    prepare_store(cfg)  # once, before the run's stages start together on it
     if write_config is not None:
         write_config.parent.mkdir(parents=True, exist_ok=True)
         write_config.write_text(config_text(cfg))

@@ -401,6 +401,40 @@ def run_name(cfg: Config, stage: str, tags: Mapping[str, str], rl_objective: boo
     return stage
 
 
+def pipeline_experiment(mlflow, cfg: Config, root_uri: str) -> str:
+    """The id of the experiment `pipeline.name`, created with `root_uri` as its artifact location if there is none. A
+    stage that loses the race to create it (stages of one run start together) takes the one the winner made."""
+    location = Path(root_uri).resolve().as_uri() if "://" not in root_uri else root_uri
+    experiment = mlflow.get_experiment_by_name(cfg.pipeline.name)
+    if experiment is None:
+        try:
+            return mlflow.create_experiment(cfg.pipeline.name, artifact_location=location)
+        except Exception:
+            experiment = mlflow.get_experiment_by_name(cfg.pipeline.name)
+            if experiment is None:
+                raise
+    if experiment.artifact_location.rstrip("/") != location.rstrip("/"):  # MLflow would keep the old one, silently
+        raise UserError(f"experiment {cfg.pipeline.name!r} keeps its artifacts in {redact_uri(experiment.artifact_location)}, not "
+                        f"tracking.artifact_root {redact_uri(location)}: set that root back, or a new pipeline.name for the new one")
+    return experiment.experiment_id
+
+
+def prepare_store(cfg: Config) -> None:
+    """Create the tracking store and the pipeline's experiment before any stage starts (the launchers' preflight):
+    stages that start together on a new SQLite store would otherwise race on creating its tables."""
+    if not cfg.tracking.enabled:
+        return
+    mlflow = _quiet_mlflow()
+    uri, artifact_root = connect(cfg)
+    mlflow.set_tracking_uri(uri)
+    try:
+        pipeline_experiment(mlflow, cfg, artifact_root)
+    except UserError:
+        raise
+    except Exception as e:
+        raise UserError(f"cannot create the MLflow experiment at {uri}: {error_line(e)}") from None
+
+
 @contextmanager
 def stage_run(cfg: Config, stage: str, launcher: str, run_id: str | None = None, extra_tags: Mapping[str, str] | None = None,
               root: Path | None = None, rl_objective: bool | None = None) -> Iterator[Tracker]:
@@ -417,15 +451,7 @@ def stage_run(cfg: Config, stage: str, launcher: str, run_id: str | None = None,
     tags.update(extra_tags or {})
 
     def start(mlflow, root_uri: str):
-        experiment = mlflow.get_experiment_by_name(cfg.pipeline.name)
-        location = Path(root_uri).resolve().as_uri() if "://" not in root_uri else root_uri
-        if experiment is None:
-            experiment_id = mlflow.create_experiment(cfg.pipeline.name, artifact_location=location)
-        elif experiment.artifact_location.rstrip("/") != location.rstrip("/"):  # MLflow would keep the old one, silently
-            raise UserError(f"experiment {cfg.pipeline.name!r} keeps its artifacts in {redact_uri(experiment.artifact_location)}, not "
-                            f"tracking.artifact_root {redact_uri(location)}: set that root back, or a new pipeline.name for the new one")
-        else:
-            experiment_id = experiment.experiment_id
+        experiment_id = pipeline_experiment(mlflow, cfg, root_uri)
         if run_id is None:
             tags.update(_inherited_objective(mlflow, tags))
         run = mlflow.start_run(run_id=run_id, experiment_id=experiment_id, run_name=None if run_id else run_name(cfg, stage, tags, rl_objective), tags=tags)

@@ -275,18 +275,16 @@ def test_the_image_pipeline_triggered_like_the_ui_writes_its_outputs_and_logs_to
 def test_the_rlhf_pipeline_triggered_like_the_ui_runs_every_task_and_logs_to_mlflow(tmp_path):
     """posttrain_rlhf (data and sft, then the reward-model, preference, knowledge-editing and CARE chains) on its own
     servers: about 8 minutes of tasks at the tiny config's sizes, so `make test-heavy`, not `make test`."""
-    # With one retry: its first tasks (knowledge, care, data) start together on a fresh SQLite MLflow store and can
-    # race on creating it ("Online migration expected to match one row ..."); the retry finds it made. (A known bug:
-    # preflight should create the store and the experiment before any stage starts.)
-    with airflow_servers(tmp_path / "airflow", ("posttrain_rlhf",), **RETRY) as airflow:
+    # No retries: its first tasks (knowledge, care, data) start together, on the SQLite MLflow store and the
+    # experiment that preflight made before them (they used to race on creating both)
+    with airflow_servers(tmp_path / "airflow", ("posttrain_rlhf",)) as airflow:
         status, run = airflow.trigger("posttrain_rlhf", _conf(tmp_path))
         assert status == 200, run
         run_id = run["dag_run_id"]
         assert airflow.wait("posttrain_rlhf", run_id, 2400) == "success", airflow.task_states("posttrain_rlhf", run_id)
         states = airflow.task_states("posttrain_rlhf", run_id)
         assert set(states.values()) == {"success"} and {"knowledge", "edit", "care", "reward_model", "rl_rm", "preference"} <= set(states)
-        retried = sorted(name for name, t in airflow.task_instances("posttrain_rlhf", run_id).items() if t["try_number"] > 1)
-        airflow.record_wall_time("rlhf", "posttrain_rlhf", run_id, f"alone on its servers, 2 task slots; retried: {retried}")
+        airflow.record_wall_time("rlhf", "posttrain_rlhf", run_id, "alone on its servers, 2 task slots, no retries")
         runs = _runs(tmp_path, run_id)
         stages = sorted(r.data.tags["stage"] for r in runs)
         assert stages == ["care", "data", "edit", "eval", "eval", "knowledge", "preference", "reward_model", "rl_rm", "sft"], stages

@@ -12,7 +12,7 @@ DOCKERFILE = (REPO / "docker" / "Dockerfile").read_text()
 
 
 def test_gpu_build_pins_the_pypi_torch_that_pyproject_names(tmp_path):
-    sed = re.search(r"else (sed -i '[^']+' constraints\.txt);", DOCKERFILE)
+    sed = re.search(r"elif \[ -z \"\$WHEELS\" \]; then (sed -i '[^']+' constraints\.txt);", DOCKERFILE)  # no local wheels: PyPI's torch
     assert sed, "the GPU branch of the install step edits constraints.txt"
     constraints = tmp_path / "constraints.txt"
     constraints.write_text((REPO / "constraints.txt").read_text())
@@ -27,3 +27,4 @@ def test_image_installs_the_package_and_runs_posttrain():
     assert "pip install -c constraints.txt ." in DOCKERFILE
     assert 'ENTRYPOINT ["posttrain"]' in DOCKERFILE
     assert "ARG BASE=" in DOCKERFILE and "ARG TORCH_INDEX_URL" in DOCKERFILE  # CUDA base by default, CPU variant by args
+    assert "ARG WHEELS=" in DOCKERFILE and "ARG CA_BUNDLE=" in DOCKERFILE  # docker/build_local.sh: local torch wheel, proxy CA
