@@ -6,7 +6,8 @@ as a Bash task in the environment Airflow runs in (the default: a laptop running
 as a Kubernetes pod on a GPU node pool when `orchestration.airflow.executor` is `kubernetes`.
 
 Each DAG's trigger form holds the sections its stages read (their dvc.yaml `params:`) and the run-wide ones
-(pipeline, tracking, training). Params are validated against the generated JSON Schema when a run is triggered; the `preflight` task then
+(pipeline, tracking, training), each key described by its params.yaml comment. Every key has a default, so none is
+required: a field left empty is its params.yaml value. Params are validated against the generated JSON Schema when a run is triggered; the `preflight` task then
 validates them with the config models (the trigger's `conf` too: a key that is no setting, `rl.stepz`, is refused
 by name) and checks MLflow, S3 and credentials before any training starts. The `finalize` teardown and every
 task's failure callback mark the run's unfinished MLflow runs FAILED; when any task failed or was skipped (a run
@@ -43,14 +44,41 @@ CHECK = ["--params", str(REPO / "params.yaml"), "--values-json", VALUES]
 FAILED_STATES = {"failed", "upstream_failed", "skipped", "removed"}  # no task of these DAGs skips unless the run was stopped
 
 
+# keys whose own schema does not admit null: in the form they are optional, and null (an emptied field) is their default
+NULL_IS_DEFAULT = {name for name, p in SPEC["params"].items() if p["schema"].get("type") not in (None, "null")}
+DEFAULT_LABEL = "default: {}"  # a drop-down's null choice
+
+
+def optional(schema: dict, default) -> dict:
+    """The trigger form's schema of a key that has a default: its type admits null too, since the form marks every
+    field required whose type does not, and an emptied field (null) reads as the default (`config_values`). A
+    drop-down gains that choice, labelled with the default. A key whose schema admits null already is left alone
+    (null is one of its values)."""
+    kind = schema.get("type")
+    if kind in (None, "null"):
+        return schema
+    made = {**schema, "type": [kind, "null"]}
+    if "enum" in schema:
+        made["enum"] = [*schema["enum"], None]
+        made["values_display"] = {"null": DEFAULT_LABEL.format(json.dumps(default))}
+    return made
+
+
 def config_values(params) -> dict:
-    """The run's settings among its Params (a sweep DAG also has `objectives`, which is no config key)."""
-    return {name: value for name, value in dict(params).items() if name in SPEC["params"]}
+    """The run's settings among its Params (a sweep DAG also has `objectives`, which is no config key); an emptied
+    field is left out, so that the run takes params.yaml's value."""
+    return {name: value for name, value in dict(params).items() if name in SPEC["params"] and not (value is None and name in NULL_IS_DEFAULT)}
 
 
 def conf_settings(conf) -> dict:
-    """The trigger's conf without the sweep's `objectives` (no config key): every other key must be a setting."""
-    return {name: value for name, value in dict(conf or {}).items() if name != "objectives"}
+    """The trigger's conf without the sweep's `objectives` (no config key): every other key must be a setting (a
+    null one, where null is no value of the key, is its default)."""
+    return {name: value for name, value in dict(conf or {}).items() if name != "objectives" and not (value is None and name in NULL_IS_DEFAULT)}
+
+
+def objectives_of(params) -> list:
+    """The sweep's arms: the form's choice, or orchestration.sweep.objectives when the field was emptied."""
+    return dict(params).get("objectives") or list(ORCH["sweep"]["objectives"])
 
 
 def pipeline_state(ti) -> str:
@@ -67,14 +95,14 @@ def form_sections(tasks: list[dict]) -> set[str]:
 def run_params(sections: set[str], sweep: bool) -> dict[str, Param]:
     """The trigger form: a Param per setting of `sections` (a key of another section can still be set through the
     run's conf: preflight validates every key)."""
-    made = {name: Param(p["default"], description=p["description"], section=p["section"], **p["schema"])
+    made = {name: Param(p["default"], description=p["description"], section=p["section"], **optional(p["schema"], p["default"]))
             for name, p in SPEC["params"].items() if p["section"] in sections}
     if sweep:
         arms = SPEC["sweep_arms"]
         made["objectives"] = Param(
-            list(ORCH["sweep"]["objectives"]), section="sweep", type="array", minItems=1, uniqueItems=True, items={"type": "string", "enum": arms},
+            list(ORCH["sweep"]["objectives"]), section="sweep", type=["array", "null"], minItems=1, uniqueItems=True, items={"type": "string", "enum": arms},
             examples=arms,  # an array Param with examples is a multi-select in the trigger form
-            description="The arms: a preset (all its rl keys, e.g. dr_grpo's aggregation) or an advantage estimator; each once.",
+            description="The arms: a preset (all its rl keys, e.g. dr_grpo's aggregation) or an advantage estimator; each once (empty: orchestration.sweep.objectives).",
         )
     return made
 
@@ -175,7 +203,7 @@ def build(dag_id: str, tasks: list[dict], sweep: bool = False) -> DAG:
     sections = form_sections(SPEC["pipelines"]["text"] if sweep else tasks)  # a sweep runs every text task (per arm)
     with DAG(
         dag_id, schedule=None, catchup=False, params=run_params(sections, sweep), tags=["posttrain"], doc_md=__doc__,
-        user_defined_filters={"config_values": config_values, "conf_settings": conf_settings, "pipeline_state": pipeline_state},
+        user_defined_filters={"config_values": config_values, "conf_settings": conf_settings, "objectives_of": objectives_of, "pipeline_state": pipeline_state},
         default_args={
             "retries": int(os.environ.get("POSTTRAIN_AIRFLOW_RETRIES", ORCH["retries"])),
             "retry_delay": timedelta(seconds=float(os.environ.get("POSTTRAIN_AIRFLOW_RETRY_DELAY", ORCH["retry_backoff"]).rstrip("s"))),
@@ -185,7 +213,7 @@ def build(dag_id: str, tasks: list[dict], sweep: bool = False) -> DAG:
         description=" -> ".join(t["id"] for t in tasks) + (" -> objectives -> compare" if sweep else ""),
     ) as dag:
         check = [*CHECK, *overrides_of(dag_id)]  # preflight writes them into the run's params.yaml
-        arms = ["--sweep-arms", "{{ params.objectives | tojson }}"] if sweep else []
+        arms = ["--sweep-arms", "{{ params | objectives_of | tojson }}"] if sweep else []
         preflight = launch("preflight", ["preflight", *check, "--values-json", CONF, *arms, "--write-config", f"{RUN_DIR}/params.yaml"], gpu=False, retries=0)
         # no retries: a failed run makes it fail on purpose (its MLflow call has its own retries)
         finalize = launch(
@@ -221,7 +249,7 @@ def objective_runs(text_tasks: list[dict], shared: set[str]):
     @task
     def objective_commands(run_dir: str, params: dict | None = None) -> list:  # params: from the run context
         commands = []
-        for objective in params["objectives"]:
+        for objective in objectives_of(params):
             own = f"{run_dir}/objectives/{objective}"
             steps = [["preflight", "--params", f"{run_dir}/params.yaml", "--sweep-arm", objective, "--write-config", f"{own}/params.yaml"]]
             steps += [stage_argv(t, own, {s: run_dir for s in shared}) for t in per_objective]

@@ -66,6 +66,7 @@ class TriggerForm:
     sections: list[str]  # the form's groups, as shown
     labels: list[str]  # the fields of the changed key's section
     options: list[str]  # the changed key's drop-down
+    required: list[str]  # the fields of that section marked required
     status: int  # of the POST the Trigger button sent
     run: dict  # its answer: the new DAG run
 
@@ -82,13 +83,14 @@ def trigger_from_form(page, key: str, value: str) -> TriggerForm:
     dialog.get_by_role("button", name=section, exact=True).click()
     region = dialog.get_by_role("region", name=section)
     labels = [text.split("\n")[0].strip() for text in region.locator("label").all_inner_texts() if text.strip()]
+    required = region.locator("label[data-required]").evaluate_all("labels => labels.map(l => l.firstChild.textContent.trim())")  # marked "*"
     region.locator(f"[id='element_{key}']").click()
     options = [text.strip() for text in page.get_by_role("option").all_inner_texts()]
     page.get_by_role("option", name=value, exact=True).click()
     screenshot(page, "airflow-trigger-form")
     with page.expect_response(lambda r: r.request.method == "POST" and r.url.endswith("/dagRuns")) as answer:
         dialog.get_by_role("button", name="Trigger", exact=True).click()
-    return TriggerForm(sections, labels, options, answer.value.status, answer.value.json())
+    return TriggerForm(sections, labels, options, required, answer.value.status, answer.value.json())
 
 
 def mlflow_compare(context, url: str, experiment_id: str, run_ids: list[str]) -> Path:

@@ -48,6 +48,13 @@ print(json.dumps({{"errors": {{k: str(v) for k, v in bag.import_errors.items()}}
     "tasks": {{d: sorted(dag.task_dict) for d, dag in bag.dags.items()}}, "commands": commands, "refused": refused,
     "objectives": [objectives.value, objectives.schema], "states": states,
     "conf": filters["conf_settings"]({{"rl.stepz": 5, "objectives": ["grpo"]}}), "env": text.task_dict["preflight"].env,
+    "emptied": [filters["config_values"]({{"sft.steps": None, "rl.preset": None, "rl.advantage": None, "rl.steps": 7, "objectives": None}}),
+                filters["conf_settings"]({{"sft.steps": None, "rl.preset": None}}), filters["objectives_of"]({{"objectives": None}}),
+                filters["objectives_of"]({{"objectives": ["rloo"]}})],
+    # the UI's rule: required when the schema has a type that is not a list holding "null" (`anyOf` types are not)
+    "required": {{d: sorted(k for k, p in dag.params.items() if p.schema.get("type") and not (isinstance(p.schema["type"], list) and "null" in p.schema["type"]))
+                 for d, dag in bag.dags.items()}},
+    "validates": {{k: [text.params.get_param(k).resolve(None) is None] for k in ("sft.steps", "rl.advantage", "rl.rewards")}},
     "teardown": [text.task_dict["finalize"].is_teardown, text.task_dict["finalize"].on_failure_fail_dagrun, text.task_dict["finalize"].retries],
     "retry": {{t: [text.task_dict[t].retries, text.task_dict[t].retry_delay.total_seconds()] for t in ("preflight", "rl")}}}}))
 """
@@ -81,11 +88,33 @@ def test_dagbag_loads_without_torch_or_posttrain_and_params_match_the_config(dag
     text_params = found["params"]["posttrain_text"]
     assert "flow_rl.steps" not in text_params and "care.rl_steps" not in text_params and "rl.steps" in found["params"]["posttrain_rlhf"]
     for name, spec in expected.items():
-        assert text_params[name] == [spec["default"], {**spec["schema"], "section": spec["section"]}, spec["description"]], name
+        default, schema, description = text_params[name]
+        assert default == spec["default"] and description == spec["description"], name
+        kind = spec["schema"].get("type")  # the form's type also admits null (the form marks required what does not)
+        assert schema == {**spec["schema"], "section": spec["section"], **({} if kind is None else {"type": [kind, "null"]}),
+                          **({"enum": [*spec["schema"]["enum"], None], "values_display": {"null": f"default: {json.dumps(default)}"}} if "enum" in spec["schema"] else {})}, name
     assert "gdpo" in text_params["rl.advantage"][1]["enum"]
     # the form's help text is params.yaml's comment of the key (its continuation lines too), else the key and its default
     assert text_params["rl.preset"][2] == "null | dapo | dr_grpo | gspo | grpo | ppo | rfpo: sets several rl keys; --set still wins"
     assert text_params["rl.steps"][2] == "rl.steps (params.yaml: 1000)"
+
+
+def test_every_key_of_every_form_is_optional_and_an_emptied_field_takes_its_default(dag_probe):
+    """Every setting has a default (params.yaml's), so no field of any trigger form is required: the UI marks a field
+    required when its schema's type does not admit null, so the form's types do. An emptied field (null) is left out
+    of the values preflight reads, so the run takes params.yaml's value; a key whose own schema admits null
+    (`rl.preset`) keeps null as its value."""
+    found = dag_probe
+    assert found["required"] == {dag: [] for dag in found["required"]}, found["required"]
+    assert found["validates"] == {"sft.steps": [True], "rl.advantage": [True], "rl.rewards": [True]}  # null passes the trigger's validation
+    values, conf, arms_default, arms = found["emptied"]
+    assert values == {"rl.preset": None, "rl.steps": 7} and conf == {"rl.preset": None}
+    assert arms_default == ["grpo", "rloo", "dr_grpo"] and arms == ["rloo"]
+    from posttrain.orchestration.preflight import resolve_config
+
+    cfg = resolve_config(REPO / "params.yaml", [json.dumps(values), json.dumps(conf)], [])
+    defaults = yaml.safe_load((REPO / "params.yaml").read_text())
+    assert (cfg.sft.steps, cfg.rl.advantage, cfg.rl.steps, cfg.rl.preset) == (defaults["sft"]["steps"], defaults["rl"]["advantage"], 7, None)
 
 
 def test_dag_runs_refuse_unknown_conf_keys_duplicate_arms_and_end_failed_when_a_task_failed(dag_probe):
