@@ -259,6 +259,46 @@ def run_seeds(main: Callable[[], None], claim: str, argv: list[str] | None = Non
     return results
 
 
+def _without_seeds(command: str) -> list[str]:
+    """A recorded command less its --seed / --seeds / --json flags: what decides each seed's results."""
+    words, out, skip = shlex.split(command), [], False
+    for word in words:
+        if skip:
+            skip = False
+        elif word in ("--seed", "--seeds", "--json"):
+            skip = True
+        else:
+            out.append(word)
+    return out
+
+
+def merge(results: list[dict], json_path: Path | None = None) -> dict:
+    """One claim's results from several runs of the same command on different seeds (`--seed S --seeds 1` in
+    parallel processes or on several machines), as one `--seeds N` run over all of them would write: the per-seed
+    results in seed order, the comparisons over them, the command with `--seed` / `--seeds` of the whole range.
+    Refuses runs of different claims or commands, a seed twice, or seeds that are not one contiguous range."""
+    if not results:
+        raise SystemExit("merge: no results given")
+    claims, commands = {r["claim"] for r in results}, {tuple(_without_seeds(r["command"])) for r in results}
+    if len(claims) != 1:
+        raise SystemExit(f"merge: results of different claims {sorted(claims)}")
+    if len(commands) != 1:
+        raise SystemExit("merge: results of different commands: " + " | ".join(shlex.join(c) for c in sorted(commands)))
+    pairs = sorted((s, one) for r in results for s, one in zip(r["seeds"], r["per_seed"]))
+    seeds = [s for s, _ in pairs]
+    if len(set(seeds)) != len(seeds):
+        raise SystemExit(f"merge: a seed appears twice in {seeds}")
+    if seeds != list(range(seeds[0], seeds[0] + len(seeds))):
+        raise SystemExit(f"merge: seeds {seeds} are not one contiguous range")
+    claim, per_seed = claims.pop(), [one for _, one in pairs]
+    rows = summarise(claim, per_seed)
+    print_summary(claim, seeds, rows)
+    words = [*commands.pop(), *([] if seeds[0] == 0 else ["--seed", str(seeds[0])]), "--seeds", str(len(seeds))]
+    words = reproducible([*words, *(["--json", str(json_path)] if json_path else [])])
+    return {"claim": claim, "seeds": seeds, "command": shlex.join(words), "comparisons": rows, "mlflow_parent_run": None,
+            "per_seed": per_seed, "merged_from": [r["command"] for r in results]}
+
+
 def reproducible(argv: list[str]) -> list[str]:
     """The flags that decide the results, for the recorded command: without --tracking-uri (where it logged), and
     with a --json path inside the checkout made relative to it."""

@@ -6,6 +6,10 @@ parent run per claim with a child run per arm x seed.
     .venv/bin/python experiments/claims.py --claim witness_vs_grpo [--seeds 3] [-- extra experiment flags]
     .venv/bin/python experiments/claims.py --all [--seeds 3] [--micro] [--no-mlflow]
     .venv/bin/python experiments/claims.py --list
+    .venv/bin/python experiments/claims.py --merge a.json b.json --json experiments/results/<claim>.json
+
+`--merge` joins one claim's results from runs of the same command on different seeds (e.g. `--seed 0 --seeds 1`
+and `--seed 1 --seeds 2` in two processes or on two machines) into the results one `--seeds 3` run writes.
 
 Each claim runs its experiment script with the flags recorded in CLAIMS below (the budget its row in
 docs/claims.md was measured at); flags after `--` are appended (a later flag wins).
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -98,12 +103,27 @@ def main(argv: list[str] | None = None) -> int:
     which.add_argument("--claim", action="append", choices=sorted(CLAIMS), help="a claim to run (repeatable)")
     which.add_argument("--all", action="store_true", help="every claim")
     which.add_argument("--list", action="store_true", help="print each claim and its command")
+    which.add_argument("--merge", nargs="+", type=Path, help="one claim's results JSONs from runs on different seeds")
+    p.add_argument("--json", type=Path, default=None, help="--merge: where the merged results go")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--out-dir", type=Path, default=HERE / "results")
     p.add_argument("--micro", action="store_true", help="micro budget (smoke tests; numbers are meaningless)")
     p.add_argument("--no-mlflow", action="store_true")
     p.add_argument("--tracking-uri", default=None)
     args = p.parse_args(argv)
+    if args.merge:
+        from _claims import merge
+
+        if args.json is None:
+            p.error("--merge needs --json OUT")
+        missing = [str(f) for f in args.merge if not f.is_file()]
+        if missing:
+            p.error(f"no such results file: {', '.join(missing)}")
+        merged = merge([json.loads(f.read_text()) for f in args.merge], args.json.resolve())
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(merged, indent=2) + "\n")
+        print(f"wrote {args.json}")
+        return 0
     if args.list:
         for name, (script, flags) in CLAIMS.items():
             print(f"{name}: .venv/bin/python experiments/{script}.py {shlex.join(flags)} --seeds {args.seeds}")

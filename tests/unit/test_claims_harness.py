@@ -92,3 +92,28 @@ def test_claims_table_is_generated_from_the_results(tmp_path):
 def test_the_recorded_command_leaves_out_where_it_logged():
     argv = ["--steps", "60", "--tracking-uri", "sqlite:////tmp/x.db", "--seeds", "3", "--json", str(REPO / "experiments" / "results" / "a.json")]
     assert H.reproducible(argv) == ["--steps", "60", "--seeds", "3", "--json", "experiments/results/a.json"]
+
+
+def one_seed_run(seed: int, a: float, b: float, steps: str = "60") -> dict:
+    command = f".venv/bin/python experiments/toy.py --steps {steps} --no-mlflow --seed {seed} --seeds 1 --json /tmp/toy_s{seed}.json"
+    return {"claim": "toy", "seeds": [seed], "command": command, "comparisons": [], "per_seed": [seed_result(a, b)]}
+
+
+def test_runs_on_different_seeds_merge_into_the_one_run_over_all_of_them(monkeypatch, tmp_path):
+    """Seeds run in parallel processes (`--seed S --seeds 1`) merge into what one `--seeds 3` run writes: per-seed
+    results in seed order, the comparisons over all of them, the command of the whole range."""
+    monkeypatch.setitem(H.COMPARISONS, "toy", [H.compare("score", "new", "old")])
+    runs = [one_seed_run(2, 0.51, 0.4), one_seed_run(0, 0.3, 0.2), one_seed_run(1, 0.7, 0.6)]
+    merged = H.merge(runs, REPO / "experiments" / "results" / "toy.json")
+    assert merged["seeds"] == [0, 1, 2] and merged["per_seed"] == [seed_result(0.3, 0.2), seed_result(0.7, 0.6), seed_result(0.51, 0.4)]
+    assert merged["comparisons"] == H.summarise("toy", merged["per_seed"]) and merged["comparisons"][0]["verdict"] == "reproduced"
+    assert merged["command"] == ".venv/bin/python experiments/toy.py --steps 60 --no-mlflow --seeds 3 --json experiments/results/toy.json"
+    assert H.merge(runs[1:])["command"].endswith("--no-mlflow --seeds 2") and H.merge(runs[:1])["command"].endswith("--seed 2 --seeds 1")
+    with pytest.raises(SystemExit, match="different commands"):
+        H.merge([one_seed_run(0, 0.3, 0.2), one_seed_run(1, 0.7, 0.6, steps="40")])
+    with pytest.raises(SystemExit, match="twice"):
+        H.merge([one_seed_run(0, 0.3, 0.2), one_seed_run(0, 0.3, 0.2)])
+    with pytest.raises(SystemExit, match="contiguous"):
+        H.merge([one_seed_run(0, 0.3, 0.2), one_seed_run(2, 0.7, 0.6)])
+    with pytest.raises(SystemExit, match="different claims"):
+        H.merge([one_seed_run(0, 0.3, 0.2), {**one_seed_run(1, 0.7, 0.6), "claim": "other"}])
