@@ -94,7 +94,10 @@ COMPARISONS: dict[str, list[Compare]] = {
                         Compare(HELDOUT, "bt_disjoint", "start", row("bt_disjoint", HELDOUT), row("bt_disjoint", "heldout_greedy_before")),
                         Compare(HELDOUT, "trm_disjoint", "start", row("trm_disjoint", HELDOUT), row("trm_disjoint", "heldout_greedy_before")),
                         # the memorised-verifier effect: a reward model taught the RL prompts' answers should pay more than one that never saw them
-                        compare(HELDOUT, "bt", "bt_disjoint"), compare(HELDOUT, "trm", "trm_disjoint")],
+                        compare(HELDOUT, "bt", "bt_disjoint"), compare(HELDOUT, "trm", "trm_disjoint"),
+                        compare(HELDOUT, "verifier", "trm"),
+                        # the guards against over-optimising the learned reward, each against plain bt
+                        compare(HELDOUT, "bt_kl", "bt"), compare(HELDOUT, "bt_clip", "bt"), compare(HELDOUT, "bt_format", "bt")],
     "think_opd_worked_steps": [compare(HELDOUT, "think_opd", "uniform"), compare(HELDOUT, "think_opd", "opd"),
                                Compare("trd", "cross_route", "same_route", lambda r: r["route_compatibility"]["trd_cross_route"],
                                        lambda r: r["route_compatibility"]["trd_same_route"])],

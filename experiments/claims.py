@@ -38,9 +38,11 @@ CLAIMS: dict[str, tuple[str, list[str]]] = {
     "think_opd_worked_steps": ("think_opd_worked_steps", ["--steps", "40", "--set", "rl.prompts_per_step=16", "--set", "eval.n_prompts=200"]),
     "ride_vs_oprd": ("ride_vs_oprd", ["--steps", "40", "--teacher-steps", "40"]),
     "pr_opd_text_world": ("pr_opd_text_world", ["--steps", "60", "--warm-start", "15"]),
-    # bt and trm, each trained on the RL prompts and on disjoint ones, at the reward models' default budget (5,000 steps: a
-    # TRM warmed up 800 steps judges no better than chance); about 40 min a seed on one shared core
-    "reward_model_rl": ("reward_model_rl", ["--steps", "200", "--arms", "verifier,bt,trm,bt_disjoint,trm_disjoint", "--set", "eval.n_prompts=200"]),
+    # bt and trm, each trained on the RL prompts and on disjoint ones, and bt's three guards against over-optimisation, at
+    # the reward models' default budget (5,000 steps: a TRM warmed up 800 steps judges no better than chance); about
+    # 45 min a seed on one shared core, most of it the four reward models
+    "reward_model_rl": ("reward_model_rl", ["--steps", "200", "--arms", "verifier,bt,trm,bt_disjoint,trm_disjoint,bt_kl,bt_clip,bt_format",
+                                            "--set", "eval.n_prompts=200"]),
     "trm_anti_polarisation": ("trm_anti_polarisation", ["--steps", "40"]),
     "gm_dpo_flexbench": ("gm_dpo_flexbench", ["--steps", "100"]),
     "abc_align_pseudo_labels": ("abc_align_pseudo_labels", ["--steps", "100"]),
