@@ -43,7 +43,7 @@ CLAIMS: dict[str, tuple[str, list[str]]] = {
     # 45 min a seed on one shared core, most of it the four reward models
     "reward_model_rl": ("reward_model_rl", ["--steps", "200", "--arms", "verifier,bt,trm,bt_disjoint,trm_disjoint,bt_kl,bt_clip,bt_format",
                                             "--set", "eval.n_prompts=200"]),
-    "trm_anti_polarisation": ("trm_anti_polarisation", ["--steps", "40"]),
+    "trm_anti_polarisation": ("trm_anti_polarisation", ["--steps", "300"]),  # 300 pairwise RL steps after the 5,000-step warm-up
     "gm_dpo_flexbench": ("gm_dpo_flexbench", ["--steps", "100"]),
     "abc_align_pseudo_labels": ("abc_align_pseudo_labels", ["--steps", "100"]),
     "glime_vs_naive": ("glime_vs_naive", []),
