@@ -36,7 +36,7 @@ CLAIMS: dict[str, tuple[str, list[str]]] = {
     "gats_vs_opd": ("gats_vs_opd", ["--steps", "60", "--teacher-steps", "40"]),
     "sipo_vs_grpo": ("sipo_vs_grpo", ["--steps", "60"]),
     "think_opd_worked_steps": ("think_opd_worked_steps", ["--steps", "40", "--set", "rl.prompts_per_step=16", "--set", "eval.n_prompts=200"]),
-    "ride_vs_oprd": ("ride_vs_oprd", ["--steps", "40", "--teacher-steps", "40"]),
+    "ride_vs_oprd": ("ride_vs_oprd", ["--steps", "100", "--teacher-steps", "600"]),  # a teacher 600 GRPO steps from its base: above it on every seed
     "pr_opd_text_world": ("pr_opd_text_world", ["--steps", "60", "--warm-start", "15"]),
     # bt and trm, each trained on the RL prompts and on disjoint ones, and bt's three guards against over-optimisation, at
     # the reward models' default budget (5,000 steps: a TRM warmed up 800 steps judges no better than chance); about
