@@ -49,31 +49,38 @@ NULL_IS_DEFAULT = {name for name, p in SPEC["params"].items() if p["schema"].get
 DEFAULT_LABEL = "default: {}"  # a drop-down's null choice
 
 
-def optional(schema: dict, default) -> dict:
-    """The trigger form's schema of a key that has a default: its type admits null too, since the form marks every
-    field required whose type does not, and an emptied field (null) reads as the default (`config_values`). A
-    drop-down gains that choice, labelled with the default. A key whose schema admits null already is left alone
-    (null is one of its values)."""
-    kind = schema.get("type")
-    if kind in (None, "null"):
+def optional(name: str) -> dict:
+    """The trigger form's schema of setting `name`: its type admits null too, since the form marks every field
+    required whose type does not, and an emptied field (null) reads as the default (`emptied`). A drop-down gains
+    that choice, labelled with the default. A key whose schema admits null already is left alone (null is one of
+    its values)."""
+    spec = SPEC["params"][name]
+    schema = spec["schema"]
+    if name not in NULL_IS_DEFAULT:
         return schema
-    made = {**schema, "type": [kind, "null"]}
+    made = {**schema, "type": [schema["type"], "null"]}
     if "enum" in schema:
         made["enum"] = [*schema["enum"], None]
-        made["values_display"] = {"null": DEFAULT_LABEL.format(json.dumps(default))}
+        made["values_display"] = {"null": DEFAULT_LABEL.format(json.dumps(spec["default"]))}
     return made
 
 
+def emptied(name: str, value) -> bool:
+    """An emptied field (or a null in the conf) of a key for which null is no value: left out, so the run takes
+    params.yaml's value."""
+    return value is None and name in NULL_IS_DEFAULT
+
+
 def config_values(params) -> dict:
-    """The run's settings among its Params (a sweep DAG also has `objectives`, which is no config key); an emptied
-    field is left out, so that the run takes params.yaml's value."""
-    return {name: value for name, value in dict(params).items() if name in SPEC["params"] and not (value is None and name in NULL_IS_DEFAULT)}
+    """The run's settings among its Params (a sweep DAG also has `objectives`, which is no config key), less the
+    emptied ones."""
+    return {name: value for name, value in dict(params).items() if name in SPEC["params"] and not emptied(name, value)}
 
 
 def conf_settings(conf) -> dict:
-    """The trigger's conf without the sweep's `objectives` (no config key): every other key must be a setting (a
-    null one, where null is no value of the key, is its default)."""
-    return {name: value for name, value in dict(conf or {}).items() if name != "objectives" and not (value is None and name in NULL_IS_DEFAULT)}
+    """The trigger's conf without the sweep's `objectives` (no config key) and the emptied keys: every other key must
+    be a setting."""
+    return {name: value for name, value in dict(conf or {}).items() if name != "objectives" and not emptied(name, value)}
 
 
 def objectives_of(params) -> list:
@@ -95,7 +102,7 @@ def form_sections(tasks: list[dict]) -> set[str]:
 def run_params(sections: set[str], sweep: bool) -> dict[str, Param]:
     """The trigger form: a Param per setting of `sections` (a key of another section can still be set through the
     run's conf: preflight validates every key)."""
-    made = {name: Param(p["default"], description=p["description"], section=p["section"], **optional(p["schema"], p["default"]))
+    made = {name: Param(p["default"], description=p["description"], section=p["section"], **optional(name))
             for name, p in SPEC["params"].items() if p["section"] in sections}
     if sweep:
         arms = SPEC["sweep_arms"]
