@@ -10,7 +10,7 @@ export GX_ANALYTICS_ENABLED := false
 export MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR := false
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test test-heavy install install-dev system-packages bench clean pipelines image image-cpu image-local sweep test-gpu bench-gpu
+.PHONY: run test test-heavy install install-dev system-packages bench clean pipelines image image-cpu image-local sweep test-gpu bench-gpu gpu-run
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -90,8 +90,9 @@ test-heavy: install-dev
 
 test-gpu: install-dev
 	POSTTRAIN_GPU_TESTS=1 $(BIN)/python -m pytest tests/gpu $(PYTEST_ARGS)
-GPU_BENCH_MODEL := --set model.hidden_size=896 --set model.intermediate_size=4864 --set model.layers=24 --set model.heads=14 \
-	--set model.kv_heads=2 --set model.max_positions=512 --set model.dtype=bfloat16
+# the GRPO step against TRL at the GPU anchor shape (Qwen2-0.5B's transformer, bf16, 64 prompts x G=8 x 128 tokens)
 bench-gpu: install-dev
-	$(BIN)/python benchmarks/rollout.py --device cuda --json outputs/bench/rollout_gpu.json $(GPU_BENCH_MODEL) \
-	  --set rl.prompts_per_step=64 --set rl.group_size=8 --set rl.max_new_tokens=256
+	$(BIN)/python benchmarks/grpo_step.py --device cuda --shape anchor --roofline-n 8192 --json outputs/bench/grpo_anchor_gpu.json
+# both of the above and the 135M shape in one time-boxed script for a GPU machine without network (docs/speed.md)
+gpu-run:
+	benchmarks/gpu_run.sh

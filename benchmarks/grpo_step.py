@@ -55,12 +55,15 @@ import tempfile
 import threading
 import time
 import warnings
+from functools import partial
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 STEP_TARGET, ROLLOUT_TARGET, ROOFLINE_TARGET = 0.5, 1.5, 0.65
+# on one H200 at the anchor shape: our step at most 0.2x TRL's, rollout >= 30,000 tokens/s, update MFU >= 40%
+GPU_STEP_TARGET, GPU_ROLLOUT_TOK_S_TARGET, GPU_MFU_TARGET = 0.2, 30_000, 0.40
 EOS_LOGIT = -1e9  # what the EOS logit becomes with EOS off: probability exactly 0 in float32, finite log-prob
 
 # named shapes: params overrides (applied before --set), EOS on/off, and the defaults of the run's own flags
@@ -72,6 +75,25 @@ SHAPES: dict[str, dict] = {
             "rl.max_new_tokens=96", "rl.prompts_per_step=16", "rl.group_size=8",
         ],
         "eos": False, "sft_steps": 0, "steps": 6, "rollout_repeats": 6,
+    },
+    # the GPU anchor: Qwen2-0.5B's transformer (358M matmul weights; the character vocabulary keeps the head small)
+    "anchor": {
+        "overrides": [
+            "model.arch=qwen2", "model.hidden_size=896", "model.layers=24", "model.heads=14", "model.kv_heads=2",
+            "model.intermediate_size=4864", "model.max_positions=512", "model.dtype=bfloat16",
+            "rl.max_new_tokens=128", "rl.prompts_per_step=64", "rl.group_size=8",
+        ],
+        "eos": False, "sft_steps": 0, "steps": 3, "warmup": 1, "rollout_repeats": 3,
+    },
+    # SmolLM2-135M-Instruct's shape (LlamaForCausalLM, tied 49,152-token head), randomly initialised: the character
+    # tokenizer is padded with filler characters to the real vocabulary, so the head costs what it costs there
+    "smollm2": {
+        "overrides": [
+            "model.arch=llama", "model.hidden_size=576", "model.layers=30", "model.heads=9", "model.kv_heads=3",
+            "model.intermediate_size=1536", "model.max_positions=512",
+            "rl.max_new_tokens=64", "rl.prompts_per_step=16", "rl.group_size=4",
+        ],
+        "eos": False, "sft_steps": 0, "steps": 3, "warmup": 1, "rollout_repeats": 3, "vocab": 49_152,
     },
 }
 SCALING_LENGTHS, SCALING_GROUPS = (32, 64, 128, 256), (4, 8, 16, 32)
@@ -85,10 +107,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="params override, repeatable")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny", help="named model/rollout shape (see the docstring)")
     parser.add_argument("--steps", type=int, default=None, help="measured GRPO steps per side after warm-up (default: the shape's)")
-    parser.add_argument("--warmup", type=int, default=2, help="GRPO steps per side dropped before measuring")
+    parser.add_argument("--warmup", type=int, default=None, help="GRPO steps per side dropped before measuring (default: the shape's, else 2)")
     parser.add_argument("--rollout-repeats", type=int, default=None, help="timed rollouts per side (default: the shape's)")
     parser.add_argument("--sft-steps", type=int, default=None, help="SFT warm-up steps on the shared starting model (0: random init; default: the shape's)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads, both sides (1 is steadiest on a shared 2-core box)")
+    parser.add_argument("--device", default="cpu", help="cpu | cuda: where both sides train and sample")
     parser.add_argument("--roofline-n", type=int, default=2048, help="side of the float32 matmul that sets the roofline")
     parser.add_argument("--dry-run", action="store_true", help="build the shape's config and model, write its summary, stop")
     parser.add_argument("--scaling", action="store_true", help="also time both steps vs completion length and group size")
@@ -102,6 +125,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for key in ("steps", "rollout_repeats", "sft_steps"):
         if getattr(args, key) is None:
             setattr(args, key, shape[key])
+    if args.warmup is None:
+        args.warmup = shape.get("warmup", 2)
+    args.vocab = shape.get("vocab")
     args.eos = shape["eos"]
     return args
 
@@ -190,16 +216,18 @@ class RssWatch:
         os.close(self._fd)
 
 
-def matmul_roofline(n: int, repeats: int = 5) -> float:
-    """FLOP/s of the best of `repeats` float32 `n x n @ n x n` matmuls on the current torch threads."""
+def matmul_roofline(n: int, repeats: int = 5, device: str = "cpu", dtype: str = "float32") -> float:
+    """FLOP/s of the best of `repeats` `n x n @ n x n` matmuls in `dtype` on `device` (the current torch threads)."""
     import torch
 
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b  # warm-up (thread pool, page faults)
+    a, b = (torch.randn(n, n, device=device, dtype=getattr(torch, dtype)) for _ in range(2))
+    a @ b  # warm-up (thread pool, page faults, cuBLAS handle)
     best = float("inf")
     for _ in range(repeats):
+        synchronize(device)
         start = time.perf_counter()
         a @ b
+        synchronize(device)
         best = min(best, time.perf_counter() - start)
     return 2 * n**3 / best
 
@@ -225,10 +253,12 @@ def eos_off(model, eos_id: int) -> None:
     our training forward, `generate` and TRL all see the same distribution without EOS)."""
     import torch
 
-    index = torch.tensor([eos_id])
+    index: dict[torch.device, torch.Tensor] = {}  # per device, made on the first call (no host copy in a CUDA graph)
 
     def hook(module, inputs, output):
-        return output.index_fill(-1, index.to(output.device), EOS_LOGIT)
+        if output.device not in index:
+            index[output.device] = torch.tensor([eos_id], device=output.device)
+        return output.index_fill(-1, index[output.device], EOS_LOGIT)
 
     model.get_output_embeddings().register_forward_hook(hook)
 
@@ -236,14 +266,23 @@ def eos_off(model, eos_id: int) -> None:
 # -- shared setup --------------------------------------------------------------------------------------
 
 
-def build(cfg, sft_steps: int, eos: bool = True):
+def filler_characters(count: int, taken: str) -> str:
+    """`count` distinct characters outside `taken`, from Unicode's private-use planes (never in a prompt)."""
+    pool = (chr(c) for r in (range(0xE000, 0xF900), range(0xF0000, 0xFFFFE), range(0x100000, 0x10FFFE)) for c in r)
+    taken_set = set(taken)
+    chars = [c for c, _ in zip((c for c in pool if c not in taken_set), range(count))]
+    if len(chars) < count:
+        raise ValueError(f"cannot pad the vocabulary by {count} characters")
+    return "".join(chars)
+
+
+def build(cfg, sft_steps: int, eos: bool = True, vocab: int | None = None):
     """The task, its training prompts, the tokenizer, and the starting model (optionally SFT-warmed; with `eos`
-    False it can no longer sample EOS)."""
+    False it can no longer sample EOS). `vocab` pads the character vocabulary with filler characters to that size."""
     import torch
 
     from posttrain.models import build_tiny, train_char_tokenizer
     from posttrain.tasks import build_task
-    from posttrain.models.sampling import encode_prompts
     from posttrain.runtime import seed_everything
     from posttrain.trainers.sft import train_sft
 
@@ -251,6 +290,9 @@ def build(cfg, sft_steps: int, eos: bool = True):
     task = build_task(cfg.task)
     train = task.splits(cfg.pipeline.seed)["train"]
     tokenizer = train_char_tokenizer([task.alphabet()])
+    if vocab is not None and vocab > len(tokenizer):
+        tokenizer = train_char_tokenizer([task.alphabet(), filler_characters(vocab - len(tokenizer), task.alphabet())])
+        assert len(tokenizer) == vocab, (len(tokenizer), vocab)
     model = build_tiny(cfg.model, tokenizer)
     if sft_steps:
         sft_cfg = cfg.sft.model_copy(update={"steps": sft_steps, "warmup_steps": min(cfg.sft.warmup_steps, sft_steps)})
@@ -280,6 +322,14 @@ def check_comparable(rl) -> None:
 # -- ours ----------------------------------------------------------------------------------------------
 
 
+def synchronize(device) -> None:
+    """Wait for the device's queued work (a no-op on the CPU), so a wall-clock interval covers it."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
 class OurLoop:
     """The state `train_online_rl` sets up, and one call of its step body per `step()`."""
 
@@ -294,13 +344,26 @@ class OurLoop:
         self.trainer = OnlineRL(self.run)  # optimizer, schedule, generator, reference (when beta > 0)
         self.stream = PromptStream(train, cfg.pipeline.seed)
         self.completion_lengths: list[float] = []
+        self.rollout_seconds: list[float] = []  # the sampling part of each step (tokens / tokens_per_s)
+        self.device = next(model.parameters()).device
+        self.peak_cuda_mib: float = 0.0
         model.train()
 
     def step(self) -> float:
+        import torch
+
+        synchronize(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
         metrics = self.trainer.step(self.stream.take(self.run.cfg.prompts_per_step)).metrics
+        synchronize(self.device)
         seconds = time.perf_counter() - start
+        if self.device.type == "cuda":
+            self.peak_cuda_mib = max(self.peak_cuda_mib, torch.cuda.max_memory_allocated() / 2**20)
         self.completion_lengths.append(metrics["completion_length"])
+        rows = self.run.cfg.prompts_per_step * self.run.cfg.group_size
+        self.rollout_seconds.append(metrics["completion_length"] * rows / metrics["tokens_per_s"])
         return seconds
 
 
@@ -324,7 +387,7 @@ def trl_rewards(task, tokenizer, specs):
     return [table[s.name] for s in specs], [s.weight for s in specs]
 
 
-def trl_config(rl, seed: int, total_steps: int, out_dir: str):
+def trl_config(rl, seed: int, total_steps: int, out_dir: str, device: str = "cpu"):
     from trl import GRPOConfig
 
     return GRPOConfig(
@@ -351,8 +414,8 @@ def trl_config(rl, seed: int, total_steps: int, out_dir: str):
         max_grad_norm=rl.max_grad_norm,
         max_steps=total_steps,
         seed=seed,
-        # plain CPU training, nothing written or reported
-        use_cpu=True,
+        # training in the model's own dtype (as ours: no autocast), nothing written or reported
+        use_cpu=device == "cpu",
         bf16=False,
         fp16=False,
         use_vllm=False,
@@ -365,9 +428,11 @@ def trl_config(rl, seed: int, total_steps: int, out_dir: str):
     )
 
 
-def make_interleaver(ours: OurLoop, threads: int, max_new_tokens: int, watch: RssWatch | None = None):
+def make_interleaver(ours: OurLoop, threads: int, max_new_tokens: int, watch: RssWatch | None = None, device: str = "cpu"):
     import torch
     from transformers import TrainerCallback
+
+    cuda = torch.device(device).type == "cuda"
 
     class Interleave(TrainerCallback):
         """Times each TRL optimizer step, then runs one of our steps outside TRL's interval."""
@@ -377,18 +442,25 @@ def make_interleaver(ours: OurLoop, threads: int, max_new_tokens: int, watch: Rs
             self.ours: list[float] = []
             self.trl_lengths: list[float] = []
             self.trainer = None
+            self.peak_cuda_mib = 0.0
             self.resume = time.perf_counter()
 
         def _trl_begins(self):
             if watch is not None:
                 watch.begin("trl_step")
+            synchronize(device)
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
             self.resume = time.perf_counter()
 
         def on_train_begin(self, args, state, control, **kwargs):
             self._trl_begins()
 
         def on_step_end(self, args, state, control, **kwargs):
+            synchronize(device)
             self.trl.append(time.perf_counter() - self.resume)
+            if cuda:
+                self.peak_cuda_mib = max(self.peak_cuda_mib, torch.cuda.max_memory_allocated() / 2**20)
             if watch is not None:
                 watch.end()
             logged = getattr(self.trainer, "_metrics", {}).get("train", {})
@@ -405,16 +477,17 @@ def make_interleaver(ours: OurLoop, threads: int, max_new_tokens: int, watch: Rs
     return Interleave()
 
 
-def run_steps(cfg, task, train, tokenizer, model, total_steps: int, threads: int, watch: RssWatch | None = None):
+def run_steps(cfg, task, train, tokenizer, model, total_steps: int, threads: int, watch: RssWatch | None = None,
+              device: str = "cpu"):
     from datasets import Dataset
     from transformers import PrinterCallback
     from trl import GRPOTrainer
 
     rl = cfg.rl
-    ours = OurLoop(cfg, task, train, tokenizer, copy.deepcopy(model))
-    callback = make_interleaver(ours, threads, rl.max_new_tokens, watch)
+    ours = OurLoop(cfg, task, train, tokenizer, copy.deepcopy(model).to(device))
+    callback = make_interleaver(ours, threads, rl.max_new_tokens, watch, device)
     funcs, weights = trl_rewards(task, tokenizer, rl.rewards)
-    args = trl_config(rl, cfg.pipeline.seed, total_steps, tempfile.mkdtemp(prefix="grpo_bench_trl_"))
+    args = trl_config(rl, cfg.pipeline.seed, total_steps, tempfile.mkdtemp(prefix="grpo_bench_trl_"), device)
     args.reward_weights = weights
     dataset = Dataset.from_list([{"prompt": e.prompt, "answer": e.answer} for e in train])
     trainer = GRPOTrainer(
@@ -452,9 +525,9 @@ def run_rollouts(cfg, train, tokenizer, model, repeats: int, device: str = "cpu"
     torch.manual_seed(cfg.pipeline.seed)
     rows, width = ids.shape[0] * rl.group_size, rl.max_new_tokens
 
-    def ours() -> int:  # eos_id -1 never matches: every row runs the full budget
+    def ours(cuda_graph: bool = False) -> int:  # eos_id -1 never matches: every row runs the full budget
         out = sample(model, ids, mask, group_size=rl.group_size, max_new_tokens=width, eos_id=-1, pad_id=tokenizer.pad_token_id,
-                     temperature=rl.temperature, generator=generator)
+                     temperature=rl.temperature, generator=generator, cuda_graph=cuda_graph)
         return int(out.completion_mask.sum())
 
     def hf() -> int:  # eos_token_id=None: no stopping criterion on EOS
@@ -473,11 +546,24 @@ def run_rollouts(cfg, train, tokenizer, model, repeats: int, device: str = "cpu"
             memory[f"{name}_rollout_peak_mib"] = watch.peak_mib(f"{name}_rollout")
             memory[f"{name}_rollout_peak_rss_mib"] = watch.peak_rss_mib(f"{name}_rollout")
         return memory
-    times: dict[str, list[float]] = {"ours": [], "hf": []}
+    sides = [("ours", ours), ("hf", hf)]
+    if device.type == "cuda":  # the decode step replayed as a CUDA graph (models/decoders.py), a third side
+        sides.append(("ours_graph", partial(ours, cuda_graph=True)))
+    times: dict[str, list[float]] = {name: [] for name, _ in sides}
+    graph_error = None
     for _ in range(warmup):
-        ours(), hf()
+        for name, fn in list(sides):
+            try:
+                fn()
+            except RuntimeError as error:  # a capture that fails drops that side; the others still count
+                if name != "ours_graph":
+                    raise
+                graph_error = f"{type(error).__name__}: {error}".splitlines()[0]
+                sides.remove((name, fn))
+                del times[name]
+                print(f"CUDA graph rollout failed, left out: {graph_error}", flush=True)
     for _ in range(repeats):
-        for name, fn in (("ours", ours), ("hf", hf)):
+        for name, fn in sides:
             sync()
             start = time.perf_counter()
             produced = fn()  # its int() reads the result back, which waits for the device
@@ -485,12 +571,19 @@ def run_rollouts(cfg, train, tokenizer, model, repeats: int, device: str = "cpu"
             assert produced == rows * width, f"{name} produced {produced} tokens, expected {rows * width}"
     ours_s, hf_s = median(times["ours"]), median(times["hf"])
     flops = rollout_flops(model, ids.shape[1], width, rows)
-    return {
+    result = {
         "ours_rollout_s": ours_s, "hf_rollout_s": hf_s,
         "ours_rollout_tok_s": rows * width / ours_s, "hf_rollout_tok_s": rows * width / hf_s,
-        "rollout_ratio": hf_s / ours_s, "rollout_tokens": rows * width,
+        "rollout_ratio": hf_s / ours_s, "rollout_tokens": rows * width, "prompt_width": ids.shape[1],
         "rollout_flops": flops, "ours_rollout_flop_s": flops / ours_s, "hf_rollout_flop_s": flops / hf_s,
     }
+    if graph_error:
+        result["graph_error"] = graph_error
+    if "ours_graph" in times:
+        graph_s = median(times["ours_graph"])
+        result.update({"ours_graph_rollout_s": graph_s, "ours_graph_rollout_tok_s": rows * width / graph_s,
+                       "graph_rollout_ratio": hf_s / graph_s, "ours_graph_rollout_flop_s": flops / graph_s})
+    return result
 
 
 # -- main ----------------------------------------------------------------------------------------------
@@ -572,7 +665,7 @@ def main(argv: list[str] | None = None) -> int:
     rl = cfg.rl
     args.json.parent.mkdir(parents=True, exist_ok=True)
     if args.dry_run:  # the shape only: config + model, no SFT, no TRL
-        _, _, _, model = build(cfg, 0, eos=args.eos)
+        _, _, _, model = build(cfg, 0, eos=args.eos, vocab=args.vocab)
         summary = {"dry_run": True, **shape_summary(cfg, model, args)}
         print(json.dumps(summary))
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
@@ -583,19 +676,39 @@ def main(argv: list[str] | None = None) -> int:
 
     load_start = load_average()
     started = time.perf_counter()
-    task, train, tokenizer, model = build(cfg, args.sft_steps, eos=args.eos)
-    roofline = [matmul_roofline(args.roofline_n)]
-    rollout = run_rollouts(cfg, train, tokenizer, model, args.rollout_repeats)
-    roofline.append(matmul_roofline(args.roofline_n))
-    watch = RssWatch()  # after the timed rollouts: its poller thread never competes with them for the GIL
-    callback, ours = run_steps(cfg, task, train, tokenizer, model, total_steps, args.threads, watch)
-    rollout.update(run_rollouts(cfg, train, tokenizer, model, 0, warmup=0, watch=watch))
-    watch.close()
+    device, cuda = args.device, args.device.startswith("cuda")
+    task, train, tokenizer, model = build(cfg, args.sft_steps, eos=args.eos, vocab=args.vocab)
+    # the roofline: the best matmul in the model's dtype on the device (float32 on the CPU, as before)
+    roofline_dtype = cfg.model.dtype if cuda else "float32"
+    roofline = [matmul_roofline(args.roofline_n, device=device, dtype=roofline_dtype)]
+    rollout = run_rollouts(cfg, train, tokenizer, model, args.rollout_repeats, device=device)
+    roofline.append(matmul_roofline(args.roofline_n, device=device, dtype=roofline_dtype))
+    # RSS says nothing of GPU memory: on a GPU each side's peak allocation is read from torch instead
+    watch = None if cuda else RssWatch()  # after the timed rollouts: its poller never competes with them for the GIL
+    callback, ours = run_steps(cfg, task, train, tokenizer, model, total_steps, args.threads, watch, device)
+    if watch is not None:
+        rollout.update(run_rollouts(cfg, train, tokenizer, model, 0, warmup=0, watch=watch))
+        watch.close()
     skip = args.warmup
     ours_step, trl_step = median(callback.ours[skip:]), median(callback.trl[skip:])
     peak_flop_s = max(roofline)
+    # the update's model FLOPs utilisation: forward + backward (6 x matmul weights per token) over the tokens the
+    # step trains on, each distinct prompt once and every completion, against the measured matmul peak; the time is
+    # the step minus its rollout (scoring and the optimizer step stay in it), attention FLOPs are left out: a lower bound
+    ours_update_s = median([s - r for s, r in zip(callback.ours[skip:], ours.rollout_seconds[skip:])])
+    trained_tokens = rl.prompts_per_step * rollout["prompt_width"] + rl.prompts_per_step * rl.group_size * rl.max_new_tokens
+    update_flops = 6 * linear_parameters(model) * trained_tokens * (1 + (rl.beta > 0) / 3)  # + a reference forward
     result = {
         "shape": args.shape,
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "weights": "random init" if not args.sft_steps else f"random init + {args.sft_steps} SFT steps",
+        "vocab_size": len(tokenizer),
+        "ours_rollout_in_step_s": median(ours.rollout_seconds[skip:]),
+        "ours_update_s": ours_update_s,
+        "update_flops": update_flops,
+        "update_mfu": update_flops / ours_update_s / peak_flop_s,
+        "step_mfu_ours": update_flops / ours_step / peak_flop_s,
+        "step_mfu_trl": update_flops / trl_step / peak_flop_s,
         "ours_step_s": ours_step,
         "trl_step_s": trl_step,
         "step_ratio": ours_step / trl_step,
@@ -604,10 +717,12 @@ def main(argv: list[str] | None = None) -> int:
         "roofline_flop_s_before_after": roofline,
         "roofline_fraction": rollout["ours_rollout_flop_s"] / peak_flop_s,
         "hf_roofline_fraction": rollout["hf_rollout_flop_s"] / peak_flop_s,
-        "ours_step_peak_mib": watch.peak_mib("ours_step"),
-        "trl_step_peak_mib": watch.peak_mib("trl_step"),
-        "ours_step_peak_rss_mib": watch.peak_rss_mib("ours_step"),
-        "trl_step_peak_rss_mib": watch.peak_rss_mib("trl_step"),
+        **({"ours_step_peak_cuda_mib": ours.peak_cuda_mib, "trl_step_peak_cuda_mib": callback.peak_cuda_mib} if cuda else {
+            "ours_step_peak_mib": watch.peak_mib("ours_step"),
+            "trl_step_peak_mib": watch.peak_mib("trl_step"),
+            "ours_step_peak_rss_mib": watch.peak_rss_mib("ours_step"),
+            "trl_step_peak_rss_mib": watch.peak_rss_mib("trl_step"),
+        }),
         "ours_completion_length": median(ours.completion_lengths[skip:]),
         "trl_completion_length": median(callback.trl_lengths[skip:]),
         "ours_step_times_s": callback.ours,
@@ -619,6 +734,7 @@ def main(argv: list[str] | None = None) -> int:
             "max_new_tokens": rl.max_new_tokens, "eos": args.eos, "temperature": rl.temperature, "lr": rl.lr, "beta": rl.beta,
             "clip_eps": [rl.clip_eps_low, rl.clip_eps_high], "loss_agg": rl.loss_agg, "trl_loss_type": LOSS_TYPE[rl.loss_agg],
             "std_scaling": rl.std_scaling, "model": cfg.model.model_dump(mode="json"), "roofline_n": args.roofline_n,
+            "roofline_dtype": roofline_dtype, "device": device,
             "optimizers": {"ours": "torch.optim.AdamW (defaults)", "trl": f"{callback.optim} ({callback.optimizer})"},
             "parameters": sum(p.numel() for p in model.parameters()), "linear_parameters": linear_parameters(model),
             "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__},
@@ -628,6 +744,13 @@ def main(argv: list[str] | None = None) -> int:
         for side in ("ours", "trl"):
             if result[f"{side}_completion_length"] != rl.max_new_tokens:
                 raise RuntimeError(f"EOS is off but {side}'s median completion length is {result[f'{side}_completion_length']}")
+    if cuda:
+        best_tok_s = max(rollout["ours_rollout_tok_s"], rollout.get("ours_graph_rollout_tok_s", 0.0))
+        result["gpu_targets"] = {"step_ratio_max": GPU_STEP_TARGET, "rollout_tok_s_min": GPU_ROLLOUT_TOK_S_TARGET,
+                                 "update_mfu_min": GPU_MFU_TARGET, "applies_to_shape": "anchor"}
+        result["gpu_step_target_met"] = result["step_ratio"] <= GPU_STEP_TARGET
+        result["gpu_rollout_target_met"] = best_tok_s >= GPU_ROLLOUT_TOK_S_TARGET
+        result["gpu_mfu_target_met"] = result["update_mfu"] >= GPU_MFU_TARGET
     result["step_target_met"] = result["step_ratio"] <= STEP_TARGET
     result["rollout_target_met"] = result["rollout_ratio"] >= ROLLOUT_TARGET
     result["roofline_target_met"] = result["roofline_fraction"] >= ROOFLINE_TARGET
@@ -635,7 +758,8 @@ def main(argv: list[str] | None = None) -> int:
     n, width = rl.prompts_per_step * rl.group_size, rl.max_new_tokens
     print(f"\nGRPO step, shape {args.shape}: {rl.prompts_per_step} prompts x G={rl.group_size}, <= {width} new tokens "
           f"(EOS {'on' if args.eos else 'off'}), {result['settings']['parameters']:,} params, {args.threads} thread(s); "
-          f"medians of {args.steps} interleaved steps after {args.warmup} warm-up; load average {load_start}")
+          f"medians of {args.steps} interleaved steps after {args.warmup} warm-up; {result['device']}, {cfg.model.dtype}; "
+          f"load average {load_start}")
     print(f"{'':28}{'posttrain':>14}{'peer':>14}{'ratio':>9}  target")
     print(f"{'step seconds (vs TRL)':28}{ours_step:>14.4f}{trl_step:>14.4f}{result['step_ratio']:>9.3f}  <= {STEP_TARGET}"
           f"  {'met' if result['step_target_met'] else 'MISSED'}")
@@ -645,10 +769,18 @@ def main(argv: list[str] | None = None) -> int:
           f"   ({n} rows x {width} tokens, EOS off)")
     print(f"{'rollout GFLOP/s (roofline)':28}{rollout['ours_rollout_flop_s'] / 1e9:>14.1f}{rollout['hf_rollout_flop_s'] / 1e9:>14.1f}"
           f"{result['roofline_fraction']:>9.3f}  >= {ROOFLINE_TARGET}  {'met' if result['roofline_target_met'] else 'MISSED'}"
-          f"  (of {peak_flop_s / 1e9:.1f} GFLOP/s, {args.roofline_n}^3 float32 matmul)")
-    print(f"{'step peak memory MiB':28}{result['ours_step_peak_mib']:>14.1f}{result['trl_step_peak_mib']:>14.1f}"
-          "   (RSS rise over a call, max)")
-    print(f"{'rollout peak memory MiB':28}{rollout['ours_rollout_peak_mib']:>14.1f}{rollout['hf_rollout_peak_mib']:>14.1f}")
+          f"  (of {peak_flop_s / 1e9:.1f} GFLOP/s, {args.roofline_n}^3 {roofline_dtype} matmul)")
+    if "ours_graph_rollout_tok_s" in rollout:
+        print(f"{'rollout tok/s, CUDA graphs':28}{rollout['ours_graph_rollout_tok_s']:>14,.0f}{rollout['hf_rollout_tok_s']:>14,.0f}"
+              f"{rollout['graph_rollout_ratio']:>9.3f}")
+    print(f"{'update MFU (step - rollout)':28}{result['update_mfu']:>14.3f}{'':>14}{'':>9}  ({result['ours_update_s']:.3f}s of "
+          f"{ours_step:.3f}s; {update_flops / 1e12:.2f} TFLOP)")
+    if cuda:
+        print(f"{'step peak CUDA memory MiB':28}{result['ours_step_peak_cuda_mib']:>14.1f}{result['trl_step_peak_cuda_mib']:>14.1f}")
+    else:
+        print(f"{'step peak memory MiB':28}{result['ours_step_peak_mib']:>14.1f}{result['trl_step_peak_mib']:>14.1f}"
+              "   (RSS rise over a call, max)")
+        print(f"{'rollout peak memory MiB':28}{rollout['ours_rollout_peak_mib']:>14.1f}{rollout['hf_rollout_peak_mib']:>14.1f}")
     print(f"{'completion length in steps':28}{result['ours_completion_length']:>14.2f}{result['trl_completion_length']:>14.2f}"
           f"   (EOS {'on: either side may stop early' if args.eos else 'off'})")
     if args.scaling:

@@ -131,6 +131,8 @@ class ModelConfig(Section):
     # training and sampling (models/precision.py)
     gradient_checkpointing: bool = False  # recompute activations in the backward pass (less memory, more time)
     autocast: Literal["none", "bf16", "fp16"] = "none"  # mixed precision of every forward pass; fp16 needs CUDA
+    # sampling (models/decoders.py): replay each decode step as a CUDA graph (Llama-family models on CUDA, no autocast)
+    cuda_graphs: bool = False
 
     @field_validator("path")
     @classmethod

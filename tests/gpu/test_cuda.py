@@ -49,12 +49,12 @@ def test_every_estimator_and_loss_trains_on_cuda(cuda_micros, cuda_device, advan
     assert all(p.device.type == cuda_device.type for p in micro[-1].parameters())
 
 
-def prompts_and_samples(micro, device, greedy: bool, generator=None):
+def prompts_and_samples(micro, device, greedy: bool, generator=None, cuda_graph: bool = False):
     cfg, task, examples, tokenizer, state, model = micro
     model.load_state_dict(state)
     ids, mask = encode_prompts(tokenizer, [e.prompt for e in examples[:8]], device)
     out = sample(model, ids, mask, group_size=4, max_new_tokens=8, eos_id=tokenizer.eos_token_id,
-                 pad_id=tokenizer.pad_token_id, greedy=greedy, generator=generator)
+                 pad_id=tokenizer.pad_token_id, greedy=greedy, generator=generator, cuda_graph=cuda_graph)
     return ids.repeat_interleave(4, 0), mask.repeat_interleave(4, 0), out  # one prompt row per completion
 
 
@@ -66,6 +66,19 @@ def test_rollout_logprobs_equal_the_training_forward_on_cuda(cuda_micros, cuda_d
     logp, _ = completion_logprobs(micro[-1], ids, mask, out.completion_ids, out.completion_mask)
     produced = out.completion_mask.bool()
     assert torch.allclose(logp[produced], out.logp[produced], atol=1e-4), (logp - out.logp)[produced].abs().max()
+
+
+def test_cuda_graph_rollout_matches_the_plain_decoder(cuda_micros, cuda_device):
+    """The decode step replayed as a CUDA graph (models/decoders.py, `model.cuda_graphs`) gives the plain step's
+    greedy tokens and log-probs, and its recorded log-probs equal the training forward's."""
+    micro = cuda_micros("arithmetic")
+    ids, mask, plain = prompts_and_samples(micro, cuda_device, greedy=True)
+    _, _, graphed = prompts_and_samples(micro, cuda_device, greedy=True, cuda_graph=True)
+    assert torch.equal(graphed.completion_ids, plain.completion_ids)
+    produced = graphed.completion_mask.bool()
+    assert torch.allclose(graphed.logp[produced], plain.logp[produced], atol=1e-4)
+    logp, _ = completion_logprobs(micro[-1], ids, mask, graphed.completion_ids, graphed.completion_mask)
+    assert torch.allclose(logp[produced], graphed.logp[produced], atol=1e-4), (logp - graphed.logp)[produced].abs().max()
 
 
 def test_cuda_log_probs_match_the_cpu(cuda_micros, cuda_device):

@@ -87,6 +87,30 @@ def test_decoder_logits_equal_forward(model, prompts, decoder_cls):
     torch.testing.assert_close(got, want.float(), atol=1e-5, rtol=0)
 
 
+def test_static_step_equals_the_plain_step(model, prompts):
+    """The fixed-shape step a CUDA graph replays (whole KV buffer, unwritten slots masked, slot index on the device)
+    gives the plain step's logits; on the CPU it runs eagerly, so this checks its arithmetic without a GPU."""
+    ids, mask = prompts
+    torch.manual_seed(2)
+    completion = torch.randint(3, model.config.vocab_size, (ids.shape[0] * GROUP, NEW))
+    plain = decode_teacher_forced(FastLlamaDecoder(model), ids, mask, completion)
+    static_decoder = FastLlamaDecoder(model)
+    out = [static_decoder.prefill(ids, mask, GROUP, NEW, static=True)]
+    for t in range(NEW - 1):
+        out.append(static_decoder.step(completion[:, t]))
+    assert static_decoder.graph is None  # no CUDA here: the eager path ran
+    torch.testing.assert_close(torch.stack(out, dim=1), plain, atol=1e-5, rtol=0)
+
+
+def test_sample_with_cuda_graph_requested_on_cpu_is_the_plain_sample(model, prompts, char_tokenizer):
+    """`cuda_graph=True` is ignored off CUDA: the same draws, token for token."""
+    ids, mask = prompts
+    kwargs = dict(group_size=GROUP, max_new_tokens=NEW, eos_id=char_tokenizer.eos_token_id, pad_id=char_tokenizer.pad_token_id)
+    plain = sample(model, ids, mask, generator=torch.Generator().manual_seed(0), **kwargs)
+    graphed = sample(model, ids, mask, generator=torch.Generator().manual_seed(0), cuda_graph=True, **kwargs)
+    assert torch.equal(plain.completion_ids, graphed.completion_ids) and torch.equal(plain.logp, graphed.logp)
+
+
 def test_fast_decoder_is_chosen_for_llama_family(model):
     assert isinstance(decoder_for(model), FastLlamaDecoder)
 

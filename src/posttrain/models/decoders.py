@@ -8,6 +8,12 @@ q/k/v and gate/up are fused into one matmul each for the (gradient-free) decode 
 generic fallback through `model.forward` with a `DynamicCache`. Both share prompt work across a group:
 the prompt is encoded once and its keys/values repeated for the G samples.
 
+With `static=True` (`prefill(..., static=True)`) every decode step has the same shapes and no host sync: keys and
+values are written at a position held in a device tensor and each step attends over the whole KV buffer with
+the positions not yet written masked out. On CUDA that step is captured once as a CUDA graph and replayed for
+every token (one launch instead of a few hundred small kernels per token); elsewhere it runs eagerly, which is
+how the CPU tests check it against the plain step.
+
 `FastLlamaDecoder.completion_logits` applies the same sharing to the training forward pass: when G
 rows share a prompt, the prompt is encoded once (with gradient) and the G completions attend to its
 keys/values, so the prompt tokens cost 1/G of a plain `model.forward` over `prompt + completion`.
@@ -170,7 +176,7 @@ class FastLlamaDecoder:
             x = x + self._mlp(i, layer, x)
         return x
 
-    def prefill(self, ids: Tensor, mask: Tensor, repeat: int, max_new_tokens: int) -> Tensor:
+    def prefill(self, ids: Tensor, mask: Tensor, repeat: int, max_new_tokens: int, static: bool = False) -> Tensor:
         b, p = ids.shape
         rows = b * repeat
         capacity = p + max_new_tokens
@@ -181,7 +187,9 @@ class FastLlamaDecoder:
         self.padded = not bool(valid.all())
         positions = positions_from_mask(mask)
         # the prompt runs once per prompt row, into the first b rows of buffers sized for b * repeat rows
-        self.keys = [torch.empty(rows, self.n_kv, capacity, self.head_dim, dtype=dtype, device=device) for _ in self.body.layers]
+        # the static step reads the whole buffer (masked): unwritten slots must hold finite numbers, not garbage
+        new_buffer = torch.zeros if static else torch.empty
+        self.keys = [new_buffer(rows, self.n_kv, capacity, self.head_dim, dtype=dtype, device=device) for _ in self.body.layers]
         self.values = [torch.empty_like(k) for k in self.keys]
         prompt_keys, prompt_values = self.keys, self.values
         self.keys, self.values = [k[:b] for k in prompt_keys], [v[:b] for v in prompt_values]
@@ -199,15 +207,71 @@ class FastLlamaDecoder:
         ahead = positions[:, -1:] + 1 + torch.arange(max_new_tokens, device=device)
         self.step_cos, self.step_sin = (t.repeat_interleave(repeat, 0) for t in self._rope(ahead, dtype))
         self.prompt_length = self.length = p
+        self.static, self.graph = static, None
+        if static:
+            self.slot = torch.zeros((), dtype=torch.long, device=device)  # the buffer position the next step writes
+            self.slots = torch.arange(capacity, device=device)
+            self.static_token = torch.zeros(rows, dtype=torch.long, device=device)
         return self._logits(x[:, -1]).repeat_interleave(repeat, 0)
 
     def step(self, token: Tensor) -> Tensor:
+        if self.static:
+            return self._static_step(token)
         t = self.length - self.prompt_length
         mask = self.key_valid[:, None, None, : self.length + 1] if self.padded else None
         cos, sin = self.step_cos[:, t : t + 1], self.step_sin[:, t : t + 1]
         x = self._layers(self.body.embed_tokens(token[:, None]), cos, sin, mask, self.length)
         self.length += 1
         return self._logits(x[:, -1])
+
+    # -- the fixed-shape step (CUDA graphs) ----------------------------------------------------------------
+
+    def _static_forward(self) -> Tensor:
+        """Logits of `self.static_token` at buffer slot `self.slot`: every shape fixed, every index a device tensor."""
+        slot = self.slot.view(1)
+        written = self.slots <= self.slot  # [capacity]: the prompt, the tokens so far and this one
+        allowed = self.key_valid & written if self.padded else written[None]
+        mask = allowed[:, None, None, :]
+        step = slot - self.prompt_length
+        cos, sin = self.step_cos.index_select(1, step), self.step_sin.index_select(1, step)
+        x = self.body.embed_tokens(self.static_token[:, None])
+        n = x.shape[0]
+        for i, layer in enumerate(self.body.layers):
+            attn = layer.self_attn
+            q, k, v = self._attention_inputs(i, layer, x, cos, sin)
+            self.keys[i].index_copy_(2, slot, k.transpose(1, 2))
+            self.values[i].index_copy_(2, slot, v.transpose(1, 2))
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), self.keys[i], self.values[i], attn_mask=mask, scale=attn.scaling, enable_gqa=True
+            )
+            x = x + attn.o_proj(out.transpose(1, 2).reshape(n, 1, -1))
+            x = x + self._mlp(i, layer, x)
+        return self._logits(x[:, -1])
+
+    def _static_step(self, token: Tensor) -> Tensor:
+        self.static_token.copy_(token)
+        self.slot.fill_(self.length)
+        self.length += 1
+        if self.static_token.device.type != "cuda":
+            return self._static_forward()
+        if self.graph is None:
+            self.graph, self.static_logits = self._capture()
+        self.graph.replay()
+        return self.static_logits.clone()  # the next replay overwrites the graph's output buffer
+
+    def _capture(self) -> tuple[torch.cuda.CUDAGraph, Tensor]:
+        """Record `_static_forward` as a CUDA graph. The warm-up runs (cuBLAS handles, SDPA's kernel choice) are
+        the current step itself, repeated: they write the same keys/values at the same slot, so they change nothing."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._static_forward()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            logits = self._static_forward()
+        return graph, logits
 
     # -- training forward (with gradient) ---------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from posttrain.config import HUB_ID, LoraConfig, ModelConfig
 from posttrain.errors import UserError
 from posttrain.models.chat import PromptFormat, configure_prompts
 from posttrain.models.precision import apply_precision
+from posttrain.models.sampling import use_cuda_graphs
 
 _ARCH = {"qwen2": Qwen2Config, "llama": LlamaConfig}
 
@@ -160,6 +161,7 @@ def prepare_model(
     if train:
         model = maybe_lora(model, cfg.lora)
     apply_precision(model, cfg.autocast, cfg.gradient_checkpointing and train, device)
+    use_cuda_graphs(model, cfg.cuda_graphs)
     return model
 
 

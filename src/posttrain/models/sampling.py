@@ -10,6 +10,7 @@ row like EOS does, on the token that completes one; its text is cut before the s
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 
@@ -18,10 +19,19 @@ from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.models.chat import encode_prompts
-from posttrain.models.decoders import decoder_for
+from posttrain.models.decoders import FastLlamaDecoder, decoder_for, unwrap
 from posttrain.models.precision import autocast
 
-__all__ = ["Samples", "StopStrings", "categorical", "concat_samples", "decode_completions", "encode_prompts", "generate", "sample"]
+__all__ = [
+    "Samples", "StopStrings", "categorical", "concat_samples", "decode_completions", "encode_prompts", "generate", "sample", "use_cuda_graphs",
+]
+_CUDA_GRAPHS = "posttrain_cuda_graphs"  # model attribute: `model.cuda_graphs`, read by every `sample` of the model
+
+
+def use_cuda_graphs(model: PreTrainedModel, enabled: bool) -> None:
+    """Make `sample` replay the model's decode steps as CUDA graphs (`model.cuda_graphs`), where it can: a
+    Llama-family model on a CUDA device without autocast (autocast's weight cache cannot be captured)."""
+    setattr(unwrap(model), _CUDA_GRAPHS, enabled)
 
 
 @dataclass(frozen=True)
@@ -53,16 +63,22 @@ def sample(
     generator: torch.Generator | None = None,
     stop: Callable[[Tensor], Tensor] | None = None,
     between_steps: Callable[[int], None] | None = None,
+    cuda_graph: bool | None = None,
 ) -> Samples:
     """Sample `group_size` completions for each prompt row of `prompt_ids` (left-padded). A row ends at EOS or
     when `stop(tokens so far)` [N, t] -> [N] bool (a `StopStrings`) says its text now holds a stop string.
     `between_steps(t)` runs before the forward that produces token t's logits (t >= 1): an asynchronous rollout
-    worker loads newer weights there (trainers/async_rl.py), and the rest of the rollout decodes under them."""
+    worker loads newer weights there (trainers/async_rl.py), and the rest of the rollout decodes under them.
+    `cuda_graph` (default: the model's `model.cuda_graphs`) replays each decode step as a CUDA graph where the
+    decoder supports it (see `use_cuda_graphs`); elsewhere it is ignored."""
     was_training = model.training
     model.eval()
     decoder = decoder_for(model)
+    if cuda_graph is None:
+        cuda_graph = getattr(unwrap(model), _CUDA_GRAPHS, False)
+    graphed = cuda_graph and prompt_ids.device.type == "cuda" and isinstance(decoder, FastLlamaDecoder) and _no_autocast(model)
     with autocast(model):
-        logits = decoder.prefill(prompt_ids, prompt_mask, group_size, max_new_tokens)
+        logits = decoder.prefill(prompt_ids, prompt_mask, group_size, max_new_tokens, **({"static": True} if graphed else {}))
     n = logits.shape[0]
     device = prompt_ids.device
     tokens = torch.empty(n, max_new_tokens, dtype=torch.long, device=device)
@@ -94,6 +110,10 @@ def sample(
     tokens = tokens.masked_fill(~produced, pad_id)
     logps = logps.masked_fill(~produced, 0.0)
     return Samples(tokens, produced.long(), logps, ended)
+
+
+def _no_autocast(model: PreTrainedModel) -> bool:
+    return isinstance(autocast(model), nullcontext)
 
 
 class StopStrings:

@@ -30,7 +30,8 @@ def train_char_tokenizer(corpus: Iterable[str]) -> PreTrainedTokenizerFast:
     core = Tokenizer(models.WordLevel(unk_token=UNK))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     core.decoder = decoders.Fuse()
-    trainer = trainers.WordLevelTrainer(special_tokens=[PAD, EOS, UNK], min_frequency=1, show_progress=False)
+    # every character is kept (the trainer's default cap is 30,000 entries)
+    trainer = trainers.WordLevelTrainer(vocab_size=2**21, special_tokens=[PAD, EOS, UNK], min_frequency=1, show_progress=False)
     core.train_from_iterator(corpus, trainer=trainer)
     # prompts are left-padded so every completion starts at the same column; passed to the constructor
     # (not set afterwards) so that save_pretrained records it and the reload keeps it
