@@ -282,6 +282,7 @@ def build(cfg, sft_steps: int, eos: bool = True, vocab: int | None = None):
     import torch
 
     from posttrain.models import build_tiny, train_char_tokenizer
+    from posttrain.models.sampling import use_cuda_graphs
     from posttrain.tasks import build_task
     from posttrain.runtime import seed_everything
     from posttrain.trainers.sft import train_sft
@@ -299,6 +300,7 @@ def build(cfg, sft_steps: int, eos: bool = True, vocab: int | None = None):
         pool = train[: cfg.sft.n_examples] if cfg.sft.n_examples else train
         train_sft(model, tokenizer, pool, sft_cfg, cfg.pipeline.seed, on_log=lambda step, metrics: None)
     model.zero_grad(set_to_none=True)
+    use_cuda_graphs(model, cfg.model.cuda_graphs)  # our step's rollouts (`--set model.cuda_graphs=true`); TRL ignores it
     if not eos:
         eos_off(model, tokenizer.eos_token_id)
     return task, train, tokenizer, model.to(torch.device("cpu"))

@@ -86,3 +86,28 @@ def test_rss_watch_sees_an_allocation(bench):
         assert watch.peak_mib("none") < 2
     finally:
         watch.close()
+
+
+def test_smollm2_shape_has_the_real_checkpoints_size_and_vocabulary(bench, tmp_path):
+    """SmolLM2-135M-Instruct's shape, randomly initialised: 134,515,008 parameters (the real checkpoint's count) and
+    the 49,152-token head, from a character tokenizer padded with filler characters that no prompt contains."""
+    out = tmp_path / "dry.json"
+    assert bench.main(["--json", str(out), "--params", str(REPO / "params.yaml"), "--shape", "smollm2", "--dry-run"]) == 0
+    summary = json.loads(out.read_text())
+    assert summary["parameters"] == 134_515_008 and summary["model"]["arch"] == "llama" and summary["model"]["layers"] == 30
+    filler = bench.filler_characters(100, "abc\ue000")
+    assert len(set(filler)) == 100 and "\ue000" not in filler
+
+
+def test_gpu_summary_reads_the_recorded_run(tmp_path, capsys):
+    """benchmarks/gpu_summary.py turns the first H200 run's files (benchmarks/results/gpu_h200_*) into docs/speed.md's table."""
+    import shutil
+    import subprocess
+    import sys
+
+    for shape in ("anchor", "smollm2"):
+        shutil.copy(REPO / "benchmarks" / "results" / f"gpu_h200_grpo_{shape}.json", tmp_path / f"grpo_{shape}.json")
+    text = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_summary.py"), str(tmp_path)], capture_output=True, text=True,
+                          check=True).stdout
+    assert "NVIDIA H200" in text and "| anchor |" in text and "| smollm2 |" in text
+    assert "121,193" in text and "0.718" in text  # the figures docs/speed.md quotes
