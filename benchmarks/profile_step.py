@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     bench = grpo_step.parse_args(["--json", str(args.json), "--params", args.params, "--shape", args.shape,
                                   *[x for o in args.overrides for x in ("--set", o)], "--steps", str(args.steps + 2)])
     cfg = grpo_step.load_config(bench)
-    task, train, tokenizer, model = grpo_step.build(cfg, bench.sft_steps, eos=bench.eos)
+    task, train, tokenizer, model = grpo_step.build(cfg, bench.sft_steps, eos=bench.eos, vocab=bench.vocab)
     loop = grpo_step.OurLoop(cfg, task, train, tokenizer, model)
     load_start = grpo_step.load_average()
     loop.step()  # warm-up

@@ -126,21 +126,34 @@ def interval(mean: float, ci: list[float]) -> str:
     return f"{mean:.3f}" if math.isnan(low) else f"{mean:.3f} [{low:.3f}, {high:.3f}]"
 
 
+def premise_cell(c: dict, n: int) -> str:
+    """Which seeds the row's verdict rests on: the seeds whose declared premises held (experiments/_premises.py)."""
+    premise = c.get("premise") or {}
+    if not premise.get("declared"):
+        return f"{n} (none declared)"
+    return f"{len(premise['held_seeds'])} of {n} held"
+
+
 def render_claims(results: Path) -> str:
-    """The claims table from the harness's JSON files in `results` (sorted by claim name)."""
-    lines = ["| claim | metric | claimed | mean [95% CI] | vs | mean [95% CI] | difference [95% CI] | seeds | verdict |",
+    """The claims table from the harness's JSON files in `results` (sorted by claim name), then each claim's premise
+    failures (seed, premise, measured value)."""
+    lines = ["| claim | metric | claimed | mean [95% CI] | vs | mean [95% CI] | difference [95% CI] | seeds (premise) | verdict |",
              "|---|---|---|---|---|---|---|---|---|"]
-    commands = []
+    commands, failures = [], []
     for path in sorted(results.glob("*.json")):
         data = json.loads(path.read_text())
         n = len(data["seeds"])
         for c in data["comparisons"]:
             side = "<" if c["direction"] == "lower" else ">"
             lines.append(f"| `{path.stem}` | {c['metric']} | {c['better']} {side} {c['worse']} | {interval(c['better_mean'], c['better_ci'])} "
-                         f"| {c['worse']} | {interval(c['worse_mean'], c['worse_ci'])} | {interval(c['diff_mean'], c['diff_ci'])} | {n} "
-                         f"| **{c['verdict']}** |")
+                         f"| {c['worse']} | {interval(c['worse_mean'], c['worse_ci'])} | {interval(c['diff_mean'], c['diff_ci'])} "
+                         f"| {premise_cell(c, n)} | **{c['verdict']}** |")
+        failed = sorted({f for c in data["comparisons"] for f in (c.get("premise") or {}).get("failures", [])})
+        if failed:
+            failures.append(f"- `{path.stem}`: " + "; ".join(failed))
         commands.append(f"- `{path.stem}`: `{data['command']}`")
-    return "\n".join(lines + ["", "Commands (each writes the JSON the rows above are generated from):", "", *commands]) + "\n"
+    premise_lines = ["", "Premises that failed (seed, premise, measured value; experiments/_premises.py):", "", *failures] if failures else []
+    return "\n".join(lines + premise_lines + ["", "Commands (each writes the JSON the rows above are generated from):", "", *commands]) + "\n"
 
 
 def pages(docs: Path = DOCS) -> list[Path]:

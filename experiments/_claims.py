@@ -28,6 +28,9 @@ from pathlib import Path
 
 from scipy import stats
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules, also when this file is loaded by path
+import _premises as premises  # noqa: E402
+
 # what the running claim is, for `_common.log_arm` (parent / child MLflow runs); empty outside the harness
 CURRENT: dict = {}
 
@@ -166,8 +169,14 @@ def verdict(low: float, high: float, lower_is_better: bool) -> str:
     return "reproduced" if low > 0 else "contradicted" if high < 0 else "inconclusive"
 
 
-def summarise(claim: str, per_seed: list[dict]) -> list[dict]:
-    """One row per claimed difference: each side's mean and interval, the per-seed values, the paired difference."""
+def summarise(claim: str, per_seed: list[dict], seeds: list[int] | None = None) -> list[dict]:
+    """One row per claimed difference: each side's mean and interval, the per-seed values, the paired difference,
+    and the verdict, given only over the seeds where the claim's premises (experiments/_premises.py) held, and only
+    when at least `MIN_SEEDS` did (`premise failed` otherwise). Two arms equal on every seed are `identical arms`:
+    no comparison at all."""
+    seeds = list(range(len(per_seed))) if seeds is None else seeds
+    checks = premises.check(claim, per_seed)
+    declared = bool(premises.PREMISES.get(claim))
     out = []
     for c in COMPARISONS.get(claim, []):
         try:
@@ -175,15 +184,32 @@ def summarise(claim: str, per_seed: list[dict]) -> list[dict]:
         except StopIteration:  # an arm the run left out (e.g. reward_model_rl --arms): nothing to compare
             print(f"{claim}: {c.metric} {c.better} vs {c.worse} skipped (an arm was not run)", flush=True)
             continue
-        diff = [b - w for b, w in zip(better, worse)]
-        mb, lb, hb = t_interval(better)
-        mw, lw, hw = t_interval(worse)
+        held, failures = premises.held_seeds(checks, seeds, c.better, c.worse)
+        enough = len(held) >= premises.MIN_SEEDS
+        used = held if enough else list(range(len(per_seed)))  # the figures shown: the seeds the verdict rests on
+        b, w = [better[i] for i in used], [worse[i] for i in used]
+        diff = [x - y for x, y in zip(b, w)]
+        mb, lb, hb = t_interval(b)
+        mw, lw, hw = t_interval(w)
         md, ld, hd = t_interval(diff)
+        if better == worse:
+            decided = "identical arms"
+        elif not enough:
+            decided = f"premise failed ({len(held)} of {len(per_seed)} seeds held)"
+        else:
+            decided = verdict(ld, hd, c.lower)
         out.append({"metric": c.metric, "better": c.better, "worse": c.worse, "direction": "lower" if c.lower else "higher",
                     "better_mean": mb, "better_ci": [lb, hb], "better_values": better,
                     "worse_mean": mw, "worse_ci": [lw, hw], "worse_values": worse,
-                    "diff_mean": md, "diff_ci": [ld, hd], "verdict": verdict(ld, hd, c.lower)})
+                    "diff_mean": md, "diff_ci": [ld, hd], "verdict": decided,
+                    "premise": {"declared": declared, "held_seeds": [seeds[i] for i in held], "seeds_used": [seeds[i] for i in used],
+                                "failures": failures}})
     return out
+
+
+def premise_table(claim: str, per_seed: list[dict], seeds: list[int]) -> list[dict]:
+    """Every declared premise's measured value on every seed, for the results JSON."""
+    return [{"seed": seed, **check} for seed, seed_checks in zip(seeds, premises.check(claim, per_seed)) for _, check in seed_checks]
 
 
 def fmt_ci(mean: float, ci: list[float]) -> str:
@@ -247,14 +273,15 @@ def run_seeds(main: Callable[[], None], claim: str, argv: list[str] | None = Non
                 print(f"=== {claim}: seed {s} ({seeds.index(s) + 1}/{len(seeds)})", flush=True)
                 main()
                 per_seed.append(json.loads(out.read_text()))
-        rows = summarise(claim, per_seed)
+        rows = summarise(claim, per_seed, seeds)
         text = print_summary(claim, seeds, rows)
         parent = _log_parent(rows, text, figure(per_seed) if figure else None)
     finally:
         sys.argv = saved
         CURRENT.clear()
     command = " ".join(shlex.quote(x) for x in [".venv/bin/python", f"experiments/{Path(script).name}", *reproducible(argv)])
-    results = {"claim": claim, "seeds": seeds, "command": command, "comparisons": rows, "mlflow_parent_run": parent, "per_seed": per_seed}
+    results = {"claim": claim, "seeds": seeds, "command": command, "comparisons": rows, "premises": premise_table(claim, per_seed, seeds),
+               "mlflow_parent_run": parent, "per_seed": per_seed}
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps(results, indent=2) + "\n")
@@ -294,11 +321,12 @@ def merge(results: list[dict], json_path: Path | None = None) -> dict:
     if seeds != list(range(seeds[0], seeds[0] + len(seeds))):
         raise SystemExit(f"merge: seeds {seeds} are not one contiguous range")
     claim, per_seed = claims.pop(), [one for _, one in pairs]
-    rows = summarise(claim, per_seed)
+    rows = summarise(claim, per_seed, seeds)
     print_summary(claim, seeds, rows)
     words = [*commands.pop(), *([] if seeds[0] == 0 else ["--seed", str(seeds[0])]), "--seeds", str(len(seeds))]
     words = reproducible([*words, *(["--json", str(json_path)] if json_path else [])])
-    return {"claim": claim, "seeds": seeds, "command": shlex.join(words), "comparisons": rows, "mlflow_parent_run": None,
+    return {"claim": claim, "seeds": seeds, "command": shlex.join(words), "comparisons": rows,
+            "premises": premise_table(claim, per_seed, seeds), "mlflow_parent_run": None,
             "per_seed": per_seed, "merged_from": [r["command"] for r in results]}
 
 

@@ -105,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     which.add_argument("--all", action="store_true", help="every claim")
     which.add_argument("--list", action="store_true", help="print each claim and its command")
     which.add_argument("--merge", nargs="+", type=Path, help="one claim's results JSONs from runs on different seeds")
+    which.add_argument("--resummarise", action="store_true",
+                       help="recompute every results JSON's comparisons and premises from its per-seed results (no run)")
     p.add_argument("--json", type=Path, default=None, help="--merge: where the merged results go")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--out-dir", type=Path, default=HERE / "results")
@@ -124,6 +126,18 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(merged, indent=2) + "\n")
         print(f"wrote {args.json}")
+        return 0
+    if args.resummarise:
+        from _claims import premise_table, summarise
+
+        for path in sorted(args.out_dir.glob("*.json")):
+            data = json.loads(path.read_text())
+            if "per_seed" not in data:
+                continue
+            data["comparisons"] = summarise(data["claim"], data["per_seed"], data["seeds"])
+            data["premises"] = premise_table(data["claim"], data["per_seed"], data["seeds"])
+            path.write_text(json.dumps(data, indent=2) + "\n")
+            print(f"{path.name}: " + "; ".join(f"{r['metric']} {r['better']} vs {r['worse']}: {r['verdict']}" for r in data["comparisons"]))
         return 0
     if args.list:
         for name, (script, flags) in CLAIMS.items():

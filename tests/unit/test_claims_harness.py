@@ -117,3 +117,46 @@ def test_runs_on_different_seeds_merge_into_the_one_run_over_all_of_them(monkeyp
         H.merge([one_seed_run(0, 0.3, 0.2), one_seed_run(2, 0.7, 0.6)])
     with pytest.raises(SystemExit, match="different claims"):
         H.merge([one_seed_run(0, 0.3, 0.2), {**one_seed_run(1, 0.7, 0.6), "claim": "other"}])
+
+
+def test_a_failed_premise_withholds_the_verdict(monkeypatch):
+    """Issue 34: seeds whose premise failed are left out, and with fewer than 3 left no verdict is given; a premise
+    the run never recorded fails as `not recorded`; a premise about other arms leaves a row alone."""
+    P = H.premises
+    monkeypatch.setitem(H.COMPARISONS, "toy", [H.compare("score", "new", "old"), H.compare("score", "old", "base")])
+    premise = P.Premise("teacher lead", lambda r: r["lead"], at_least=0.05, arms=("new",))
+    monkeypatch.setitem(P.PREMISES, "toy", [premise])
+    results = [{**seed_result(a, b), "lead": lead} for a, b, lead in ((0.3, 0.2, 0.1), (0.7, 0.6, 0.0), (0.51, 0.4, 0.2))]
+    for r, base in zip(results, (0.1, 0.5, 0.3)):
+        r["table"].append({"arm": "base", "score": base})
+    rows = H.summarise("toy", results, seeds=[10, 11, 12])
+    new_vs_old, old_vs_base = rows
+    # without the premise this row is "reproduced" (test_summary_pairs_the_arms_by_seed); seed 11's teacher had no lead
+    assert new_vs_old["verdict"] == "premise failed (2 of 3 seeds held)"
+    assert new_vs_old["premise"]["held_seeds"] == [10, 12] and new_vs_old["premise"]["failures"] == ["seed 11: teacher lead >= 0.05: 0"]
+    assert old_vs_base["verdict"] == "reproduced" and old_vs_base["premise"]["held_seeds"] == [10, 11, 12]
+    # a fourth seed where it held: three seeds carry the verdict, computed over them only
+    more = [*results, {**seed_result(0.5, 0.35), "lead": 0.3}]
+    more[3]["table"].append({"arm": "base", "score": 0.2})
+    row = H.summarise("toy", more, seeds=[10, 11, 12, 13])[0]
+    assert row["verdict"] == "reproduced" and row["premise"]["seeds_used"] == [10, 12, 13]
+    assert row["diff_mean"] == pytest.approx((0.1 + 0.11 + 0.15) / 3)
+    # not recorded: fails, never assumed
+    unrecorded = [{k: v for k, v in r.items() if k != "lead"} for r in more]
+    row = H.summarise("toy", unrecorded)[0]
+    assert row["verdict"] == "premise failed (0 of 4 seeds held)" and "teacher lead >= 0.05: not recorded" in row["premise"]["failures"][0]
+    assert H.premise_table("toy", more, [10, 11, 12, 13])[1] == {"seed": 11, "premise": "teacher lead >= 0.05", "value": 0.0, "held": False}
+
+
+def test_identical_arms_are_flagged_not_compared(monkeypatch):
+    monkeypatch.setitem(H.COMPARISONS, "toy", [H.compare("score", "new", "old")])
+    (row,) = H.summarise("toy", [seed_result(0.3, 0.3), seed_result(0.5, 0.5), seed_result(0.4, 0.4)])
+    assert row["verdict"] == "identical arms"
+
+
+def test_every_declared_premise_names_a_claim_with_comparisons():
+    assert set(H.premises.PREMISES) <= set(H.COMPARISONS)
+    for claim, declared in H.premises.PREMISES.items():
+        arms = {a for c in H.COMPARISONS[claim] for a in (c.better, c.worse)}
+        for p in declared:
+            assert set(p.arms) <= arms, (claim, p.name, p.arms)
