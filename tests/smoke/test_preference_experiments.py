@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from helpers import REPO
+from test_experiments import is_verdict
 
 TRM_MICRO = ["--set", "reward_model.options.trm.rl_steps=1", "--set", "reward_model.options.trm.pairs_per_step=2",
              "--set", "reward_model.options.trm.group_size=2"]
@@ -36,7 +37,7 @@ def test_experiment_runs_and_writes_json(name, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     claim = json.loads(out.read_text())
     assert claim["claim"] == name and claim["seeds"] == [0, 1] and claim["comparisons"]
-    assert all(len(c["worse_values"]) == 2 and c["verdict"] in {"reproduced", "contradicted", "inconclusive"} for c in claim["comparisons"])
+    assert all(len(c["worse_values"]) == 2 and is_verdict(c["verdict"]) for c in claim["comparisons"])
     for data in claim["per_seed"]:
         assert data["claim"] == name and data["steps"] == 2 and set(data["arms"]) == arms and data["table"]
         if name == "reward_model_rl":  # each reward model's pick among 8 SFT samples, between a random pick and the oracle's
