@@ -273,6 +273,7 @@ class EvalConfig(Section):
     sampler: Annotated[str, Registered("samplers")] = "greedy"
     options: Annotated[Options, OptionsOf("samplers")] = {}  # per-sampler settings: eval.options.<sampler>.<key>
     best_of_n: BestOfNConfig
+    group_by: tuple[str, ...] = ()  # metadata keys: greedy / sampled accuracy also per value of each (eval/harness.py)
 
 
 class GPUConfig(Section):
