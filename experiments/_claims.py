@@ -146,6 +146,10 @@ COMPARISONS: dict[str, list[Compare]] = {
                          compare("subgoal_progress", "dsp_w2", "dsp_w0")],
     "samplers_arithmetic": SAMPLERS,
     "samplers_word_problems": SAMPLERS,
+    # smollm2_rl.py (issue 32): GRPO from SmolLM2-135M-Instruct against its start, held-out greedy (and sampled) accuracy
+    "smollm2_rl": [compare("wp_greedy_accuracy", "rl", "base"), compare("wp_greedy_accuracy_steps_1", "rl", "base"),
+                   compare("wp_greedy_accuracy_steps_2", "rl", "base"), compare("ar_greedy_accuracy", "rl", "base"),
+                   compare("wp_sampled_accuracy", "rl", "base"), compare("wp_greedy_format_rate", "rl", "base")],
 }
 
 

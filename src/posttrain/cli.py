@@ -92,36 +92,46 @@ def registry(as_json: Annotated[bool, typer.Option("--json", help="Print {regist
 
 @app.command("summary")
 def summary(
-    eval_dir: Annotated[Path, typer.Option("--eval-dir")] = Path("outputs/eval"),
+    eval_dirs: Annotated[list[Path], typer.Option("--eval-dir", help="An eval output holding <start>/ and <result>/ (repeatable).")] = [],  # noqa: B006
+    start: Annotated[str, typer.Option("--start", help="The evaluated starting model's folder: sft, or import (a pretrained checkpoint).")] = "sft",
+    result: Annotated[str, typer.Option("--result", help="The evaluated trained model's folder.")] = "rl",
     wall_seconds: Annotated[float, typer.Option("--wall-seconds")] = 0.0,
     out: Annotated[Path, typer.Option("--out")] = Path("outputs/summary.json"),
     params: Params = Path("params.yaml"),
 ) -> None:
-    """Print SFT vs RL held-out accuracy and write summary.json."""
+    """Print held-out accuracy before and after RL (per eval output) and write summary.json."""
     from posttrain import resolve
     from posttrain.tracking import resolve_uri
 
     cfg = resolve.load(params)
-    result: dict[str, object] = {}
-    for name in ("sft", "rl"):
-        path = eval_dir / name / "metrics.json"
-        if not path.is_file():
-            raise UserError(f"missing {path}: run the pipeline first (dvc repro)")
-        metrics = json.loads(path.read_text())
-        result[f"{name}_accuracy"] = metrics["greedy_accuracy"]
-        result[f"{name}_sampled_accuracy"] = metrics["sampled_accuracy"]
-    result["wall_seconds"] = wall_seconds
-    result["outputs"] = str(eval_dir.parent.resolve())
+    eval_dirs = eval_dirs or [Path("outputs/eval")]
+    summary: dict[str, object] = {}
+    lines = []
+    for eval_dir in eval_dirs:
+        found = {}
+        for name in (start, result):
+            path = eval_dir / name / "metrics.json"
+            if not path.is_file():
+                raise UserError(f"missing {path}: run the pipeline first (dvc repro)")
+            found[name] = json.loads(path.read_text())
+        prefix = "" if eval_dir == eval_dirs[0] else f"{eval_dir.name}_"
+        for name, metrics in found.items():
+            summary[f"{prefix}{name}_accuracy"] = metrics["greedy_accuracy"]
+            summary[f"{prefix}{name}_sampled_accuracy"] = metrics["sampled_accuracy"]
+        before, after = found[start]["greedy_accuracy"], found[result]["greedy_accuracy"]
+        groups = sorted(k.removeprefix("greedy_accuracy_") for k in found[result] if k.startswith("greedy_accuracy_") and k in found[start])
+        detail = "".join(f"; {g}: {found[start]['greedy_accuracy_' + g]:.1%} -> {found[result]['greedy_accuracy_' + g]:.1%}" for g in groups)
+        where = "" if len(eval_dirs) == 1 else f" ({eval_dir})"
+        lines.append(f"held-out greedy accuracy{where}: {start.upper()} {before:.1%} -> {result.upper()} {after:.1%} "
+                     f"({100 * (after - before):+.1f} points){detail}")
+    summary["wall_seconds"] = wall_seconds
+    summary["outputs"] = str(eval_dirs[0].parent.resolve())
     uri = redact_uri(resolve_uri(cfg.tracking.uri))
-    result["mlflow_ui"] = f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
+    summary["mlflow_ui"] = f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    gain = 100 * (result["rl_accuracy"] - result["sft_accuracy"])  # type: ignore[operator]
-    typer.echo(
-        f"held-out greedy accuracy: SFT {result['sft_accuracy']:.1%} -> RL {result['rl_accuracy']:.1%} ({gain:+.1f} points)\n"
-        f"wall time: {wall_seconds:.0f} s\noutputs: {result['outputs']}  (summary: {out})\n"
-        f"view the runs: {result['mlflow_ui']}  then open http://127.0.0.1:5000"
-    )
+    out.write_text(json.dumps(summary, indent=2) + "\n")
+    typer.echo("\n".join(lines) + f"\nwall time: {wall_seconds:.0f} s\noutputs: {summary['outputs']}  (summary: {out})\n"
+               f"view the runs (experiment {cfg.pipeline.name!r}): {summary['mlflow_ui']}  then open http://127.0.0.1:5000")
 
 
 ValuesJson = Annotated[list[str], typer.Option("--values-json", help='JSON object {"section.key": value} or {"section": {...}} (repeatable).')]

@@ -150,6 +150,12 @@ class ModelConfig(Section):
         return self
 
 
+class CheckpointConfig(Section):  # stage `import`: a GGUF file or a checkpoint to a save_pretrained directory (models/gguf.py)
+    # a .gguf file, `package:<module>/<file>` (a file inside an installed package), or a checkpoint directory / hub id
+    source: str | None = None
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # the saved weights (a GGUF is dequantised to it)
+
+
 class SFTConfig(Section):
     steps: int = Field(gt=0)
     batch_size: int = Field(gt=0)
@@ -269,6 +275,7 @@ class EvalConfig(Section):
     sampler: Annotated[str, Registered("samplers")] = "greedy"
     options: Annotated[Options, OptionsOf("samplers")] = {}  # per-sampler settings: eval.options.<sampler>.<key>
     best_of_n: BestOfNConfig
+    group_by: tuple[str, ...] = ()  # metadata keys: greedy / sampled accuracy also per value of each (eval/harness.py)
 
 
 class GPUConfig(Section):
@@ -896,6 +903,7 @@ class Config(Section):
     training: TrainingConfig
     task: TaskConfig
     model: ModelConfig
+    checkpoint: CheckpointConfig = CheckpointConfig()
     sft: SFTConfig
     rl: RLConfig
     critic: CriticStageConfig

@@ -6,10 +6,12 @@ at matched compute. Greedy and sampled passes report their forward tokens per an
 with a `sampler`: the text world, the market sandbox) is evaluated on its episodes, greedy or sampled turn by turn.
 With `eval.best_of_n.n` > 0, best-of-N over that many answers per prompt from `eval.sampler` (eval/best_of_n.py) as `bon_*`: one accuracy
 per pick (`bon_oracle_accuracy`, `bon_vote_accuracy`, `bon_likelihood_accuracy`) and the forward tokens per prompt
-the N draws cost."""
+the N draws cost. With `eval.group_by` keys, greedy and sampled accuracy also per value of each metadata key.
+"""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -46,6 +48,9 @@ def evaluate(
              "correct": task.correctness_reward(text, bool(greedy.samples.finished[i]), examples[i])}
             for i, text in enumerate(greedy.texts[: cfg.n_table])]
     sampled = draw("temperature", model, tokenizer, examples, request, None, generator)
+    for key in cfg.group_by:
+        metrics.update(group_accuracy("greedy", greedy, task, examples, key))
+        metrics.update(group_accuracy("sampled", sampled, task, examples, key))
     sampled_metrics = answer_metrics("sampled", sampled, task, examples, votes=True)
     metrics.update({k: v for k, v in sampled_metrics.items() if not k.startswith(("sampled_pass_at", "sampled_majority_at"))})
     metrics.update({k.removeprefix("sampled_"): v for k, v in sampled_metrics.items() if k.startswith(("sampled_pass_at", "sampled_majority_at"))})
@@ -61,6 +66,19 @@ def evaluate(
         drawn = draw(cfg.sampler, model, tokenizer, examples, bon_request, cfg.options_for(cfg.sampler), generator)
         metrics.update(best_of_n_metrics("bon", drawn, task, examples, best.picks))
     return metrics, rows
+
+
+def group_accuracy(prefix: str, sampled: Sampled, task: Task, examples: Sequence[Example], key: str) -> dict[str, float]:
+    """`<prefix>_accuracy_<key>_<value>`: the accuracy over the examples whose metadata `key` is `value` (e.g. the word
+    problems' `steps`: one-step and two-step problems apart); examples without the key are left out."""
+    k = sampled.per_prompt
+    finished = sampled.samples.finished.tolist()
+    scores: dict[str, list[float]] = {}
+    for i, text in enumerate(sampled.texts):
+        value = examples[i // k].metadata.get(key)
+        if value is not None:
+            scores.setdefault(re.sub(r"[^\w.-]", "_", str(value)), []).append(task.correctness_reward(text, finished[i], examples[i // k]))
+    return {f"{prefix}_accuracy_{key}_{value}": sum(v) / len(v) for value, v in sorted(scores.items())}
 
 
 def answer_metrics(prefix: str, sampled: Sampled, task: Task, examples: Sequence[Example], with_task_metrics: bool = False,

@@ -28,6 +28,24 @@ stages: Registry = Registry("stage")
 # (orchestration/graph.py): gpu (default True), deterministic (default True: cacheable); for tracking: rl_objective (default
 # False: whether the stage trains with the rl section's objective, so its run is tagged with the objective and arm)
 
+MODEL = "model"  # a stage output holds its model here
+
+
+def model_dir(path: Path) -> Path:
+    """The checkpoint directory of a model input: a stage output's `model/`, or the input itself when it is a plain
+    `save_pretrained` directory (a pretrained checkpoint given as `--in policy=DIR`)."""
+    nested = path / MODEL
+    if (nested / "config.json").is_file() or not (path / "config.json").is_file():
+        return nested
+    return path
+
+
+def _present(path: Path, needed: str) -> bool:
+    """Whether input `path` has `needed`; a stage output's `model/<file>` is also found in a plain checkpoint directory."""
+    head, _, rest = needed.partition("/")
+    return (path / needed).exists() or (head == MODEL and rest != "" and (model_dir(path) / rest).exists())
+
+
 from posttrain.stages import compare, critic, data, distill, eval, preference, reward_model, rl, rl_rm, sft  # noqa: E402,F401,A004  (registers)
 from posttrain.stages import edit, knowledge  # noqa: E402,F401  (registers: lifelong knowledge editing)
 from posttrain.stages import care  # noqa: E402,F401  (registers: CARE's rubric generator)
@@ -38,6 +56,7 @@ from posttrain.stages import asct  # noqa: E402,F401  (registers: ASCT in the se
 from posttrain.stages import bridge  # noqa: E402,F401  (registers: BRIDGE, the retriever as the upper level, on the search task)
 from posttrain.stages import viskg  # noqa: E402,F401  (registers: VisKG, viskg_sft and viskg_rl)
 from posttrain.stages import dsp  # noqa: E402,F401  (registers: DSP, maze_data and dsp)
+from posttrain.stages import import_model  # noqa: E402,F401  (registers: import, a GGUF file or checkpoint into the pipeline)
 
 RUN_FILE = "mlflow_run.json"  # in every stage output: which stage and MLflow run made it (lineage for `compare`)
 
@@ -62,8 +81,9 @@ def check_inputs(name: str, inputs: dict[str, Path]) -> dict[str, Path]:
         if not path.is_dir():
             raise UserError(f"input {key!r} not found: {path} (run the upstream stage or pass --in {key}=DIR)")
         for needed in stages.entry(name).meta.get("requires", {}).get(key, ()):
-            if not (path / needed).exists():
-                raise UserError(f"input {key!r} has no {needed}: {path / needed} is missing")
+            if not _present(path, needed):
+                plain = " (or a checkpoint directory with config.json)" if needed.startswith(f"{MODEL}/") else ""
+                raise UserError(f"input {key!r} has no {needed}: {path / needed} is missing{plain}")
     return resolved
 
 

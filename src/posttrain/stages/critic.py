@@ -13,7 +13,7 @@ from pathlib import Path
 from posttrain.config import Config
 from posttrain.data import read_examples
 from posttrain.runtime import strict_json
-from posttrain.stages import stages
+from posttrain.stages import model_dir, stages
 from posttrain.tasks import build_task
 
 
@@ -33,7 +33,7 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     task = build_task(cfg.task)
     train, heldout = read_examples(inputs["data"] / "train.jsonl"), read_examples(inputs["data"] / "heldout.jsonl")
     seed_everything(cfg.pipeline.seed)
-    policy, tokenizer = load_pretrained(inputs["policy"] / "model", cfg.model.dtype)
+    policy, tokenizer = load_pretrained(model_dir(inputs["policy"]), cfg.model.dtype)
     policy = prepare_model(policy, tokenizer, cfg.model, select_device(cfg.pipeline.device))
     loop = TrainLoop.for_stage(cfg.training, out_dir, cfg.section_hash("pipeline", "task", "model", "rl", "critic"),
                                cfg.critic.checkpoint_every, resume, "critic")

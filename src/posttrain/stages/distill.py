@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from posttrain.config import Config, RLConfig, one_line
 from posttrain.errors import UserError
-from posttrain.stages import stages
+from posttrain.stages import model_dir, stages
 from posttrain.stages.rl import train_and_save
 
 
@@ -48,7 +48,7 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     roles = roles_needed(rl) & set(inputs)  # teacher / base: exactly the roles the method's extras read
 
     def load_models(tokenizer, device):
-        return {role: load_teacher(inputs[role] / "model", tokenizer, cfg.model.dtype, device) for role in sorted(roles)}
+        return {role: load_teacher(model_dir(inputs[role]), tokenizer, cfg.model.dtype, device) for role in sorted(roles)}
 
     # the stage's run was opened with the rl section's objective tag
     tracker.set_tags(objective="+".join([rl.advantage, rl.loss, *rl.aux]), distill_method=cfg.distill.method)

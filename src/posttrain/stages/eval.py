@@ -1,7 +1,7 @@
 """Stage `eval`: held-out greedy and sampled accuracy of any checkpoint, the `eval.sampler` pass and best-of-N
 (`eval.best_of_n`, eval/harness.py), plus a table of completions.
 
-Inputs: `data` (heldout.jsonl) and `model` (a directory with `model/`). Outputs: metrics.json,
+Inputs: `data` (heldout.jsonl) and `model` (a stage output with `model/`, or a plain checkpoint directory). Outputs: metrics.json,
 samples.jsonl.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from posttrain.runtime import strict_json
 from posttrain.config import Config
 from posttrain.data import check_examples, read_examples
-from posttrain.stages import stages
+from posttrain.stages import model_dir, stages
 from posttrain.tasks import build_task
 
 
@@ -25,7 +25,7 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
 
     heldout = inputs["data"] / "heldout.jsonl"
     examples = read_examples(heldout)
-    model, tokenizer = load_pretrained(inputs["model"] / "model", cfg.model.dtype)
+    model, tokenizer = load_pretrained(model_dir(inputs["model"]), cfg.model.dtype)
     model = prepare_model(model, tokenizer, cfg.model, select_device(cfg.pipeline.device), train=False)
     check_examples(heldout, examples, model, tokenizer, cfg.eval.max_new_tokens, "eval.max_new_tokens")
     metrics, rows = evaluate(model, tokenizer, build_task(cfg.task), examples, cfg.eval, cfg.pipeline.seed)

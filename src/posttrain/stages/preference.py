@@ -16,7 +16,7 @@ from posttrain.config import Config
 from posttrain.data import check_examples, read_examples
 from posttrain.data.preferences import PreferencePair, preference_data, read_pairs, write_pairs
 from posttrain.errors import UserError
-from posttrain.stages import stages
+from posttrain.stages import model_dir, stages
 from posttrain.tasks import build_task
 
 
@@ -53,7 +53,7 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     if not samples_policy:  # a bad pair file fails before any model is loaded
         train, heldout = load_pairs(cfg, cfg.preference, task, train_examples, heldout_examples)
     seed_everything(cfg.pipeline.seed)
-    policy, tokenizer = load_pretrained(inputs["policy"] / "model", cfg.model.dtype)
+    policy, tokenizer = load_pretrained(model_dir(inputs["policy"]), cfg.model.dtype)
     policy = prepare_model(policy, tokenizer, cfg.model, select_device(cfg.pipeline.device), train=False)
     check_examples(inputs["data"] / "heldout.jsonl", heldout_examples, policy, tokenizer, cfg.eval.max_new_tokens, "eval.max_new_tokens")
     if samples_policy:

@@ -19,7 +19,7 @@ from pathlib import Path
 from posttrain.config import Config
 from posttrain.data import read_examples
 from posttrain.data.preferences import preference_data, reward_model_prompts, write_pairs
-from posttrain.stages import stages
+from posttrain.stages import model_dir, stages
 from posttrain.stages.preference import load_pairs
 from posttrain.tasks import build_task
 import posttrain.trainers.reward_model  # noqa: E402,F401  (registers the `bt` trainer in rewards.reward_models)
@@ -43,14 +43,14 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     seed_everything(cfg.pipeline.seed)
     policy = None
     if preference_data.entry(cfg.reward_model.data).meta.get("needs_policy") and cfg.reward_model.pairs is None:
-        model, tokenizer = load_pretrained(inputs["policy"] / "model", cfg.model.dtype)
+        model, tokenizer = load_pretrained(model_dir(inputs["policy"]), cfg.model.dtype)
         policy = (model.to(select_device(cfg.pipeline.device)), tokenizer)
     rm_examples, rl_examples = reward_model_prompts(train_examples, cfg.reward_model.prompts, cfg.pipeline.seed)
     train, heldout = load_pairs(cfg, cfg.reward_model, task, rm_examples, heldout_examples, policy)
     train_fn = reward_models.get(cfg.reward_model.kind)
     loop = TrainLoop.for_stage(cfg.training, out_dir, cfg.section_hash("pipeline", "task", "model", "rl", "reward_model"),
                                cfg.reward_model.checkpoint_every, resume, "reward_model")
-    metrics = train_fn(cfg, inputs["policy"] / "model", train, heldout, out_dir, cfg.pipeline.seed,
+    metrics = train_fn(cfg, model_dir(inputs["policy"]), train, heldout, out_dir, cfg.pipeline.seed,
                        on_log=lambda step, m: tracker.log_metrics(m, step), loop=loop)
     write_pairs(out_dir / "pairs_train.jsonl", train)
     write_pairs(out_dir / "pairs_heldout.jsonl", heldout)

@@ -1,17 +1,18 @@
-"""Stage `rl`: online RL (GRPO by default) from the SFT checkpoint.
+"""Stage `rl`: online RL (GRPO by default) from the SFT checkpoint, or from any checkpoint.
 
-Inputs: `data` (train.jsonl) and `policy` (a directory with `model/`). Output: `model/`, `history.json`
+Inputs: `data` (train.jsonl) and `policy` (a stage output with `model/`, or a plain checkpoint directory). Output: `model/`, `history.json`
 (per-step metrics), `reward_curve.png`, and `critic/` when the objective trains a critic (PPO). With `--resume` a stopped run continues from its last checkpoint.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from posttrain.runtime import strict_json
 from posttrain.config import Config
 from posttrain.data import check_examples, read_examples
-from posttrain.stages import stages
+from posttrain.stages import model_dir, stages
 from posttrain.tasks import build_task
 
 
@@ -59,7 +60,7 @@ def train_and_save(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker,
         examples = select_examples(examples)
     seed_everything(cfg.pipeline.seed)
     device = select_device(cfg.pipeline.device)
-    policy, tokenizer = load_pretrained(inputs["policy"] / "model", cfg.model.dtype)
+    policy, tokenizer = load_pretrained(model_dir(inputs["policy"]), cfg.model.dtype)
     policy = prepare_model(policy, tokenizer, cfg.model, device)  # chat template, LoRA, checkpointing, autocast
     check_examples(train, examples, policy, tokenizer, cfg.rl.max_new_tokens, "rl.max_new_tokens")
     rl_run = RLRun(
@@ -78,9 +79,18 @@ def train_and_save(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker,
     tracker.log_table(table, "rollout_samples.json")
     tracker.log_artifacts(out_dir / "model", "model")
     last = history[-10:]
-    return {
-        "final_train_accuracy": sum(h.get("accuracy", 0.0) for h in last) / len(last),
+    metrics = {
         "final_reward": sum(h["reward/total_mean"] for h in last) / len(last),
         "steps": float(len(history)),
         "nonfinite_steps": history[-1]["nonfinite_steps"],
     }
+    accuracy = history_accuracy(last)
+    if accuracy is not None:  # measured by the task's verifier; a run that measured none reports none
+        metrics["final_train_accuracy"] = accuracy
+    return metrics
+
+
+def history_accuracy(history: list[dict[str, float]]) -> float | None:
+    """The mean verifier accuracy over the steps that measured one (a finite `accuracy`), or None."""
+    measured = [h["accuracy"] for h in history if math.isfinite(h.get("accuracy", float("nan")))]
+    return sum(measured) / len(measured) if measured else None

@@ -80,6 +80,14 @@ class DatasetOptions(Section):
     tokenizer: str | None  # a tokenizer directory or hub id (your checkpoint's) for max_prompt_tokens
     answer_pattern: str  # last_number | boxed | answer_line | whole | a regex whose group 1 is the answer
     verifier: Literal["exact", "normalized", "math"]
+    answer_format: str | None = None  # how a bare answer is written ("#### {answer}"); null: answer_pattern's preset, or the bare answer
+
+    @field_validator("answer_format")
+    @classmethod
+    def _has_slot(cls, v: str | None) -> str | None:
+        if v is not None and "{answer}" not in v:
+            raise ValueError("needs the {answer} slot")
+        return v
 
     @field_validator("path", "heldout_path")
     @classmethod
@@ -258,6 +266,8 @@ class DatasetTask(Task):
 
     def written(self, answer: str) -> str:
         """A bare answer written in the answer format (the reference completion when the data has none)."""
+        if self.opts.answer_format is not None:
+            return self.opts.answer_format.replace("{answer}", answer)
         template = PATTERNS[self.opts.answer_pattern][1] if self.opts.answer_pattern in PATTERNS else "{answer}"
         return template.format(answer=answer)
 

@@ -55,7 +55,7 @@ from posttrain.rollout.pool import Group, TrajectoryPool, pool_policies
 from posttrain.runtime import progress
 from posttrain.trainers import distributed
 from posttrain.trainers.loop import TrainLoop
-from posttrain.trainers.online_rl import OnlineRL, PromptStream, RLRun, StepResult
+from posttrain.trainers.online_rl import OnlineRL, PromptStream, RLRun, StepResult, train_accuracy
 
 NEWEST = -1  # a job's version when the worker takes whatever the trainer published last
 
@@ -490,6 +490,8 @@ def train_async(run: RLRun, resume: bool, on_log: Callable[[int, dict[str, float
                 ids, mask = encode_prompts(run.tokenizer, prompts, trainer.device)
                 batch, texts = trainer.score(prompts, ids, mask, samples, StopStrings(run.tokenizer, cfg.stop))
                 lag = (step - 1) - tags[samples.completion_mask.cpu().bool()]  # versions each trained token lags v_now
+                expanded = [e for e in prompts for _ in range(cfg.group_size)]
+                figures["accuracy"] = train_accuracy(run.task, batch, expanded, texts, samples.finished.tolist())
                 figures.update({"completion_length": float(samples.completion_mask.sum()) / batch.size,
                                 "async/token_lag_max": float(lag.max()), "async/token_lag_mean": float(lag.double().mean())})
                 result = trainer.step([], collected=(batch, texts, prompts, figures))

@@ -145,9 +145,19 @@ def reward_metrics(batch: RolloutBatch) -> dict[str, float]:
     metrics["reward/nan_count"] = float(torch.isnan(batch.rewards).sum())
     total = torch.nan_to_num(batch.rewards, nan=0.0) @ batch.reward_weights
     metrics["reward/total_mean"] = float(total.mean())
-    if "correctness" in batch.reward_names:
-        metrics["accuracy"] = metrics["reward/correctness_mean"]
     return metrics
+
+
+def train_accuracy(task: Task, batch: RolloutBatch, examples: Sequence[Example], texts: Sequence[str], finished: Sequence[bool]) -> float:
+    """The share of a rollout's samples the task's verifier accepts, whatever rewards the run optimises (the
+    `correctness` column when it is one of them: the same verifier, not scored twice). NaN (a sample the verifier
+    could not judge) is left out; with none judged the result is NaN, which `history_accuracy` skips."""
+    if "correctness" in batch.reward_names:
+        scores = batch.rewards[:, batch.reward_names.index("correctness")].float().cpu()
+    else:
+        scores = torch.tensor([task.correctness_reward(t, f, e) for t, f, e in zip(texts, finished, examples)], dtype=torch.float32)
+    judged = scores[~torch.isnan(scores)]
+    return float(judged.mean()) if judged.numel() else float("nan")
 
 
 class OnlineRL:
@@ -245,6 +255,8 @@ class OnlineRL:
         batch, texts = self.score(prompts, prompt_ids, prompt_mask, samples, stop, texts)
         tokens = float(samples.completion_mask.sum())
         metrics = {"tokens_per_s": tokens / max(seconds, 1e-9), "completion_length": tokens / batch.size, **extra}
+        expanded = [e for e in prompts for _ in range(cfg.group_size)]
+        metrics["accuracy"] = train_accuracy(run.task, batch, expanded, texts, samples.finished.tolist())
         if hasattr(run.task, "rollout_metrics"):  # a task's own figures of a batch (the market sandbox: each tool's share of the calls)
             metrics.update(run.task.rollout_metrics(texts))
         return batch, texts, metrics
