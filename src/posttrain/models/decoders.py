@@ -190,7 +190,7 @@ class FastLlamaDecoder:
         # the static step reads the whole buffer (masked): unwritten slots must hold finite numbers, not garbage
         new_buffer = torch.zeros if static else torch.empty
         self.keys = [new_buffer(rows, self.n_kv, capacity, self.head_dim, dtype=dtype, device=device) for _ in self.body.layers]
-        self.values = [torch.empty_like(k) for k in self.keys]
+        self.values = [torch.zeros_like(k) if static else torch.empty_like(k) for k in self.keys]
         prompt_keys, prompt_values = self.keys, self.values
         self.keys, self.values = [k[:b] for k in prompt_keys], [v[:b] for v in prompt_values]
         cos, sin = self._rope(positions, dtype)
