@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-import _claims
+import _claims as C
 
 REPO = Path(__file__).resolve().parents[1]
 PARAMS = REPO / "examples" / "smollm2" / "params.yaml"
@@ -120,4 +120,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    _claims.run_seeds(main, "smollm2_rl")
+    C.run_seeds(main, "smollm2_rl")
