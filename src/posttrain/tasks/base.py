@@ -3,10 +3,23 @@
 from __future__ import annotations
 
 import json
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+
+def answer_regex(pattern: str) -> re.Pattern:
+    """`pattern` compiled as an answer extractor; a ValueError (a settings error) when it is not a valid regex or has
+    no group 1, the answer."""
+    try:
+        regex = re.compile(pattern)
+    except re.error as e:
+        raise ValueError(f"not a valid regex ({e})") from None
+    if regex.groups < 1:
+        raise ValueError("a regex answer pattern needs a group: group 1 is the answer")
+    return regex
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from pydantic import Field, field_validator, model_validator
 from posttrain.config import HUB_ID, Section
 from posttrain.errors import UserError
 from posttrain.tasks import tasks
-from posttrain.tasks.base import Example, Task, prompt_key
+from posttrain.tasks.base import Example, Task, answer_regex, prompt_key
 from posttrain.tasks.tables import SourceRows, Table, first_bad_row, read_tables, source_rows
 
 WHERE = "task.options.dataset"
@@ -101,14 +101,8 @@ class DatasetOptions(Section):
     @field_validator("answer_pattern")
     @classmethod
     def _pattern(cls, v: str) -> str:
-        if v in PATTERNS:
-            return v
-        try:
-            groups = re.compile(v).groups
-        except re.error as e:
-            raise ValueError(f"neither {', '.join(PATTERNS)} nor a valid regex ({e})") from None
-        if groups < 1:
-            raise ValueError("a regex answer_pattern needs a group: group 1 is the answer")
+        if v not in PATTERNS:
+            answer_regex(v)  # neither a preset nor a regex with the answer as group 1: a ValueError naming the problem
         return v
 
     @model_validator(mode="after")

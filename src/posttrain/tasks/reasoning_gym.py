@@ -26,7 +26,7 @@ from pydantic import Field, field_validator
 from posttrain.config import Section
 from posttrain.errors import UserError
 from posttrain.tasks import tasks
-from posttrain.tasks.base import Example, Task
+from posttrain.tasks.base import Example, Task, answer_regex
 
 WHERE = "task.options.reasoning_gym"
 ENTRY = "reasoning_gym"  # the Example.metadata key holding the library's entry and the index of its dataset spec
@@ -60,12 +60,7 @@ class ReasoningGymOptions(Section):
     @field_validator("answer_pattern")
     @classmethod
     def _one_group(cls, v: str) -> str:
-        try:
-            groups = re.compile(v).groups
-        except re.error as e:
-            raise ValueError(f"not a regex: {e}") from None
-        if groups < 1:
-            raise ValueError("needs a group: group 1 is the answer")
+        answer_regex(v)
         return v
 
 
