@@ -32,5 +32,5 @@ def icepop(behaviour_logp: Tensor, proximal_logp: Tensor, mask: Tensor, options:
     ratio = torch.exp(log_ratio(behaviour_logp, proximal_logp, mask).clamp(-20.0, 20.0))
     inside = (ratio >= options.low) & (ratio <= options.high)
     weight = torch.where(inside, ratio, torch.zeros_like(ratio)) * mask.to(ratio.dtype)
-    metrics = {"icepop/masked_fraction": masked_share(~inside, mask), "icepop/weight_mean": masked_mean(ratio, mask & inside)}
+    metrics = {"icepop/masked_fraction": masked_share(~inside, mask), "icepop/weight_mean": masked_mean(ratio, mask.bool() & inside)}
     return Corrected(proximal_logp, weight, mask, metrics)
