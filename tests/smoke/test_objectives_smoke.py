@@ -13,7 +13,7 @@ import torch
 
 from helpers import REPO, copy_outputs, micro_params, posttrain
 from posttrain import resolve
-from posttrain.objectives import advantages, losses, needs_of
+from posttrain.objectives import advantages, aggregations, losses, needs_of
 from posttrain.trainers.online_rl import OnlineRL, PromptStream, RLRun
 
 # (estimator, loss) pairs that are invalid by definition, with the reason; none so far: every estimator
@@ -125,6 +125,24 @@ def test_every_estimator_and_loss_takes_two_steps(micros, advantage, loss):
     assert moved == (loss != "none"), "a policy loss must move the weights in two steps; `none` must not"
     if loss != "none":
         assert max(m["grad_norm"] for m in history) > 0
+
+
+@pytest.mark.parametrize("loss,agg", [(l, a) for l in losses.names() if l != "none" for a in aggregations.names()])
+def test_every_loss_under_every_aggregation_takes_two_steps(micro, loss, agg):
+    """The estimator x loss matrix runs at the default aggregation; this completes it over the aggregations."""
+    history, moved, _ = train_two_steps(micro, loss=loss, loss_agg=agg)
+    for metrics in history:
+        assert all(math.isfinite(v) for v in metrics.values()), metrics
+        assert "clip_fraction" in metrics
+    assert moved
+
+
+@pytest.mark.parametrize("correction", ["rejection", "icepop", "sampler_is", "opsm", "m2po"])
+def test_new_corrections_log_the_mismatch_figures_in_sync_mode(micro, correction):
+    history = two_steps(micro, correction=correction)
+    for metrics in history:
+        assert {"mismatch/k3", "mismatch/max_ratio", "mismatch/min_ratio", "mismatch/masked_share"} <= set(metrics), metrics
+        assert all(math.isfinite(v) for v in metrics.values())
 
 
 @pytest.mark.parametrize("agg", ["token_sum_norm", "seq_mean"])

@@ -144,3 +144,16 @@ def test_async_refuses_multi_turn_tasks_with_one_line(micro):
     with pytest.raises(UserError, match=r"^rl.mode async: task Episodes samples multi-turn episodes; use rl.mode sync$"):
         async_rl.check_async(cfg.rl, Episodes)
     async_rl.check_async(cfg.rl, type(task))  # the micro config itself passes
+
+
+@pytest.mark.parametrize("correction", ["rejection", "icepop", "sampler_is", "opsm", "m2po"])
+def test_catalogue_corrections_run_async_and_log_the_mismatch_every_step(micro, tmp_path, correction):
+    """The 2026 catalogue's corrections in rl.mode async (stale tokens: the trainer is a version ahead): every step logs
+    k3, the min / max ratio and the masked share, and the correction's own figures."""
+    history, _ = train(micro, tmp_path / correction, correction=correction, steps=3, checkpoint_every=0)
+    assert no_workers_left()
+    for h in history:
+        assert {"mismatch/k3", "mismatch/min_ratio", "mismatch/max_ratio", "mismatch/masked_share"} <= set(h)
+        assert 0.0 <= h["mismatch/masked_share"] <= 1.0
+        assert any(k.startswith(f"{correction}/") for k in h), sorted(h)
+    assert any(h["mismatch/k3"] > 0 for h in history[1:])

@@ -12,13 +12,23 @@ import torch
 from posttrain.objectives.off_policy import (
     DecoupledOptions, MISOptions, TISOptions, corrections, mismatch_figures, weighted_advantages,
 )
+from posttrain.objectives.icepop import IcePopOptions
+from posttrain.objectives.m2po import M2POOptions
+from posttrain.objectives.opsm import OPSMOptions
 from posttrain.objectives.policy_losses import clipped_surrogate
+from posttrain.objectives.rejection import RejectionOptions
+from posttrain.objectives.sampler_is import SamplerISOptions
 
 OPTIONS = {
     "none": None,
     "tis": TISOptions(level="token", cap=2.0),
     "mis": MISOptions(level="sequence", low=0.5, high=2.0),
     "decoupled": DecoupledOptions(cap=5.0),
+    "rejection": RejectionOptions(mode="seq_mean_k3", low=0.5, high=0.01),
+    "icepop": IcePopOptions(low=0.5, high=5.0),
+    "sampler_is": SamplerISOptions(level="token", mode="mask", low=0.5, high=2.0),
+    "opsm": OPSMOptions(delta=0.1),
+    "m2po": M2POOptions(threshold=0.04, cap=5.0),
 }
 LOG = math.log
 
@@ -28,7 +38,8 @@ def cfg(agg="token_mean"):
 
 
 def corrected_loss(name, logp, behaviour, proximal, adv, mask, options=None, agg="token_mean"):
-    fixed = corrections.get(name)(behaviour, proximal, mask, options if options is not None else OPTIONS[name])
+    reads_adv = {"advantages": adv} if corrections.entry(name).meta.get("advantages") else {}
+    fixed = corrections.get(name)(behaviour, proximal, mask, options if options is not None else OPTIONS[name], **reads_adv)
     return clipped_surrogate(logp, fixed.old_logp, weighted_advantages(adv, fixed.weight), fixed.mask, cfg(agg))[0], fixed
 
 
@@ -121,3 +132,41 @@ def test_mismatch_figures():
     k3 = ((0.5 - 1 - LOG(0.5)) + (2 - 1 - LOG(2))) / 2
     assert got["mismatch/k3"] == pytest.approx(k3) and got["mismatch/max_ratio"] == pytest.approx(2.0)
     assert got["mismatch/min_ratio"] == pytest.approx(0.5)
+
+
+# ---------------------------------------------------------------- the 2026 catalogue's corrections where they bind
+
+
+def stale():
+    behaviour = torch.tensor([[LOG(0.1), LOG(0.4), LOG(0.5)], [LOG(0.5), LOG(0.5), LOG(0.2)]])
+    proximal = torch.tensor([[LOG(0.5), LOG(0.2), LOG(0.5)], [LOG(0.6), LOG(0.6), LOG(0.2)]])  # ratios 5, .5, 1 | 1.2, 1.2, 1
+    return behaviour, proximal, torch.tensor([[1, 1, 1], [1, 1, 0]])
+
+
+def test_icepop_zeroes_weights_outside_the_band_and_keeps_the_mask():
+    behaviour, proximal, mask = stale()
+    fixed = corrections.get("icepop")(behaviour, proximal, mask, IcePopOptions(low=0.6, high=2.0))
+    assert torch.allclose(fixed.weight, torch.tensor([[0.0, 0.0, 1.0], [1.2, 1.2, 0.0]]))
+    assert torch.equal(fixed.mask, mask) and fixed.metrics["icepop/masked_fraction"] == 0.4
+
+
+def test_sampler_is_truncates_or_masks_and_opsm_drops_only_negative_drifted_sequences():
+    behaviour, proximal, mask = stale()
+    trunc = corrections.get("sampler_is")(behaviour, proximal, mask, SamplerISOptions(level="token", mode="truncate", low=0.6, high=2.0))
+    assert torch.allclose(trunc.weight, torch.tensor([[2.0, 0.6, 1.0], [1.2, 1.2, 0.0]]))
+    masked = corrections.get("sampler_is")(behaviour, proximal, mask, SamplerISOptions(level="sequence", mode="mask", low=0.0, high=2.0))
+    assert torch.allclose(masked.weight, torch.tensor([[0.0, 0.0, 0.0], [1.44, 1.44, 0.0]]))  # products 2.5 (out) and 1.44
+    behaviour_far = proximal + torch.tensor([[0.5, 0.5, 0.5], [0.0, 0.0, 0.0]])  # row 0 drifted: KL 0.5
+    for adv, kept in [(torch.tensor([-1.0, -1.0]), [0.0, 1.0]), (torch.tensor([1.0, -1.0]), [1.0, 1.0])]:
+        fixed = corrections.get("opsm")(behaviour_far, proximal, mask, OPSMOptions(delta=0.1), advantages=adv)
+        assert fixed.weight[:, 0].tolist() == kept
+
+
+def test_rejection_and_m2po_take_tokens_out_of_the_mask():
+    behaviour, proximal, mask = stale()
+    token = corrections.get("rejection")(behaviour, proximal, mask, RejectionOptions(mode="token_k1", low=0.5, high=2.0))
+    assert token.mask.tolist() == [[0, 1, 1], [1, 1, 0]]  # k1 = log(mu / pi): the 1/5 ratio leaves, 1/0.5 = 2 stays
+    seq = corrections.get("rejection")(behaviour, proximal, mask, RejectionOptions(mode="seq_max_k2", low=1.0, high=0.5))
+    assert seq.mask.tolist() == [[0, 0, 0], [1, 1, 0]] and seq.metrics["rejection/seq_masked_fraction"] == 0.5
+    m2 = corrections.get("m2po")(behaviour, proximal, mask, M2POOptions(threshold=0.1, cap=0.0))
+    assert m2.mask.tolist() == [[0, 0, 1], [1, 1, 0]]  # (log 5)^2 = 2.6 and (log 2)^2 = 0.48 go (without them 0.137 >= 0.1); the rest average 0.02

@@ -10,6 +10,7 @@ with ours on the same matrix.
 
 from __future__ import annotations
 
+import math
 import warnings
 from types import SimpleNamespace
 
@@ -156,3 +157,118 @@ def test_multi_reward_advantages_match_trl(tiny, aggregation, ours):
     print(f"PARITY {ours}: max |advantage diff| = {diff:.3e}")
     assert diff < 1e-6
     assert float(theirs.abs().max()) > 0.1
+
+
+# --- the 2026 catalogue (docs/objectives.md): TRL 1.16's other loss types, its sampler IS correction and OPSM ---------
+
+from posttrain.objectives.off_policy import corrections, weighted_advantages  # noqa: E402
+from posttrain.objectives.opsm import OPSMOptions  # noqa: E402
+from posttrain.objectives.sampler_is import SamplerISOptions  # noqa: E402
+from posttrain.objectives.sapo import SAPOOptions  # noqa: E402
+from posttrain.objectives.vespo import VESPOOptions  # noqa: E402
+
+CATALOGUE = {
+    "bnpo": (dict(loss_type="bnpo", epsilon=0.2, epsilon_high=0.28, beta=0.0),
+             dict(loss="clip", loss_agg="token_mean", clip_eps_low=0.2, clip_eps_high=0.28), {}),
+    "sapo": (dict(loss_type="sapo", sapo_temperature_pos=1.0, sapo_temperature_neg=1.05, beta=0.0),
+             dict(loss="sapo", loss_agg="seq_mean"), {"sapo": SAPOOptions(tau_pos=1.0, tau_neg=1.05)}),
+    "luspo": (dict(loss_type="luspo", importance_sampling_level="sequence", epsilon=3e-4, epsilon_high=4e-4, beta=0.0),
+              dict(loss="gspo", loss_agg="seq_mean_token_sum", clip_eps_low=3e-4, clip_eps_high=4e-4), {}),
+    "vespo": (dict(loss_type="vespo", beta=0.0),
+              dict(loss="vespo", loss_agg="token_mean"), {"vespo": VESPOOptions(k_pos=2.0, lambda_pos=3.0, k_neg=3.0, lambda_neg=2.0)}),
+}
+
+
+def catalogue_cfg(ours: dict, options: dict) -> SimpleNamespace:
+    base = dict(clip_eps_low=0.2, clip_eps_high=0.2, beta=0.0)
+    return SimpleNamespace(max_new_tokens=L_MAX, options_for=lambda name: options.get(name), **{**base, **ours})
+
+
+def our_loss(model, inputs, cfg, old_logp=None, advantages=None):
+    mask = inputs["completion_mask"]
+    logp, _ = completion_logprobs(model, inputs["prompt_ids"], inputs["prompt_mask"], inputs["completion_ids"], mask)
+    old = inputs["old_per_token_logps"] if old_logp is None else old_logp
+    adv = inputs["advantages"] if advantages is None else advantages
+    return logp, losses.get(cfg.loss)(logp, old, adv, mask, cfg)
+
+
+def check_against(trainer, model, theirs, ours, name):
+    their_grad = grads(model, theirs)
+    our_grad = grads(model, ours)
+    loss_diff = abs(float(ours) - float(theirs))
+    grad_diff = float((our_grad - their_grad).abs().max())
+    print(f"PARITY {name}: |loss diff| = {loss_diff:.3e}, max |grad diff| = {grad_diff:.3e}")
+    assert loss_diff < 1e-6 and grad_diff < 1e-6
+    assert float(their_grad.abs().max()) > 1e-4, "a vacuous comparison: no gradient"
+
+
+@pytest.mark.parametrize("mode", list(CATALOGUE))
+def test_catalogue_losses_match_trl(tiny, mode):
+    trl_args, ours, options = CATALOGUE[mode]
+    trainer = make_trainer(tiny, **trl_args)
+    model = trainer.model
+    model.train()
+    inputs = loss_inputs(model)
+    theirs = trainer._compute_loss(model, inputs)
+    _, (loss, metrics) = our_loss(model, inputs, catalogue_cfg(ours, options))
+    check_against(trainer, model, theirs, loss, mode)
+
+
+def sampling_logps(inputs, seed=5):
+    g = torch.Generator().manual_seed(seed)
+    mask = inputs["completion_mask"]
+    return (inputs["old_per_token_logps"] + 0.5 * torch.randn(mask.shape, generator=g)) * mask
+
+
+def trl_is_ratio(old, sampling, mask, mode, clip_min, clip_max):
+    """A transcription of trl 1.16 GRPOTrainer._generate_and_score_completions' vLLM importance-sampling ratio (that
+    code path needs vLLM to run); the loss it feeds is TRL's own _compute_loss."""
+    diff = torch.nan_to_num((old - sampling) * mask, nan=0.0)
+    ratio = torch.exp(diff.sum(dim=-1, keepdim=True) if mode.startswith("sequence") else diff)
+    if mode.endswith("truncate"):
+        return torch.clamp(ratio, min=clip_min, max=clip_max)
+    lo = clip_min if clip_min is not None else -math.inf
+    hi = clip_max if clip_max is not None else math.inf
+    return ratio.masked_fill((ratio < lo) | (ratio > hi), value=0.0)
+
+
+@pytest.mark.parametrize("mode", ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
+def test_sampler_is_matches_trl_vllm_importance_sampling(tiny, mode):
+    trainer = make_trainer(tiny, loss_type="dapo", epsilon=0.2, epsilon_high=0.28, beta=0.0)
+    model = trainer.model
+    model.train()
+    inputs = loss_inputs(model)
+    mask = inputs["completion_mask"]
+    sampling = sampling_logps(inputs)
+    low, high = 0.5, 1.6
+    inputs["importance_sampling_ratio"] = trl_is_ratio(inputs["old_per_token_logps"], sampling, mask, mode, low, high)
+    trainer.use_vllm, trainer.vllm_importance_sampling_correction = True, True
+    theirs = trainer._compute_loss(model, inputs)
+
+    level, how = mode.split("_")
+    fixed = corrections.get("sampler_is")(sampling, inputs["old_per_token_logps"], mask, SamplerISOptions(level=level, mode=how, low=low, high=high))
+    assert 0 < fixed.metrics["sampler_is/clipped_fraction"] < 1
+    cfg = catalogue_cfg(dict(loss="clip", loss_agg="token_mean", clip_eps_low=0.2, clip_eps_high=0.28), {})
+    _, (loss, _) = our_loss(model, inputs, cfg, fixed.old_logp, weighted_advantages(inputs["advantages"], fixed.weight))
+    check_against(trainer, model, theirs, loss, f"sampler_is/{mode}")
+
+
+def test_opsm_matches_trl_off_policy_mask(tiny):
+    delta = 0.05
+    trainer = make_trainer(tiny, loss_type="dapo", epsilon=0.2, epsilon_high=0.28, beta=0.0, off_policy_mask_threshold=delta)
+    model = trainer.model
+    model.train()
+    inputs = loss_inputs(model)
+    mask = inputs["completion_mask"]
+    with torch.no_grad():  # the first pass of an update: TRL's current log-probs are the proximal ones
+        current, _ = completion_logprobs(model, inputs["prompt_ids"], inputs["prompt_mask"], inputs["completion_ids"], mask)
+    inputs["old_per_token_logps"] = current * mask
+    inputs["sampling_per_token_logps"] = sampling_logps(inputs, seed=9)
+    theirs = trainer._compute_loss(model, inputs)
+
+    fixed = corrections.get("opsm")(inputs["sampling_per_token_logps"], inputs["old_per_token_logps"], mask, OPSMOptions(delta=delta),
+                                    advantages=inputs["advantages"])
+    assert 0 < fixed.metrics["opsm/masked_fraction"] < 1
+    cfg = catalogue_cfg(dict(loss="clip", loss_agg="token_mean", clip_eps_low=0.2, clip_eps_high=0.28), {})
+    _, (loss, _) = our_loss(model, inputs, cfg, fixed.old_logp, weighted_advantages(inputs["advantages"], fixed.weight))
+    check_against(trainer, model, theirs, loss, "opsm")

@@ -32,6 +32,10 @@ from posttrain.objectives import (  # noqa: E402,F401  (registers)
     aggregation, cispo, dr_grpo, gae, gdpo, grpo, gspo, kl, policy_losses, qglas, reinforce_pp, remax, respo, rloo, value_loss,
     witness,
 )
+from posttrain.objectives import (  # noqa: E402,F401  (the 2026 catalogue: docs/objectives.md)
+    clip_cov, cross_entropy, dppo, dppo_reg, dro, dual_clip, geo_mean, gpg, importance_sampling, ipo, kl_cov, lite_ppo,
+    max_rl, opo, pass_at_k, sapo, topr, vespo,
+)
 from posttrain.objectives import distill  # noqa: E402,F401  (registers the on-policy distillation family)
 
 __all__ = ["advantages", "losses", "aggregations", "auxiliaries", "needs_of", "policy_reads", "parts_of", "trains_critic"]

@@ -42,3 +42,12 @@ def token_sum_norm(values: Tensor, mask: Tensor, *, max_len: int | None = None) 
     mask = mask.to(values.dtype)
     width = values.shape[-1] if max_len is None else max_len
     return (values * mask).sum() / max(values.shape[0] * width, 1)
+
+
+@aggregations.register("seq_mean_token_sum")
+def seq_mean_token_sum(values: Tensor, mask: Tensor, *, max_len: int | None = None) -> Tensor:
+    """Mean over sequences of each sequence's token SUM (verl's "seq-mean-token-sum"; TRL's `luspo`): a sequence
+    weighs by its length, undoing GSPO's length normalisation (LUSPO, arXiv 2602.05261)."""
+    mask = mask.to(values.dtype)
+    per_seq = (values * mask).sum(-1)
+    return per_seq.mean() if per_seq.numel() else torch.zeros((), dtype=values.dtype)

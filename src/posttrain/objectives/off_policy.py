@@ -143,3 +143,17 @@ def mismatch_figures(behaviour_logp: Tensor, trainer_logp: Tensor, mask: Tensor)
     lr = (trainer_logp.detach() - behaviour_logp).to(torch.float64)[m]
     ratio = lr.exp()
     return {"mismatch/k3": float((ratio - 1 - lr).mean()), "mismatch/max_ratio": float(ratio.max()), "mismatch/min_ratio": float(ratio.min())}
+
+
+def dropped_share(fixed: Corrected, mask: Tensor) -> float:
+    """`mismatch/masked_share`: the share of the policy's tokens a correction took out of the loss, by the mask or by
+    a zero weight (0 for `none`)."""
+    valid = mask.bool()
+    out = valid & (fixed.mask == 0)
+    if fixed.weight is not None:
+        w = fixed.weight if fixed.weight.dim() == 2 else fixed.weight[:, None]
+        out = out | (valid & (w.expand_as(mask) == 0))
+    return float(out.sum()) / max(int(valid.sum()), 1)
+
+
+from posttrain.objectives import icepop, m2po, opsm, rejection, sampler_is  # noqa: E402,F401  (register more corrections)

@@ -73,3 +73,77 @@ def rfpo(rl: dict[str, Any]) -> dict[str, Any]:
     critic["path"] = critic.get("path") or "outputs/critic"
     aux = [a for a in (rl.get("aux") or []) if a != "value"]
     return {"advantage": "gae", "loss": "clip", "loss_agg": "token_mean", "aux": aux, "rewards": [{"name": "rfpo", "weight": 1.0}], "critic": critic}
+
+
+# --- the 2026 catalogue (docs/objectives.md): presets where the anchors ship one -----------------------------
+
+@presets.register("bnpo")
+def bnpo(rl: dict[str, Any]) -> dict[str, Any]:
+    """TRL loss_type="bnpo": the clipped surrogate, token mean over the (local) batch."""
+    return {"loss": "clip", "loss_agg": "token_mean"}
+
+
+@presets.register("sapo")
+def sapo(rl: dict[str, Any]) -> dict[str, Any]:
+    """SAPO (arXiv 2511.20347): the soft gate, sequence-mean aggregation (TRL, verl, AReaL)."""
+    return {"loss": "sapo", "loss_agg": "seq_mean"}
+
+
+@presets.register("gmpo")
+def gmpo(rl: dict[str, Any]) -> dict[str, Any]:
+    """GMPO (arXiv 2507.20673): geometric-mean ratio, log-space clip (e^-0.4, e^0.4), mean over sequences."""
+    return {"loss": "geo_mean", "clip_eps_low": 0.4, "clip_eps_high": 0.4, "loss_agg": "seq_mean"}
+
+
+@presets.register("dppo")
+def dppo(rl: dict[str, Any]) -> dict[str, Any]:
+    """DPPO binary-TV (arXiv 2602.04879), token mean (verl dppo_tv, SkyRL dppo)."""
+    return {"loss": "dppo_tv", "loss_agg": "token_mean"}
+
+
+@presets.register("clip_cov")
+def clip_cov(rl: dict[str, Any]) -> dict[str, Any]:
+    """the entropy-mechanism losses (arXiv 2505.22617), token mean (verl)."""
+    return {"loss": "clip_cov", "loss_agg": "token_mean"}
+
+
+@presets.register("kl_cov")
+def kl_cov(rl: dict[str, Any]) -> dict[str, Any]:
+    """the entropy-mechanism losses (arXiv 2505.22617), token mean (verl)."""
+    return {"loss": "kl_cov", "loss_agg": "token_mean"}
+
+
+@presets.register("pass_at_k")
+def pass_at_k(rl: dict[str, Any]) -> dict[str, Any]:
+    """verl's grpo_passk estimator with the clipped surrogate."""
+    return {"advantage": "grpo_passk", "loss": "clip"}
+
+
+@presets.register("luspo")
+def luspo(rl: dict[str, Any]) -> dict[str, Any]:
+    """TRL loss_type="luspo": GSPO's sequence ratio, each sequence's token SUM averaged over sequences."""
+    return {"loss": "gspo", "clip_eps_low": 3e-4, "clip_eps_high": 4e-4, "loss_agg": "seq_mean_token_sum"}
+
+
+@presets.register("lite_ppo")
+def lite_ppo(rl: dict[str, Any]) -> dict[str, Any]:
+    """LitePPO (arXiv 2508.08221): group mean / batch std advantage + token-level aggregation (AReaL)."""
+    return {"advantage": "lite_ppo", "loss": "clip", "loss_agg": "token_mean"}
+
+
+@presets.register("vespo")
+def vespo(rl: dict[str, Any]) -> dict[str, Any]:
+    """TRL loss_type="vespo": the gamma kernel, token mean."""
+    return {"loss": "vespo", "loss_agg": "token_mean"}
+
+
+@presets.register("icepop")
+def icepop(rl: dict[str, Any]) -> dict[str, Any]:
+    """IcePop token masking of the train-inference mismatch (verl low_high threshold), the clipped surrogate."""
+    return {"loss": "clip", "correction": "icepop"}
+
+
+@presets.register("m2po")
+def m2po(rl: dict[str, Any]) -> dict[str, Any]:
+    """AReaL's M2PO example: second-moment masking on the decoupled loss."""
+    return {"loss": "clip", "correction": "m2po", "loss_agg": "token_mean"}

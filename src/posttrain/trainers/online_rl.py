@@ -50,7 +50,7 @@ from posttrain.objectives.presets import presets
 from posttrain.objectives.aggregation import aggregate
 from posttrain.objectives.diagnostics import composition_metrics
 from posttrain.objectives.kl import k3_kl
-from posttrain.objectives.off_policy import corrections, mismatch_figures, weighted_advantages
+from posttrain.objectives.off_policy import corrections, dropped_share, mismatch_figures, weighted_advantages
 from posttrain.objectives.value_loss import CriticOutputs
 from posttrain.rewards import reward_matrix, rewards
 from posttrain.rollout import PolicyOutputs, RolloutBatch
@@ -378,13 +378,15 @@ class OnlineRL:
         warmup = self.critic_warmup()
         terms = [name for name in cfg.aux if not warmup or auxiliaries.entry(name).meta.get("critic")]
         correct, proximal = corrections.get(cfg.correction), None
+        reads_adv = {"advantages": adv} if corrections.entry(cfg.correction).meta.get("advantages") else {}
         for _ in range(cfg.epochs_per_batch):
             outputs = self.policy_forward(batch)
             if outputs.logp is not None:
                 if proximal is None:  # the first pass runs before any step of this update: the proximal policy, v_now
                     proximal = outputs.logp.detach()
                     metrics.update(mismatch_figures(batch.old_logp, proximal, batch.completion_mask))
-                fixed = correct(batch.old_logp, proximal, batch.completion_mask, cfg.options_for(cfg.correction))
+                fixed = correct(batch.old_logp, proximal, batch.completion_mask, cfg.options_for(cfg.correction), **reads_adv)
+                metrics["mismatch/masked_share"] = dropped_share(fixed, batch.completion_mask)
                 loss, loss_metrics = policy_loss(outputs.logp, fixed.old_logp, weighted_advantages(adv, fixed.weight), fixed.mask, cfg)
                 loss_metrics.update(fixed.metrics)
             else:
