@@ -133,6 +133,12 @@ def save_llava_checkpoint(directory: Path, seed: int = 0) -> Path:
     return directory
 
 
+def is_verdict(text: str) -> bool:
+    """A claims-harness verdict. At micro size (2 seeds) a claim with declared premises reads `premise failed (...)`
+    (experiments/_premises.MIN_SEEDS are needed) and tiny arms can end equal on every seed (`identical arms`)."""
+    return text in {"reproduced", "contradicted", "inconclusive", "identical arms"} or text.startswith("premise failed (")
+
+
 def micro_params(directory: Path, **sections: dict) -> Path:
     """Write the repo's params.yaml, shrunk to micro sizes (plus `sections` overrides), into `directory`."""
     params = yaml.safe_load((REPO / "params.yaml").read_text())

@@ -219,6 +219,9 @@ class RLConfig(Section):
     dynamic_sampling: bool  # DAPO: drop groups whose rewards are all equal, sample more prompts to refill
     dynamic_sampling_max_rollouts: int = Field(ge=0)  # bound on the extra rollouts per step
     stop: tuple[str, ...] = ()  # generation ends at the first of these strings; the completion is cut before it
+    # the `accuracy` metric: each rollout scored by the task's verifier even when correctness is not a reward (a
+    # monitor, never trained on); false for label-free runs, where no answer may enter the step (the rfpo preset)
+    verify_rollouts: bool = True
     overlong_buffer: int = Field(gt=0)  # DAPO's L_cache for the `overlong` reward (tokens before max_new_tokens)
     checkpoint_every: int = Field(ge=0)  # 0: no checkpoints
     log_every: int = Field(gt=0)

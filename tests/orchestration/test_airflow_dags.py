@@ -95,7 +95,8 @@ def test_dagbag_loads_without_torch_or_posttrain_and_params_match_the_config(dag
                           **({"enum": [*spec["schema"]["enum"], None], "values_display": {"null": f"default: {json.dumps(default)}"}} if "enum" in spec["schema"] else {})}, name
     assert "gdpo" in text_params["rl.advantage"][1]["enum"]
     # the form's help text is params.yaml's comment of the key (its continuation lines too), else the key and its default
-    assert text_params["rl.preset"][2] == "null | dapo | dr_grpo | gspo | grpo | ppo | rfpo: sets several rl keys; --set still wins"
+    assert text_params["rl.preset"][2] == ("null | dapo | dr_grpo | gspo | grpo | ppo | rfpo | sapo | gmpo | dppo | ... (posttrain registry: presets): "
+                                          "sets several rl keys; --set still wins")
     assert text_params["rl.steps"][2] == "rl.steps (params.yaml: 1000)"
 
 

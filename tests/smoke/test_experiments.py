@@ -11,7 +11,7 @@ import sys
 import mlflow
 import pytest
 
-from helpers import REPO
+from helpers import REPO, is_verdict
 from posttrain import resolve
 
 EXPECTED = {
@@ -68,12 +68,6 @@ def check_comparisons(claim: dict, n_seeds: int) -> None:
         assert c["diff_mean"] == pytest.approx(sum(b - w for b, w in zip(c["better_values"], c["worse_values"])) / n_seeds)
         low, high = c["diff_ci"]
         assert is_verdict(c["verdict"]) and (low <= c["diff_mean"] <= high or low != low)
-
-
-def is_verdict(text: str) -> bool:
-    """A harness verdict; at 2 micro seeds a claim with declared premises reads `premise failed (...)` (3 are needed),
-    and tiny arms can end equal on both seeds (`identical arms`)."""
-    return text in {"reproduced", "contradicted", "inconclusive", "identical arms"} or text.startswith("premise failed (")
 
 
 def check_one_seed(name: str, data: dict, keys: set, arms: set) -> None:

@@ -9,8 +9,7 @@ import sys
 
 import pytest
 
-from helpers import REPO
-from test_experiments import is_verdict
+from helpers import REPO, is_verdict
 
 TRM_MICRO = ["--set", "reward_model.options.trm.rl_steps=1", "--set", "reward_model.options.trm.pairs_per_step=2",
              "--set", "reward_model.options.trm.group_size=2"]

@@ -58,7 +58,7 @@ def test_the_evaluation_reports_pass_at_k_and_majority_over_its_samples(monkeypa
     )
     model = torch.nn.Linear(1, 1)
     cfg = SimpleNamespace(n_prompts=2, samples_per_prompt=4, temperature=1.0, max_new_tokens=2, batch_size=2, n_table=0, stop=(),
-                          sampler="temperature")
+                          sampler="temperature", group_by=())
     metrics, _ = harness.evaluate(model, None, task, [Example("a", "7", "7"), Example("b", "9", "9")], cfg, seed=0)
     # prompt a: 1 of 4 correct, majority "1" (wrong); prompt b: 2 of 4 correct, majority "2" first of a 2-2 tie (wrong)
     assert metrics["pass_at_1"] == pytest.approx(metrics["sampled_accuracy"]) == pytest.approx((1 / 4 + 2 / 4) / 2)

@@ -72,7 +72,8 @@ def rfpo(rl: dict[str, Any]) -> dict[str, Any]:
     critic = dict(rl.get("critic") or {})
     critic["path"] = critic.get("path") or "outputs/critic"
     aux = [a for a in (rl.get("aux") or []) if a != "value"]
-    return {"advantage": "gae", "loss": "clip", "loss_agg": "token_mean", "aux": aux, "rewards": [{"name": "rfpo", "weight": 1.0}], "critic": critic}
+    return {"advantage": "gae", "loss": "clip", "loss_agg": "token_mean", "aux": aux, "rewards": [{"name": "rfpo", "weight": 1.0}], "critic": critic,
+            "verify_rollouts": False}
 
 
 # --- the 2026 catalogue (docs/objectives.md): presets where the anchors ship one -----------------------------

@@ -491,7 +491,9 @@ def train_async(run: RLRun, resume: bool, on_log: Callable[[int, dict[str, float
                 batch, texts = trainer.score(prompts, ids, mask, samples, StopStrings(run.tokenizer, cfg.stop))
                 lag = (step - 1) - tags[samples.completion_mask.cpu().bool()]  # versions each trained token lags v_now
                 expanded = [e for e in prompts for _ in range(cfg.group_size)]
-                figures["accuracy"] = train_accuracy(run.task, batch, expanded, texts, samples.finished.tolist())
+                accuracy = train_accuracy(run.task, batch, expanded, texts, samples.finished.tolist(), run.cfg.verify_rollouts)
+                if accuracy is not None:
+                    figures["accuracy"] = accuracy
                 figures.update({"completion_length": float(samples.completion_mask.sum()) / batch.size,
                                 "async/token_lag_max": float(lag.max()), "async/token_lag_mean": float(lag.double().mean())})
                 result = trainer.step([], collected=(batch, texts, prompts, figures))

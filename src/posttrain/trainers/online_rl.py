@@ -148,14 +148,19 @@ def reward_metrics(batch: RolloutBatch) -> dict[str, float]:
     return metrics
 
 
-def train_accuracy(task: Task, batch: RolloutBatch, examples: Sequence[Example], texts: Sequence[str], finished: Sequence[bool]) -> float:
+def train_accuracy(task: Task, batch: RolloutBatch, examples: Sequence[Example], texts: Sequence[str], finished: Sequence[bool],
+                   verify: bool = True) -> float | None:
     """The share of a rollout's samples the task's verifier accepts, whatever rewards the run optimises (the
     `correctness` column when it is one of them: the same verifier, not scored twice). NaN (a sample the verifier
-    could not judge) is left out; with none judged the result is NaN, which `history_accuracy` skips."""
+    could not judge) is left out; with none judged the result is NaN, which `history_accuracy` skips. Without
+    `verify` (rl.verify_rollouts: a label-free run) or a task with no verifier (the TRM judge's), only the
+    correctness reward counts, and without it there is no figure (None)."""
     if "correctness" in batch.reward_names:
         scores = batch.rewards[:, batch.reward_names.index("correctness")].float().cpu()
-    else:
+    elif verify and hasattr(task, "correctness_reward"):
         scores = torch.tensor([task.correctness_reward(t, f, e) for t, f, e in zip(texts, finished, examples)], dtype=torch.float32)
+    else:
+        return None
     judged = scores[~torch.isnan(scores)]
     return float(judged.mean()) if judged.numel() else float("nan")
 
@@ -256,7 +261,9 @@ class OnlineRL:
         tokens = float(samples.completion_mask.sum())
         metrics = {"tokens_per_s": tokens / max(seconds, 1e-9), "completion_length": tokens / batch.size, **extra}
         expanded = [e for e in prompts for _ in range(cfg.group_size)]
-        metrics["accuracy"] = train_accuracy(run.task, batch, expanded, texts, samples.finished.tolist())
+        accuracy = train_accuracy(run.task, batch, expanded, texts, samples.finished.tolist(), run.cfg.verify_rollouts)
+        if accuracy is not None:
+            metrics["accuracy"] = accuracy
         if hasattr(run.task, "rollout_metrics"):  # a task's own figures of a batch (the market sandbox: each tool's share of the calls)
             metrics.update(run.task.rollout_metrics(texts))
         return batch, texts, metrics
