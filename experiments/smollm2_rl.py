@@ -38,15 +38,19 @@ def stage(name: str, *args: str, overrides: list[str], cwd: Path) -> tuple[dict,
     stages run once; a rerun of the claim collects the seeds' finished outputs); one that another process of this
     experiment is writing (its output lock held: seeds run as parallel processes) is waited for."""
     out = cwd / args[args.index("--out") + 1]
-    while (out.parent / f".{out.name}.lock").exists() and not (out / "metrics.json").is_file():
-        time.sleep(10)
-    if (out / "metrics.json").is_file():
-        timed = out / "seconds.json"  # absent for an output this script did not write (nan: not timed here)
-        return json.loads((out / "metrics.json").read_text()), json.loads(timed.read_text())["seconds"] if timed.is_file() else math.nan
-    start = time.time()
     command = [POSTTRAIN, name, "--params", str(PARAMS), *args, *overrides]
-    print("$", " ".join(command), flush=True)
-    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+    while True:
+        while (out.parent / f".{out.name}.lock").exists() and not (out / "metrics.json").is_file():
+            time.sleep(10)
+        if (out / "metrics.json").is_file():
+            timed = out / "seconds.json"  # absent for an output this script did not write (nan: not timed here)
+            return json.loads((out / "metrics.json").read_text()), json.loads(timed.read_text())["seconds"] if timed.is_file() else math.nan
+        start = time.time()
+        print("$", " ".join(command), flush=True)
+        done = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+        if done.returncode != 0 and "is being written by" in done.stderr:
+            continue  # another seed's process took the lock between our look and our start: wait for its output
+        break
     if done.returncode != 0:
         raise SystemExit(f"posttrain {name} failed ({done.returncode}):\n{done.stderr[-3000:]}")
     seconds = time.time() - start

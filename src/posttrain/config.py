@@ -157,7 +157,7 @@ class CheckpointConfig(Section):  # stage `import`: a GGUF file or a checkpoint 
 
 
 class SFTConfig(Section):
-    steps: int = Field(gt=0)
+    steps: int = Field(ge=0)  # 0: no fine-tuning, the checkpoint at model.path is the stage's output (a pipeline that skips SFT)
     batch_size: int = Field(gt=0)
     lr: float = Field(gt=0)
     warmup_steps: int = Field(ge=0)

@@ -44,6 +44,28 @@ def test_own_checkpoint_runs_sft_rl_eval(arch, chat_checkpoints, tmp_path, monke
         assert "9=" not in json.loads(line)["completion"]  # cut at the stop string
 
 
+def test_sft_steps_zero_passes_the_checkpoint_through(chat_checkpoints, tmp_path, monkeypatch, capsys):
+    """`sft.steps=0` skips fine-tuning: the sft stage's model is the checkpoint at model.path, weight for weight, so the
+    pipeline's rl starts from it; without model.path the stage refuses with one line and writes nothing."""
+    import torch
+
+    from helpers import posttrain_main
+
+    from posttrain.models import load_pretrained
+
+    micro_params(tmp_path, **{**FEW, "sft": {**FEW["sft"], "steps": 0}}, model={"path": str(chat_checkpoints["llama"]), "system_prompt": CHAT_SYSTEM})
+    monkeypatch.chdir(tmp_path)
+    posttrain_in_process("data")
+    metrics = json.loads(posttrain_in_process("sft").splitlines()[-1])
+    assert metrics["steps"] == 0.0
+    start, passed = load_pretrained(chat_checkpoints["llama"])[0].state_dict(), load_pretrained(tmp_path / "outputs" / "sft" / "model")[0].state_dict()
+    assert set(passed) == set(start) and all(torch.equal(passed[k], start[k]) for k in start)
+    micro_params(tmp_path, **{**FEW, "sft": {**FEW["sft"], "steps": 0}})
+    code, _, err = posttrain_main(monkeypatch, capsys, "sft", "--out", "outputs/sft_scratch")
+    assert code != 0 and err.strip().splitlines()[-1].startswith("posttrain: error: sft.steps=0 passes model.path through")
+    assert not (tmp_path / "outputs" / "sft_scratch").exists()
+
+
 def test_own_checkpoint_learns_and_edits_facts_through_its_chat_template(chat_checkpoints, tmp_path, monkeypatch):
     """knowledge (SFT on the fact set) and edit start from `model.path` with the model settings applied: the fact
     prompts go through the chat template with the system turn (the saved model keeps the template)."""

@@ -128,3 +128,20 @@ def test_kill_and_resume_on_the_real_model_gives_the_same_weights(smollm2, tmp_p
         roots.append(root)
     history = kill_resume_and_compare(*roots, "rl", ["--in", f"policy={smollm2}"], kill_at=1)
     assert len(history) == 3
+
+
+def test_lora_rl_on_the_real_checkpoint_trains_only_the_adapted_projections(smollm2, tmp_path, monkeypatch):
+    """`model.lora.r=8` on the plain checkpoint: two finite steps; the saved model (adapters merged) differs from the
+    start in the attention projections LoRA targets, and every other weight (MLP, norms, embeddings) is the start's."""
+    from posttrain.models import load_pretrained
+
+    root = _rl_root(tmp_path, smollm2, monkeypatch)
+    posttrain_here("rl", "--in", f"policy={smollm2}", "--set", "model.lora.r=8", "--set", "model.lora.target_modules=[q_proj,v_proj]",
+                   "--set", "rl.lr=1e-3", cwd=root)
+    history = json.loads((root / "outputs" / "rl" / "history.json").read_text())
+    assert len(history) == 2 and all(math.isfinite(h["loss"]) and h["advantage_abs_mean"] > 0 for h in history)
+    start = load_pretrained(smollm2)[0].state_dict()
+    trained = load_pretrained(root / "outputs" / "rl" / "model")[0].state_dict()
+    assert set(trained) == set(start)  # merged: no adapter tensors left in the saved model
+    changed = {name for name, w in trained.items() if not torch.equal(w, start[name])}
+    assert changed and all(name.endswith(("q_proj.weight", "v_proj.weight")) for name in changed), sorted(changed)[:5]

@@ -7,6 +7,9 @@ stage before any step: a character outside the tokenizer (the task's alphabet fo
 grown from the data, so a typo or another task's data cannot slip in as `<unk>`), or prompt + completion + EOS
 longer than the model's positions (data.check_examples). With `--resume` a stopped run continues from its last
 checkpoint (`sft.checkpoint_every`).
+
+`sft.steps: 0` skips fine-tuning: the checkpoint at `model.path` becomes the stage's output as it is, so a pipeline
+whose RL starts from a pretrained model needs no other graph (every launcher runs the same stages).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     from posttrain.trainers.loop import TrainLoop
     from posttrain.trainers.sft import train_sft
 
+    if cfg.sft.steps == 0:
+        return pass_through(cfg, out_dir, tracker)
     train = inputs["data"] / "train.jsonl"
     examples = read_examples(train)
     seed_everything(cfg.pipeline.seed)
@@ -45,3 +50,16 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     metrics["n_examples"] = float(len(examples))
     metrics["parameters"] = float(sum(p.numel() for p in model.parameters()))
     return metrics
+
+
+def pass_through(cfg: Config, out_dir: Path, tracker) -> dict[str, float]:
+    """`sft.steps: 0`: the checkpoint at `model.path`, saved unchanged as the stage's `model/`."""
+    from posttrain.errors import UserError
+    from posttrain.models import load_pretrained, save_pretrained
+
+    if cfg.model.path is None:
+        raise UserError("sft.steps=0 passes model.path through untrained, but model.path is null (a model built from scratch needs SFT steps)")
+    model, tokenizer = load_pretrained(cfg.model.path, cfg.model.dtype)
+    save_pretrained(model, tokenizer, out_dir / "model")
+    tracker.log_artifacts(out_dir / "model", "model")
+    return {"steps": 0.0, "n_examples": 0.0, "parameters": float(sum(p.numel() for p in model.parameters()))}
