@@ -222,6 +222,8 @@ class RLConfig(Section):
     # the `accuracy` metric: each rollout scored by the task's verifier even when correctness is not a reward (a
     # monitor, never trained on); false for label-free runs, where no answer may enter the step (the rfpo preset)
     verify_rollouts: bool = True
+    eval_every: int = Field(default=0, ge=0)  # > 0: greedy held-out accuracy at the start and every this many steps (stages/rl.py)
+    eval_prompts: int = Field(default=50, gt=0)  # the held-out prompts of that check (the first of data's heldout.jsonl)
     overlong_buffer: int = Field(gt=0)  # DAPO's L_cache for the `overlong` reward (tokens before max_new_tokens)
     checkpoint_every: int = Field(ge=0)  # 0: no checkpoints
     log_every: int = Field(gt=0)

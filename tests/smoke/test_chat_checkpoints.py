@@ -66,6 +66,24 @@ def test_sft_steps_zero_passes_the_checkpoint_through(chat_checkpoints, tmp_path
     assert not (tmp_path / "outputs" / "sft_scratch").exists()
 
 
+def test_the_heldout_check_during_rl_leaves_training_unchanged(chat_checkpoints, tmp_path, monkeypatch):
+    """`rl.eval_every=1`: greedy held-out accuracy at the start and after each step, in the history, heldout_curve.json
+    and heldout_accuracy.png; greedy draws no random numbers, so the run trains exactly as without the check."""
+    micro_params(tmp_path, **FEW, model={"path": str(chat_checkpoints["qwen2"]), "system_prompt": CHAT_SYSTEM})
+    monkeypatch.chdir(tmp_path)
+    posttrain_in_process("data")
+    plain = f"policy={chat_checkpoints['qwen2']}"
+    posttrain_in_process("rl", "--in", plain, "--out", "outputs/plain")
+    metrics = json.loads(posttrain_in_process("rl", "--in", plain, "--out", "outputs/checked", "--set", "rl.eval_every=1", "--set", "rl.eval_prompts=4").splitlines()[-1])
+    outputs = tmp_path / "outputs"
+    curve = json.loads((outputs / "checked" / "heldout_curve.json").read_text())
+    assert [c["step"] for c in curve] == [0, 1, 2] and all(c["n_prompts"] == 4.0 and 0.0 <= c["heldout_accuracy"] <= 1.0 for c in curve)
+    assert metrics["heldout_accuracy_start"] == curve[0]["heldout_accuracy"] and (outputs / "checked" / "heldout_accuracy.png").is_file()
+    checked, plain_history = (json.loads((outputs / run / "history.json").read_text()) for run in ("checked", "plain"))
+    assert [h["loss"] for h in checked] == [h["loss"] for h in plain_history] and "heldout_accuracy" in checked[-1]
+    assert not (outputs / "plain" / "heldout_curve.json").exists()
+
+
 def test_own_checkpoint_learns_and_edits_facts_through_its_chat_template(chat_checkpoints, tmp_path, monkeypatch):
     """knowledge (SFT on the fact set) and edit start from `model.path` with the model settings applied: the fact
     prompts go through the chat template with the system turn (the saved model keeps the template)."""

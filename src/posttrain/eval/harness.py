@@ -68,6 +68,15 @@ def evaluate(
     return metrics, rows
 
 
+def greedy_metrics(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task, examples: Sequence[Example],
+                   max_new_tokens: int, stop: Sequence[str], batch_size: int) -> dict[str, float]:
+    """Greedy decoding only: `greedy_accuracy`, `greedy_format_rate`, tokens per answer (the periodic held-out check
+    of a training run; it draws no random numbers, so the run's own sampling is unchanged)."""
+    request = SampleRequest(max_new_tokens, 1, 1.0, tuple(stop), batch_size, None)
+    greedy = draw("greedy", model, tokenizer, list(examples), request, None, torch.Generator(device=next(model.parameters()).device))
+    return answer_metrics("greedy", greedy, task, examples)
+
+
 def group_accuracy(prefix: str, sampled: Sampled, task: Task, examples: Sequence[Example], key: str) -> dict[str, float]:
     """`<prefix>_accuracy_<key>_<value>`: the accuracy over the examples whose metadata `key` is `value` (e.g. the word
     problems' `steps`: one-step and two-step problems apart); examples without the key are left out."""

@@ -1,7 +1,10 @@
 """Stage `rl`: online RL (GRPO by default) from the SFT checkpoint, or from any checkpoint.
 
 Inputs: `data` (train.jsonl) and `policy` (a stage output with `model/`, or a plain checkpoint directory). Output: `model/`, `history.json`
-(per-step metrics), `reward_curve.png`, and `critic/` when the objective trains a critic (PPO). With `--resume` a stopped run continues from its last checkpoint.
+(per-step metrics), `reward_curve.png`, and `critic/` when the objective trains a critic (PPO). With `rl.eval_every` > 0 the
+policy's greedy accuracy on the first `rl.eval_prompts` held-out examples (data's heldout.jsonl) at the start and every
+`eval_every` steps: `heldout_accuracy` in the step's metrics, and `heldout_curve.json` / `heldout_accuracy.png`. With
+`--resume` a stopped run continues from its last checkpoint.
 """
 
 from __future__ import annotations
@@ -31,6 +34,51 @@ def reward_curve(history: list[dict[str, float]]):
     ax.legend()
     fig.tight_layout()
     return fig
+
+
+def heldout_figure(curve: list[dict[str, float]]):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot([c["step"] for c in curve], [c["heldout_accuracy"] for c in curve], marker="o", label="greedy accuracy")
+    ax.plot([c["step"] for c in curve], [c["heldout_format_rate"] for c in curve], marker=".", linestyle="--", label="format rate")
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"held-out ({int(curve[0]['n_prompts'])} prompts)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+class HeldoutCheck:
+    """`rl.eval_every`: the policy's greedy accuracy on held-out prompts at the start and every `eval_every` steps
+    (and the last), written into that step's metrics, so it is logged, checkpointed and restored with the history."""
+
+    def __init__(self, cfg: Config, policy, tokenizer, task, heldout: list):
+        self.cfg, self.policy, self.tokenizer, self.task = cfg.rl, policy, tokenizer, task
+        self.examples = heldout[: cfg.rl.eval_prompts]
+        self.batch_size = cfg.eval.batch_size
+
+    def measure(self) -> dict[str, float]:
+        from posttrain.eval.harness import greedy_metrics
+
+        was_training = self.policy.training
+        self.policy.eval()
+        m = greedy_metrics(self.policy, self.tokenizer, self.task, self.examples, self.cfg.max_new_tokens, self.cfg.stop, self.batch_size)
+        self.policy.train(was_training)
+        return {"heldout_accuracy": m["greedy_accuracy"], "heldout_format_rate": m["greedy_format_rate"],
+                "heldout_tokens_per_answer": m["greedy_tokens_per_answer"]}
+
+    def on_step(self, step: int, result) -> None:
+        if step % self.cfg.eval_every == 0 or step == self.cfg.steps:
+            result.metrics.update(self.measure())
+
+    def curve(self, start: dict[str, float], history: list[dict[str, float]]) -> list[dict[str, float]]:
+        rows = [{"step": 0, **start}] + [{"step": i, **{k: h[k] for k in start}} for i, h in enumerate(history, 1) if "heldout_accuracy" in h]
+        return [{**row, "n_prompts": float(len(self.examples))} for row in rows]
 
 
 @stages.register(
@@ -70,12 +118,22 @@ def train_and_save(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker,
         max_nonfinite_steps=cfg.training.max_nonfinite_steps, keep_checkpoints=cfg.training.keep_checkpoints,
         critic_out=out_dir / "critic",  # written only when the objective trains a critic (rl.preset: ppo)
     )
-    history, table = train_online_rl(rl_run, resume, on_log=lambda step, m: tracker.log_metrics(m, step))
+    check = heldout_check(cfg, inputs["data"], policy, tokenizer, rl_run.task)
+    start = check.measure() if check else {}  # greedy: the same figures on a resumed run
+    if start:
+        tracker.log_metrics(start, 0)
+    history, table = train_online_rl(rl_run, resume, on_log=lambda step, m: tracker.log_metrics(m, step), on_step=check.on_step if check else None)
     save_pretrained(policy, tokenizer, out_dir / "model")
     (out_dir / "history.json").write_text(strict_json(history) + "\n")
     figure = reward_curve(history)
     figure.savefig(out_dir / "reward_curve.png", dpi=100)
     tracker.log_figure(figure, "reward_curve.png")
+    if check:
+        curve = check.curve(start, history)
+        (out_dir / "heldout_curve.json").write_text(strict_json(curve) + "\n")
+        figure = heldout_figure(curve)
+        figure.savefig(out_dir / "heldout_accuracy.png", dpi=100)
+        tracker.log_figure(figure, "heldout_accuracy.png")
     tracker.log_table(table, "rollout_samples.json")
     tracker.log_artifacts(out_dir / "model", "model")
     last = history[-10:]
@@ -84,10 +142,25 @@ def train_and_save(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker,
         "steps": float(len(history)),
         "nonfinite_steps": history[-1]["nonfinite_steps"],
     }
+    if check:
+        metrics["heldout_accuracy_start"], metrics["heldout_accuracy_end"] = curve[0]["heldout_accuracy"], curve[-1]["heldout_accuracy"]
     accuracy = history_accuracy(last)
     if accuracy is not None:  # measured by the task's verifier; a run that measured none reports none
         metrics["final_train_accuracy"] = accuracy
     return metrics
+
+
+def heldout_check(cfg: Config, data: Path, policy, tokenizer, task) -> HeldoutCheck | None:
+    """The periodic held-out check when `rl.eval_every` asks for one; a run without held-out data or a verifier
+    cannot have one (one line)."""
+    from posttrain.errors import UserError
+
+    if cfg.rl.eval_every == 0:
+        return None
+    heldout = data / "heldout.jsonl"
+    if not heldout.is_file() or not hasattr(task, "correctness_reward"):
+        raise UserError(f"rl.eval_every={cfg.rl.eval_every} needs held-out examples with a verifier ({heldout} and a task with answers); set rl.eval_every=0")
+    return HeldoutCheck(cfg, policy, tokenizer, task, read_examples(heldout))
 
 
 def history_accuracy(history: list[dict[str, float]]) -> float | None:
