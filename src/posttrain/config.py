@@ -1062,6 +1062,22 @@ def registered_keys(model: type[BaseModel], prefix: str = "") -> dict[str, Regis
     return keys
 
 
+def override_value(key: str, value: str) -> Any:
+    """A `--set` value, read as YAML (numbers, lists, null), except that a ` #` cannot silently cut it: an unquoted
+    text holding one is taken whole (`system_prompt=... then #### and the number`), and a list or mapping holding
+    one stops with one line (quote the text inside it)."""
+    try:
+        parsed = yaml.safe_load(value)
+    except yaml.YAMLError:
+        raise UserError(f"{key}: cannot parse value {value!r}") from None
+    if re.search(r"(?:^|\s)#", value):  # YAML reads the rest as a comment
+        if isinstance(parsed, (list, dict)):
+            raise UserError(f"{key}: ' #' starts a YAML comment in {value!r}; quote the text that holds it")
+        if value.strip()[:1] not in ("'", '"'):
+            return value.strip()
+    return parsed
+
+
 def _apply_override(raw: dict[str, Any], item: str) -> None:
     key, sep, value = item.partition("=")
     if not sep or not key:
@@ -1079,10 +1095,7 @@ def _apply_override(raw: dict[str, Any], item: str) -> None:
         annotation = fields[part].annotation if model is not None else dict
         last = i == len(parts) - 1
         if last:
-            try:
-                node[part] = yaml.safe_load(value)
-            except yaml.YAMLError:
-                raise UserError(f"{key}: cannot parse value {value!r}") from None
+            node[part] = override_value(key, value)
         else:
             is_section = isinstance(annotation, type) and issubclass(annotation, BaseModel)
             if not is_section and typing.get_origin(annotation) is not dict and annotation is not dict:

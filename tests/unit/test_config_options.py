@@ -61,3 +61,15 @@ def test_selected_method_without_its_options_is_an_error(toy_estimator, tmp_path
     path = params_with(tmp_path, {})
     with pytest.raises(UserError, match="rl.options.toy_with_options: missing"):
         resolve.load(path, [f"rl.advantage={toy_estimator}"])
+
+
+def test_a_set_value_holding_a_hash_is_not_cut_by_yaml_comments():
+    from posttrain.config import override_value
+    from posttrain.errors import UserError
+
+    prompt = "Answer with the calculation, then #### and the number. Example: 12 - 5 = 7 #### 7"
+    assert override_value("k", prompt) == prompt and override_value("k", "#### 7") == "#### 7"
+    assert override_value("k", "'quoted #### 7'") == "quoted #### 7" and override_value("k", '["####"]') == ["####"]
+    assert override_value("k", "3") == 3 and override_value("k", "[a, b]") == ["a", "b"] and override_value("k", "null") is None
+    with pytest.raises(UserError, match="starts a YAML comment"):
+        override_value("k", "[a, b] #c")
