@@ -93,7 +93,7 @@ def test_param_schemas_accept_the_defaults_and_reject_unknown_names():
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate([{"name": "nosuch", "weight": 1.0}], specs["rl.rewards"]["schema"])
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(0, specs["sft.steps"]["schema"])
+        jsonschema.validate(-1, specs["sft.steps"]["schema"])  # 0 is valid: it skips SFT
 
 
 def test_resolved_settings_read_back_unchanged(tmp_path):
