@@ -151,7 +151,8 @@ def _run_locked(entry: Entry, cfg: Config, inputs: dict[str, Path], out_dir: Pat
     _swap_into_place(staging, out_dir)
     if tracker.failure:  # the output is complete and in place; only its log is not
         raise TrackingIncomplete(f"stage {entry.name!r} finished and {out_dir} is complete, but MLflow logging failed: {tracker.failure}; "
-                                 f"send the rest with: posttrain relog --out {out_dir} (with the same --params/--set)")
+                                 f"its MLflow run stays RUNNING until `posttrain relog --out {out_dir}` (with the same --params/--set) "
+                                 "sends the rest and finishes the run")
     return metrics
 
 
