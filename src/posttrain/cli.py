@@ -7,6 +7,7 @@ end-of-pipeline report). Mistakes a user can make end with one line on stderr an
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -54,14 +55,47 @@ def _stage_command(name: str, doc: str):
         resume: Annotated[bool, typer.Option("--resume", help="Continue from the last checkpoint, if any.")] = False,
         launcher: Annotated[str, typer.Option("--launcher", help="Recorded in the MLflow run's tags.")] = "cli",
     ) -> None:
-        from posttrain import resolve, stages
-        from posttrain.runtime import strict_json
+        import contextlib
 
-        cfg = resolve.load(params, overrides)
-        metrics = stages.execute(name, cfg, _parse_inputs(inputs), out or Path("outputs") / name, launcher=launcher, resume=resume)
+        from posttrain.locks import OutputLock
+
+        out_dir = out or Path("outputs") / name
+        # the lock first (issue 38): a second writer is refused before the imports, the settings and the store check;
+        # torchrun's other ranks take none (rank 0 alone writes the output)
+        taken = _early_locked == out_dir or os.environ.get("RANK", "0") != "0"
+        with contextlib.nullcontext() if taken else OutputLock(out_dir):
+            from posttrain import resolve, stages
+            from posttrain.runtime import strict_json
+
+            cfg = resolve.load(params, overrides)
+            metrics = stages.execute(name, cfg, _parse_inputs(inputs), out_dir, launcher=launcher, resume=resume, locked=True)
         typer.echo(strict_json(metrics, sort_keys=True))
 
     app.command(name, help=doc)(command)
+
+
+_early_locked: Path | None = None  # the output `main` locked before the stage registry was imported
+
+
+def _early_lock(argv: list[str]):
+    """The output lock of `posttrain <stage> --out DIR`, taken before the stage registry (torch, every stage module)
+    is imported, so that a second writer is refused in well under a second (issue 38). Other commands, `--help`,
+    the default output and torchrun's non-zero ranks: nothing here (the stage command locks as before)."""
+    global _early_locked
+    import contextlib
+
+    builtin = {command.name for command in app.registered_commands}
+    if (len(argv) < 2 or argv[1].startswith("-") or argv[1] in builtin or "--help" in argv
+            or os.environ.get("RANK", "0") != "0"):
+        return contextlib.nullcontext()
+    out = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--out"), None)
+    out = out or next((a.split("=", 1)[1] for a in argv if a.startswith("--out=")), None)
+    if not out or "://" in out:
+        return contextlib.nullcontext()
+    from posttrain.locks import OutputLock
+
+    _early_locked = Path(out)
+    return OutputLock(_early_locked)
 
 
 def _register_stage_commands() -> None:
@@ -256,9 +290,11 @@ def submit(
 
 
 def main() -> None:
-    _register_stage_commands()
+    global _early_locked
     try:
-        app(standalone_mode=False)
+        with _early_lock(sys.argv):
+            _register_stage_commands()
+            app(standalone_mode=False)
     except UserError as e:
         typer.echo(f"posttrain: error: {redact_uri(str(e))}", err=True)
         sys.exit(e.exit_code)
@@ -272,6 +308,8 @@ def main() -> None:
 
         sys.stderr.write(redact_uri(traceback.format_exc()))
         sys.exit(1)
+    finally:
+        _early_locked = None
 
 
 if __name__ == "__main__":

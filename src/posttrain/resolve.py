@@ -18,6 +18,8 @@ before any work:
 
 from __future__ import annotations
 
+import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +92,23 @@ def load(params: Path | str, overrides: list[str] | tuple[str, ...] = ()) -> Con
     """`config.load` with presets expanded from the registry, then `check`: the settings a run uses."""
     from posttrain.objectives.presets import expand
 
-    return check(config.load(params, overrides, expand_preset=expand))
+    cfg = check(config.load(params, overrides, expand_preset=expand))
+    _warn_credentials(overrides)
+    return cfg
+
+
+_CREDENTIAL_KEY = re.compile(r"(password|passwd|secret|token|api_?key|access_?key|credential)", re.IGNORECASE)
+_URI_USERINFO = re.compile(r"://[^/@\s]*:[^/@\s]*@")
+
+
+def _warn_credentials(overrides) -> None:
+    """A secret in `--set` is visible in the process list and the launchers' logs: say so (never echo the value).
+    Secrets travel by environment variables (AWS_*, MLFLOW_TRACKING_USERNAME/PASSWORD, ...)."""
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if _CREDENTIAL_KEY.search(key.rsplit(".", 1)[-1]) or _URI_USERINFO.search(value):
+            print(f"posttrain: warning: --set {key} looks like it carries a credential, which the process list and "
+                  "logs show; pass secrets by environment variables instead", file=sys.stderr)
 
 
 def check(cfg: Config) -> Config:

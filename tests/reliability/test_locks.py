@@ -119,3 +119,20 @@ def test_execute_holds_the_lock_while_the_stage_runs_and_releases_it_on_every_ex
     with pytest.raises(RuntimeError):
         stages.execute("probe", cfg, {}, out)
     assert not lock_path(out).exists() and (out / "done").is_file()  # released; the previous output untouched
+
+
+def test_the_cli_refuses_a_second_writer_in_under_a_second(tmp_path):
+    """Issue 38 item 3: the lock is the first thing the stage command takes after parsing its arguments (it was
+    taken after the imports, the settings and the store check: 17-27 s). Timed from the second process's start."""
+    out = tmp_path / "sft"
+    proc, (pid,) = hold(out)
+    try:
+        started = time.monotonic()
+        second = subprocess.run([sys.executable, "-m", "posttrain.cli", "sft", "--out", str(out)],
+                                capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
+        elapsed = time.monotonic() - started
+    finally:
+        kill(proc)
+    assert second.returncode != 0 and f"pid {pid}" in second.stderr, second.stderr
+    assert len(second.stderr.strip().splitlines()) == 1, second.stderr
+    assert elapsed < 1.0, f"the second writer was refused after {elapsed:.2f} s"

@@ -97,3 +97,17 @@ def test_uris_in_messages_lose_their_credentials():
     assert redact_uri("sqlite:///mlflow.db, me@example.com, /a/b@c") == "sqlite:///mlflow.db, me@example.com, /a/b@c"
     assert split_credentials("http://user:p%40ss@host:5000") == ("http://host:5000", "user", "p@ss")
     assert split_credentials("s3://bucket/x") == ("s3://bucket/x", None, None)
+
+
+def test_a_credential_in_set_warns_without_echoing_it(capsys):
+    """Issue 38 item 7: `--set` shows a secret in the process list; a key or URI that looks like one warns (the
+    value is never printed), a plain setting does not."""
+    from posttrain import resolve
+
+    params = Path(__file__).resolve().parents[2] / "params.yaml"
+    resolve.load(params, ["tracking.uri=http://alice:hunter2@127.0.0.1:5000"])
+    err = capsys.readouterr().err
+    assert "--set tracking.uri looks like it carries a credential" in err and "environment variables" in err
+    assert "hunter2" not in err and len(err.strip().splitlines()) == 1
+    resolve.load(params, ["tracking.uri=sqlite:///elsewhere.db"])
+    assert capsys.readouterr().err == ""

@@ -75,6 +75,7 @@ def test_a_frozen_artifact_store_keeps_the_trained_output_and_relog_sends_it(sft
     assert proc.returncode == 3, stderr
     (line,) = stderr.strip().splitlines()
     assert "Traceback" not in stderr and "log_artifacts model failed" in line and "posttrain relog --out outputs/sft" in line
+    assert "stays RUNNING until" in line and "finishes the run" in line  # issue 38 item 6: the line says relog ends it
     assert stdout == ""
 
     # the trained model is in place and is what the next stage reads

@@ -62,8 +62,23 @@ def test_more_consecutive_non_finite_steps_than_allowed_stop_the_run_in_one_line
         step(loop, 5, model, optimizer, float("nan"))
     message = str(stopped.value)
     assert "\n" not in message and message.startswith("step 5: ") and "not finite on 3 consecutive steps" in message
-    assert "training.max_nonfinite_steps is 2" in message and "set sft.checkpoint_every" in message  # no checkpoint yet
+    assert "training.max_nonfinite_steps is 2" in message and "no checkpoint was written (set sft.checkpoint_every)" in message
     assert loop.nonfinite_steps == 4
+
+
+def test_a_run_diverging_before_its_first_checkpoint_says_so_instead_of_asking_for_checkpoint_every(tmp_path):
+    """Issue 38 item 4: with checkpoint_every set, the hint to set it was false; the line names both steps."""
+    model, optimizer = model_and_optimizer()
+    loop = TrainLoop(tmp_path, "h", every=10, max_nonfinite_steps=0, section="sft")
+    for index in range(1, 8):
+        step(loop, index, model, optimizer)
+        loop.checkpoint(index, 20, model, {"optimizer": optimizer})
+    with pytest.raises(UserError) as stopped:
+        step(loop, 8, model, optimizer, float("nan"))
+    message = str(stopped.value)
+    assert "\n" not in message and "set sft.checkpoint_every" not in message
+    assert "the run diverged at step 8, before the first checkpoint at step 10" in message
+    assert "sft.checkpoint_every is 10" in message
 
 
 def test_max_nonfinite_steps_zero_stops_at_the_first_and_names_the_last_checkpoint(tmp_path):

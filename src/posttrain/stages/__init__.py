@@ -13,6 +13,7 @@ ends with `TrackingIncomplete`, one line naming what failed and the `posttrain r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from pathlib import Path
@@ -96,7 +97,9 @@ def _prepare_runtime(cfg: Config) -> None:  # heavy imports happen here, after t
         torch.set_num_threads(cfg.pipeline.threads)
 
 
-def execute(name: str, cfg: Config, inputs: dict[str, Path], out_dir: Path, launcher: str = "cli", resume: bool = False) -> dict[str, float]:
+def execute(name: str, cfg: Config, inputs: dict[str, Path], out_dir: Path, launcher: str = "cli", resume: bool = False,
+            locked: bool = False) -> dict[str, float]:
+    """Run stage `name` into `out_dir`; `locked`: the caller already holds its OutputLock (the CLI takes it first)."""
     from posttrain.tracking import check_stores
 
     entry = stages.entry(name)
@@ -113,7 +116,7 @@ def execute(name: str, cfg: Config, inputs: dict[str, Path], out_dir: Path, laun
 
     if not distributed.init().is_main:  # torchrun: rank 0 alone writes the output and logs to MLflow
         return _run_replica(name, cfg, resolved, staging_dir(out_dir), resume and resumable)
-    with OutputLock(out_dir):  # one writer per output: its staging directory and the swap are ours alone
+    with contextlib.nullcontext() if locked else OutputLock(out_dir):  # one writer per output: its staging directory and the swap are ours alone
         return _run_locked(entry, cfg, resolved, out_dir, launcher, resume and resumable)
 
 
@@ -148,7 +151,8 @@ def _run_locked(entry: Entry, cfg: Config, inputs: dict[str, Path], out_dir: Pat
     _swap_into_place(staging, out_dir)
     if tracker.failure:  # the output is complete and in place; only its log is not
         raise TrackingIncomplete(f"stage {entry.name!r} finished and {out_dir} is complete, but MLflow logging failed: {tracker.failure}; "
-                                 f"send the rest with: posttrain relog --out {out_dir} (with the same --params/--set)")
+                                 f"its MLflow run stays RUNNING until `posttrain relog --out {out_dir}` (with the same --params/--set) "
+                                 "sends the rest and finishes the run")
     return metrics
 
 

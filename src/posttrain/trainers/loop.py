@@ -110,8 +110,13 @@ class TrainLoop:
         return grad_norm
 
     def _diverged(self, step: int) -> str:
-        where = (f"the last finite checkpoint is kept: {self.last_checkpoint}"
-                 if self.last_checkpoint else f"no checkpoint was written yet (set {self.section or '<section>'}.checkpoint_every)")
+        if self.last_checkpoint:
+            where = f"the last finite checkpoint is kept: {self.last_checkpoint}"
+        elif self.checkpoint_dir and self.every:  # checkpoints are on: the run diverged before the first one
+            where = (f"no checkpoint yet: the run diverged at step {step}, before the first checkpoint at step "
+                     f"{self.every} ({self.section or '<section>'}.checkpoint_every is {self.every})")
+        else:
+            where = f"no checkpoint was written (set {self.section or '<section>'}.checkpoint_every)"
         return (f"step {step}: the loss or gradient norm was not finite on {self.consecutive} consecutive steps "
                 f"(training.max_nonfinite_steps is {self.max_nonfinite_steps}); {where}")
 
