@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import micro_params, posttrain_in_process
+from helpers import micro_params, posttrain_in_process, posttrain_main
 from test_distributed import TORCHRUN, _torchrun, _weights, _weights_of_a_fresh_model
 
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}  # the same two updates, up to the order of floating-point sums
@@ -53,3 +53,15 @@ def test_fsdp_sft_equals_the_single_process_update_with_half_the_parameters_per_
     assert "resumed sft at step 1" in resumed.stderr
     again = _weights(tmp_path / "outputs/sft_resumed/model")
     assert again.keys() == fsdp.keys() and all(torch.equal(again[k], fsdp[k]) for k in fsdp)
+
+
+def test_fsdp_refuses_lora_and_rl_with_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    micro_params(tmp_path, task={"n_train": 20, "n_heldout": 4}, sft={"steps": 1, "batch_size": 4, "checkpoint_every": 0},
+                 rl={"steps": 1, "prompts_per_step": 1, "group_size": 2})
+    posttrain_in_process("data")
+    code, _, err = posttrain_main(monkeypatch, capsys, "sft", "--set", "training.sharding=fsdp", "--set", "model.lora.r=2")
+    assert code != 0 and err.strip().splitlines()[-1].endswith("does not support LoRA (model.lora.r > 0); use training.sharding=replicate")
+    posttrain_in_process("sft")
+    code, _, err = posttrain_main(monkeypatch, capsys, "rl", "--set", "training.sharding=fsdp")
+    assert code != 0 and "supported by the sft stage only" in err.strip().splitlines()[-1]
