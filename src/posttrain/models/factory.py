@@ -166,7 +166,22 @@ def prepare_model(
 
 
 def save_pretrained(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, out: Path) -> None:
-    """Save a plain `from_pretrained`-loadable model: LoRA adapters are merged first."""
+    """Save a plain `from_pretrained`-loadable model: LoRA adapters are merged first. An FSDP-sharded model is
+    gathered whole first (a collective: every rank calls this; each rank writes where it was told)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+        seen: set[int] = set()
+        for name, param in model.named_parameters(remove_duplicate=False):  # tied weights: saved once, as unsharded
+            if id(param) in seen:
+                state.pop(name, None)
+            seen.add(id(param))
+        model.save_pretrained(out, state_dict=state)
+        tokenizer.save_pretrained(out)
+        return
     if hasattr(model, "merge_and_unload"):
         model = model.merge_and_unload()
     model.save_pretrained(out)

@@ -41,6 +41,8 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     else:
         model, tokenizer = load_pretrained(cfg.model.path, cfg.model.dtype)
     model = prepare_model(model, tokenizer, cfg.model, device)  # chat template, LoRA, checkpointing, autocast
+    if cfg.training.sharding == "fsdp":
+        model = shard_for_sft(cfg, model)
     check_examples(train, examples, model, tokenizer, 0, "", supervised=True)
     examples = examples[: cfg.sft.n_examples or None]
     loop = TrainLoop.for_stage(cfg.training, out_dir, cfg.section_hash("pipeline", "task", "model", "sft"), cfg.sft.checkpoint_every, resume, "sft")
@@ -49,7 +51,33 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     tracker.log_artifacts(out_dir / "model", "model")
     metrics["n_examples"] = float(len(examples))
     metrics["parameters"] = float(sum(p.numel() for p in model.parameters()))
+    if cfg.training.sharding == "fsdp":  # what each rank holds (its shards)
+        metrics.update(local_parameter_counts(model))
     return metrics
+
+
+def local_parameter_counts(model) -> dict[str, float]:
+    import torch
+
+    from posttrain.trainers import distributed
+
+    local = torch.tensor(float(distributed.local_numel(model)))
+    largest = local.clone()
+    if distributed.current().active:
+        import torch.distributed as dist
+
+        dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+    return {"local_parameters": float(local), "largest_local_parameters": float(largest)}
+
+
+def shard_for_sft(cfg: Config, model):
+    """training.sharding=fsdp: the policy's parameters sharded over torchrun's ranks (trainers/distributed.py)."""
+    from posttrain.errors import UserError
+    from posttrain.trainers import distributed
+
+    if cfg.model.lora.r > 0:
+        raise UserError("training.sharding=fsdp does not support LoRA (model.lora.r > 0); use training.sharding=replicate")
+    return distributed.shard_model(model)
 
 
 def pass_through(cfg: Config, out_dir: Path, tracker) -> dict[str, float]:

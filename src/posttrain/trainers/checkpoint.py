@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_file, load_model, save_file, save_model
 
 from posttrain.errors import UserError
 
@@ -52,13 +52,18 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def save_checkpoint(directory: Path, step: int, model: torch.nn.Module, trainer_state: dict[str, Any], keep: int = 2) -> Path:
-    """Write `directory/step-NNNNNN` durably and atomically and keep only the newest `keep` checkpoints."""
+def save_checkpoint(directory: Path, step: int, model: torch.nn.Module, trainer_state: dict[str, Any], keep: int = 2,
+                    weights: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write `directory/step-NNNNNN` durably and atomically and keep only the newest `keep` checkpoints. `weights`:
+    the model's whole state dict when it was gathered already (an FSDP-sharded model, training.sharding)."""
     final = directory / f"step-{step:06d}"
     tmp = directory / f".step-{step:06d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_model(model, str(tmp / "model.safetensors"))
+    if weights is None:
+        save_model(model, str(tmp / "model.safetensors"))
+    else:
+        save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"))
     torch.save({**trainer_state, "step": step, "rng": _rng_state()}, tmp / "trainer.pt")
     for written in (tmp / "model.safetensors", tmp / "trainer.pt", tmp):
         _fsync(written)
@@ -87,7 +92,12 @@ def load_checkpoint(path: Path, model: torch.nn.Module, config_hash: str) -> dic
         state = torch.load(path / "trainer.pt", weights_only=True)
         if state.get("config_hash") != config_hash:
             raise UserError(f"checkpoint {path} was made with other settings; delete {path.parent.parent} or run without --resume")
-        load_model(model, str(path / "model.safetensors"))  # reads the whole file before it copies a tensor
+        from posttrain.trainers import distributed
+
+        if distributed.is_sharded(model):  # every rank reads the whole file and keeps its shards
+            distributed.load_full_state_dict(model, load_file(str(path / "model.safetensors")))
+        else:
+            load_model(model, str(path / "model.safetensors"))  # reads the whole file before it copies a tensor
     except (OSError, EOFError, SafetensorError, pickle.UnpicklingError, RuntimeError) as e:  # truncated, torn or missing
         raise Unreadable(f"{path.name}: {_first_line(e)}") from None
     _set_rng_state(state["rng"])

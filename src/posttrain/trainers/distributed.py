@@ -125,3 +125,81 @@ def check_in_sync(model: torch.nn.Module, ctx: Context | None = None) -> None:
     dist.all_gather(gathered, checksum)
     if any(not torch.equal(g, gathered[0]) for g in gathered):
         raise RuntimeError(f"data-parallel replicas diverged: parameter checksums {[float(g) for g in gathered]}")
+
+
+# -- FSDP2 (training.sharding: fsdp) ------------------------------------------------------------------------------
+# Each rank keeps 1/world of every parameter (a DTensor sharded on dim 0); a decoder layer's full weights are
+# all-gathered just before its forward and backward and freed after, and gradients are reduce-scattered. Gradients
+# are SUMMED over ranks (divide factor 1), like `reduce_gradients(average=False)`: the losses are already divided
+# by a global count, so the sharded update equals the single-process one up to the order of floating-point sums.
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks of a causal LM (`model.model.layers` for Llama/Qwen2-shaped models), the FSDP units."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    return list(layers) if layers is not None else []
+
+
+def shard_model(model: torch.nn.Module, ctx: Context | None = None) -> torch.nn.Module:
+    """`fully_shard` each decoder layer, then the root (embeddings, final norm, head), over all ranks. A no-op
+    without torchrun. Activation checkpointing (`model.gradient_checkpointing`, set before) keeps working: the
+    recomputed forward of a layer unshards it again."""
+    ctx = ctx or _current
+    if not ctx.active:
+        return model
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    device = next(model.parameters()).device
+    mesh = init_device_mesh(device.type, (ctx.world_size,))
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    for unit in model.modules():  # sum, not mean: the loss is already divided by the global count
+        if isinstance(unit, FSDPModule):
+            unit.set_gradient_divide_factor(1.0)
+            unit.set_force_sum_reduction_for_comms(True)  # a plain SUM collective: Gloo has no PREMUL_SUM
+    return model
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's weights as plain CPU tensors (a collective under FSDP: every rank must call it; each gets them)."""
+    if not is_sharded(model):
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=False))
+
+
+def load_full_state_dict(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    """Put whole-model weights (every rank holds them) into a sharded model: each rank keeps its shards."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True))
+
+
+def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """The optimizer state of a sharded model, gathered whole and keyed by parameter name (a collective)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
+
+
+def load_full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
+def local_numel(model: torch.nn.Module) -> int:
+    """Parameter elements this rank holds (its shards under FSDP; everything for a replica)."""
+    from torch.distributed.tensor import DTensor
+
+    return sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in model.parameters())

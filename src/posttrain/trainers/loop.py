@@ -49,14 +49,18 @@ class NumpyDraws:
         self.rng.bit_generator.state = state
 
 
-def _state_of(part: Any) -> Any:
+def _state_of(part: Any, model: torch.nn.Module | None = None) -> Any:
+    if isinstance(part, torch.optim.Optimizer) and model is not None and distributed.is_sharded(model):
+        return distributed.full_optimizer_state(model, part)  # a collective: gathered whole, keyed by name
     if isinstance(part, torch.Generator):
         return part.get_state()
     return part.getstate() if isinstance(part, random.Random) else part.state_dict()
 
 
-def _restore(part: Any, state: Any) -> None:
-    if isinstance(part, torch.Generator):
+def _restore(part: Any, state: Any, model: torch.nn.Module | None = None) -> None:
+    if isinstance(part, torch.optim.Optimizer) and model is not None and distributed.is_sharded(model):
+        distributed.load_full_optimizer_state(model, part, state)
+    elif isinstance(part, torch.Generator):
         part.set_state(state)
     elif isinstance(part, random.Random):
         part.setstate(state)
@@ -96,7 +100,8 @@ class TrainLoop:
                        max_grad_norm: float) -> float:
         """Clip `params` to a total norm of `max_grad_norm` and step `optimizer` when the loss and the norm are
         finite; free the gradients either way. Returns the norm before clipping (NaN or inf on a skipped step)."""
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)  # FSDP: a DTensor
         loss_value = float(loss.detach()) if isinstance(loss, torch.Tensor) else loss
         if math.isfinite(grad_norm) and (loss_value is None or math.isfinite(loss_value)):
             optimizer.step()
@@ -131,7 +136,7 @@ class TrainLoop:
             return 0, {}
         self.last_checkpoint, state = found
         for name, part in parts.items():
-            _restore(part, state["parts"][name])
+            _restore(part, state["parts"][name], model)
         self.nonfinite_steps, self.consecutive = state["loop"]
         if distributed.current().is_main:  # a launcher's log shows where a retried task went on from
             print(f"posttrain: resumed {self.section or 'training'} at step {state['step']} from {self.last_checkpoint}", file=sys.stderr)
@@ -140,15 +145,19 @@ class TrainLoop:
     def checkpoint(self, step: int, total: int, model: torch.nn.Module, parts: dict[str, Any], values: dict[str, Any] | None = None) -> None:
         """Save a checkpoint when `step` is a multiple of `every` before the last step, and at the last step with
         `save_last` (rank 0 only)."""
-        if not (self.checkpoint_dir and self.every and distributed.current().is_main):
+        if not (self.checkpoint_dir and self.every):
             return
         if not (step < total and step % self.every == 0 or self.save_last and step == total):
             return
+        weights = distributed.full_state_dict(model) if distributed.is_sharded(model) else None  # every rank gathers
+        part_states = {name: _state_of(part, model) for name, part in parts.items()}
+        if not distributed.current().is_main:
+            return
         state = {
-            "parts": {name: _state_of(part) for name, part in parts.items()}, "values": values or {},
+            "parts": part_states, "values": values or {},
             "loop": [self.nonfinite_steps, self.consecutive], "config_hash": self.config_hash,
         }
-        self.last_checkpoint = save_checkpoint(self.checkpoint_dir, step, model, state, self.keep)
+        self.last_checkpoint = save_checkpoint(self.checkpoint_dir, step, model, state, self.keep, weights)
 
     def metrics(self) -> dict[str, float]:
         return {"nonfinite_steps": float(self.nonfinite_steps)}

@@ -48,6 +48,7 @@ def train_sft(
     metrics: dict[str, float] = saved.get("metrics", {})
     bar = progress(cfg.steps, "sft", initial=start)
     ctx = distributed.current()
+    sharded = distributed.is_sharded(model)
     for step in range(start + 1, cfg.steps + 1):
         rows = torch.randint(len(examples), (min(cfg.batch_size, len(examples)),), generator=generator).to(device)
         loss_kwargs = {}
@@ -56,7 +57,8 @@ def train_sft(
             loss_kwargs["num_items_in_batch"] = distributed.all_sum((labels[rows][:, 1:] != -100).sum(), ctx)
         out = model(input_ids=ids[rows], attention_mask=mask[rows], labels=labels[rows], **loss_kwargs)
         out.loss.backward()
-        distributed.reduce_gradients(model, average=False, ctx=ctx)  # sum of per-rank sums / global token count
+        if not sharded:  # FSDP reduce-scatters the gradients itself (summed, trainers/distributed.py)
+            distributed.reduce_gradients(model, average=False, ctx=ctx)  # sum of per-rank sums / global token count
         loop.optimizer_step(step, out.loss, params, optimizer, cfg.max_grad_norm)
         schedule.step()
         bar.update()
@@ -72,5 +74,6 @@ def train_sft(
             bar.set_postfix(loss=f"{metrics['sft_loss']:.3f}")
         loop.checkpoint(step, cfg.steps, model, parts, {"metrics": metrics})
     bar.close()
-    distributed.check_in_sync(model, ctx)
+    if not sharded:  # sharded: one model, no replicas to compare
+        distributed.check_in_sync(model, ctx)
     return {**metrics, **loop.metrics()}
