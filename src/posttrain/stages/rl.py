@@ -36,6 +36,13 @@ def reward_curve(history: list[dict[str, float]]):
     return fig
 
 
+def close_figure(figure) -> None:
+    """pyplot keeps every figure it made until it is closed (a process running many stages would pile them up)."""
+    import matplotlib.pyplot as plt
+
+    plt.close(figure)
+
+
 def heldout_figure(curve: list[dict[str, float]]):
     import matplotlib
 
@@ -132,12 +139,14 @@ def train_and_save(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker,
     figure = reward_curve(history)
     figure.savefig(out_dir / "reward_curve.png", dpi=100)
     tracker.log_figure(figure, "reward_curve.png")
+    close_figure(figure)
     if check:
         curve = check.curve(start, history)
         (out_dir / "heldout_curve.json").write_text(strict_json(curve) + "\n")
         figure = heldout_figure(curve)
         figure.savefig(out_dir / "heldout_accuracy.png", dpi=100)
         tracker.log_figure(figure, "heldout_accuracy.png")
+        close_figure(figure)
     tracker.log_table(table, "rollout_samples.json")
     tracker.log_artifacts(out_dir / "model", "model")
     last = history[-10:]
