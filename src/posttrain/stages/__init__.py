@@ -107,6 +107,9 @@ def execute(name: str, cfg: Config, inputs: dict[str, Path], out_dir: Path, laun
     resumable = entry.meta.get("resumable", False)
     if resume and not resumable:
         raise UserError(f"stage {name!r} cannot --resume; only {', '.join(e.name for e in stages if e.meta.get('resumable'))} can")
+    if cfg.training.sharding == "fsdp" and not entry.meta.get("shardable", False):  # it would train whole replicas, silently
+        shardable = ", ".join(e.name for e in stages if e.meta.get("shardable"))
+        raise UserError(f"training.sharding=fsdp is supported by the {shardable} stage only so far; set training.sharding=replicate for {name}")
     problems = check_stores(cfg)  # a dead tracking server or artifact store fails here, in seconds, not after training
     if problems:
         raise UserError("cannot track this run (nothing was run): " + "; ".join(problems))

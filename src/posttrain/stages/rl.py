@@ -116,10 +116,6 @@ def train_and_save(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker,
     seed_everything(cfg.pipeline.seed)
     device = select_device(cfg.pipeline.device)
     policy, tokenizer = load_pretrained(model_dir(inputs["policy"]), cfg.model.dtype)
-    if cfg.training.sharding == "fsdp":
-        from posttrain.errors import UserError
-
-        raise UserError("training.sharding=fsdp is supported by the sft stage only so far; set training.sharding=replicate for rl")
     policy = prepare_model(policy, tokenizer, cfg.model, device)  # chat template, LoRA, checkpointing, autocast
     check_examples(train, examples, policy, tokenizer, cfg.rl.max_new_tokens, "rl.max_new_tokens")
     rl_run = RLRun(

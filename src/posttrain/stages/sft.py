@@ -22,7 +22,8 @@ from posttrain.stages import stages
 from posttrain.tasks import build_task
 
 
-@stages.register("sft", inputs={"data": "outputs/data"}, requires={"data": ["train.jsonl"]}, resumable=True)
+@stages.register("sft", inputs={"data": "outputs/data"}, requires={"data": ["train.jsonl"]}, resumable=True,
+                 shardable=True)  # training.sharding=fsdp (trainers/distributed.py); every other stage refuses it
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     from posttrain.models import build_tiny, load_pretrained, prepare_model, save_pretrained, select_device, train_char_tokenizer
     from posttrain.runtime import seed_everything
