@@ -53,22 +53,10 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     metrics["n_examples"] = float(len(examples))
     metrics["parameters"] = float(sum(p.numel() for p in model.parameters()))
     if cfg.training.sharding == "fsdp":  # what each rank holds (its shards)
-        metrics.update(local_parameter_counts(model))
+        from posttrain.trainers import distributed
+
+        metrics.update(distributed.shard_sizes(model))
     return metrics
-
-
-def local_parameter_counts(model) -> dict[str, float]:
-    import torch
-
-    from posttrain.trainers import distributed
-
-    local = torch.tensor(float(distributed.local_numel(model)))
-    largest = local.clone()
-    if distributed.current().active:
-        import torch.distributed as dist
-
-        dist.all_reduce(largest, op=dist.ReduceOp.MAX)
-    return {"local_parameters": float(local), "largest_local_parameters": float(largest)}
 
 
 def shard_for_sft(cfg: Config, model):

@@ -203,3 +203,15 @@ def local_numel(model: torch.nn.Module) -> int:
     from torch.distributed.tensor import DTensor
 
     return sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in model.parameters())
+
+
+def shard_sizes(model: torch.nn.Module, ctx: Context | None = None) -> dict[str, float]:
+    """`local_parameters` (this rank's) and `largest_local_parameters` (the largest rank's), a collective under torchrun."""
+    ctx = ctx or _current
+    local = torch.tensor(float(local_numel(model)))
+    largest = local.clone()
+    if ctx.active:
+        import torch.distributed as dist
+
+        dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+    return {"local_parameters": float(local), "largest_local_parameters": float(largest)}
