@@ -139,9 +139,17 @@ def is_verdict(text: str) -> bool:
     return text in {"reproduced", "contradicted", "inconclusive", "identical arms"} or text.startswith("premise failed (")
 
 
+def repo_params(path: Path | None = None) -> dict:
+    """Every setting of a run of the repo's params.yaml (or `path`) as plain values: the file over the settings
+    models' defaults, every component's options block included (the file itself holds only the main knobs)."""
+    from posttrain import resolve
+
+    return resolve.load(path or REPO / "params.yaml").model_dump(mode="json")
+
+
 def micro_params(directory: Path, **sections: dict) -> Path:
     """Write the repo's params.yaml, shrunk to micro sizes (plus `sections` overrides), into `directory`."""
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params = repo_params()
     for name, values in [*MICRO.items(), *sections.items()]:
         params[name] = {**params[name], **values}
     params["tracking"]["uri"] = f"sqlite:///{directory / 'mlflow.db'}"

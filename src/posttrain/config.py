@@ -1,8 +1,10 @@
 """Settings: one pydantic model per `params.yaml` section, frozen, unknown keys rejected.
 
-`params.yaml` is the only source of defaults: the models here declare types and bounds, not values.
-`load(params, overrides)` reads and validates the structure; a bad key or value raises `UserError` with one
-line that names the key, before any work is done.
+Every setting has its default on its model, and the comment on its line says what it means (`field_comments`:
+the launchers' forms show it); a params file holds only what a run changes, and a section or key it leaves out
+takes the model's default. A component's own settings (`rl.options.<name>`) live on the options model it
+registers, with their defaults. `load(params, overrides)` reads and validates the structure; a bad key or value
+raises `UserError` with one line that names the key, before any work is done.
 
 This module is a leaf: it imports no component. A field whose value names a registry entry is marked
 `Registered("<registry>")`, and a per-component settings mapping is marked `OptionsOf("<registry>", ...)`;
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 import copy
 import difflib
+import functools
+import inspect
 import hashlib
 import json
 import re
@@ -61,7 +65,7 @@ Options = dict[str, Any]  # name -> raw settings as read; name -> the parsed opt
 
 class Section(BaseModel):
     # no NaN or infinite number is a setting (`lr: .inf`, a NaN reward weight): refused with the key's name
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, validate_default=True)
 
     def options_for(self, name: str) -> BaseModel | None:
         """The parsed settings of the component registered as `name` (None when it takes none). Options are
@@ -73,33 +77,33 @@ class Section(BaseModel):
 
 
 class PipelineConfig(Section):
-    name: str  # the MLflow experiment
-    seed: int
-    device: Literal["auto", "cpu", "cuda"]
-    threads: int = Field(ge=0)  # 0: leave torch's default
+    name: str = "posttrain"  # the MLflow experiment
+    seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto | cpu | cuda
+    threads: int = Field(0, ge=0)  # 0: leave torch's default
 
 
 class TrackingConfig(Section):
-    uri: str  # relative sqlite paths resolve against the working directory
-    artifact_root: str
-    enabled: bool
+    uri: str = "sqlite:///mlflow.db"  # relative sqlite paths resolve against the working directory
+    artifact_root: str = "mlartifacts"
+    enabled: bool = True
 
 
 class TrainingConfig(Section):  # what every training loop shares (trainers/loop.py)
-    max_nonfinite_steps: int = Field(ge=0)  # consecutive steps with a non-finite loss or gradient skipped before the stage fails
-    keep_checkpoints: int = Field(ge=2)  # the newest, and older ones to fall back to when the newest cannot be read
+    max_nonfinite_steps: int = Field(3, ge=0)  # consecutive steps with a non-finite loss or gradient skipped before the stage fails
+    keep_checkpoints: int = Field(2, ge=2)  # the newest, and older ones to fall back to when the newest cannot be read
     # under torchrun (trainers/distributed.py): `replicate` keeps a full model on every rank; `fsdp` shards the
     # policy's parameters, gradients and optimizer state over the ranks (FSDP2 fully_shard per decoder layer + root)
     sharding: Literal["replicate", "fsdp"] = "replicate"
 
 
 class TaskConfig(Section):
-    name: Annotated[str, Registered("tasks")]
-    digits: int = Field(ge=1, le=6)
-    operations: tuple[Literal["+", "-", "*"], ...]
-    n_train: int = Field(gt=0)
-    n_heldout: int = Field(gt=0)
-    options: Annotated[Options, OptionsOf("tasks")]  # per-task settings: task.options.<task name>.<key>
+    name: Annotated[str, Registered("tasks")] = "arithmetic"
+    digits: int = Field(2, ge=1, le=6)
+    operations: tuple[Literal["+", "-", "*"], ...] = ("+",)
+    n_train: int = Field(4000, gt=0)
+    n_heldout: int = Field(500, gt=0)
+    options: Annotated[Options, OptionsOf("tasks")] = {}  # per-task settings: task.options.<task name>.<key>
 
     @field_validator("operations")
     @classmethod
@@ -110,23 +114,23 @@ class TaskConfig(Section):
 
 
 class LoraConfig(Section):
-    r: int = Field(ge=0)  # 0 disables LoRA
-    alpha: int = Field(gt=0)
-    dropout: float = Field(ge=0.0, lt=1.0)
-    target_modules: tuple[str, ...]
+    r: int = Field(0, ge=0)  # 0 disables LoRA
+    alpha: int = Field(16, gt=0)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 class ModelConfig(Section):
-    path: str | None  # a local directory or hub id; None builds a tiny model from the sizes below
-    arch: Literal["qwen2", "llama"]
-    hidden_size: int = Field(gt=0)
-    layers: int = Field(gt=0)
-    heads: int = Field(gt=0)
-    kv_heads: int = Field(gt=0)
-    intermediate_size: int = Field(gt=0)
-    max_positions: int = Field(gt=0)
-    dtype: Literal["float32", "bfloat16", "float16"]
-    lora: LoraConfig
+    path: str | None = None  # a local directory or hub id; None builds a tiny model from the sizes below
+    arch: Literal["qwen2", "llama"] = "qwen2"
+    hidden_size: int = Field(64, gt=0)
+    layers: int = Field(2, gt=0)
+    heads: int = Field(4, gt=0)
+    kv_heads: int = Field(2, gt=0)
+    intermediate_size: int = Field(256, gt=0)
+    max_positions: int = Field(64, gt=0)
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    lora: LoraConfig = LoraConfig()
     # prompts (models/chat.py): `auto` renders them with the tokenizer's chat template when it has one, `off` never
     chat_template: Literal["auto", "off"] = "auto"
     system_prompt: str | None = None  # the system turn of examples without their own `system`; None: none
@@ -160,15 +164,15 @@ class CheckpointConfig(Section):  # stage `import`: a GGUF file or a checkpoint 
 
 
 class SFTConfig(Section):
-    steps: int = Field(ge=0)  # 0: no fine-tuning, the checkpoint at model.path is the stage's output (a pipeline that skips SFT)
-    batch_size: int = Field(gt=0)
-    lr: float = Field(gt=0)
-    warmup_steps: int = Field(ge=0)
-    weight_decay: float = Field(ge=0)
-    max_grad_norm: float = Field(gt=0)
-    n_examples: int = Field(ge=0)  # 0: every training example
-    log_every: int = Field(gt=0)
-    checkpoint_every: int = Field(ge=0)  # 0: no checkpoints (--resume then starts over)
+    steps: int = Field(1000, ge=0)  # 0: no fine-tuning, the checkpoint at model.path is the stage's output (a pipeline that skips SFT)
+    batch_size: int = Field(64, gt=0)
+    lr: float = Field(0.003, gt=0)
+    warmup_steps: int = Field(20, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    n_examples: int = Field(500, ge=0)  # 0: every training example
+    log_every: int = Field(20, gt=0)
+    checkpoint_every: int = Field(200, ge=0)  # 0: no checkpoints (--resume then starts over)
 
 
 class RewardSpec(Section):
@@ -179,64 +183,64 @@ class RewardSpec(Section):
 class CriticConfig(Section):
     """The value model of critic-based estimators (`gae`): built and trained by the rl trainer (models/value.py)."""
 
-    path: str | None  # null: a value head on a copy of the starting policy; else a saved critic / causal-LM directory
-    lr: float = Field(gt=0)  # the critic's learning rate (its own parameter group; the policy keeps rl.lr)
-    warmup_steps: int = Field(ge=0)  # updates in which only the critic learns (the policy does not move)
+    path: str | None = None  # null: a value head on a copy of the starting policy; else a saved critic / causal-LM directory
+    lr: float = Field(0.0005, gt=0)  # the critic's learning rate (its own parameter group; the policy keeps rl.lr)
+    warmup_steps: int = Field(0, ge=0)  # updates in which only the critic learns (the policy does not move)
 
 
 class AsyncWorkersConfig(Section):
     """The rollout workers of `rl.mode: async` (trainers/async_rl.py)."""
 
-    count: int = Field(ge=1)  # worker processes on this machine, each generating whole groups (under torchrun: ranks 1.. instead)
-    queued_groups: int = Field(ge=1)  # prompts handed out ahead of the trainer (bounds the in-flight work)
-    timeout_s: float = Field(gt=0)  # a worker, rollout rank or weight sync silent this long ends the run with one line
-    deterministic: bool  # a fixed schedule of weight refreshes instead of wall-clock races (exact resume, tests)
-    refresh_every_tokens: int = Field(ge=1)  # deterministic: a worker loads the newest published weights every this many decode steps
+    count: int = Field(2, ge=1)  # worker processes on this machine, each generating whole groups (under torchrun: ranks 1.. instead)
+    queued_groups: int = Field(8, ge=1)  # prompts handed out ahead of the trainer (bounds the in-flight work)
+    timeout_s: float = Field(120, gt=0)  # a worker, rollout rank or weight sync silent this long ends the run with one line
+    deterministic: bool = False  # a fixed schedule of weight refreshes instead of wall-clock races (exact resume, tests)
+    refresh_every_tokens: int = Field(2, ge=1)  # deterministic: a worker loads the newest published weights every this many decode steps
 
 
 class RLConfig(Section):
-    mode: Literal["sync", "async"]  # async: rollout workers generate while the trainer updates (docs/async.md)
-    correction: Annotated[str, Registered("corrections")]  # off-policy correction of the loss (objectives/off_policy.py)
-    pool_policy: Annotated[str, Registered("pool_policies")]  # async: which pooled groups are rejected before a draw (rollout/pool.py)
-    workers: AsyncWorkersConfig
-    preset: Annotated[str | None, Registered("presets")]  # a named method (objectives/presets.py), expanded below explicit overrides
-    advantage: Annotated[str, Registered("advantages")]
-    loss: Annotated[str, Registered("losses")]
-    loss_agg: Annotated[str, Registered("loss_aggregations")]
-    aux: tuple[Annotated[str, Registered("auxiliaries")], ...]  # auxiliary loss terms added to the policy loss, by registry name
-    rewards: tuple[RewardSpec, ...]
-    steps: int = Field(gt=0)
-    prompts_per_step: int = Field(gt=0)
-    group_size: int = Field(ge=2)
-    max_new_tokens: int = Field(gt=0)
-    temperature: float = Field(gt=0)
-    lr: float = Field(gt=0)
-    warmup_steps: int = Field(ge=0)
-    max_grad_norm: float = Field(gt=0)
-    epochs_per_batch: int = Field(gt=0)  # >1 reuses a rollout batch; the ratio then moves off 1
-    clip_eps_low: float = Field(ge=0)
-    clip_eps_high: float = Field(ge=0)
-    std_scaling: Literal["group", "batch", "none"]
-    std_eps: float = Field(gt=0)
-    beta: float = Field(ge=0)  # k3 KL weight; 0 skips the reference forward pass entirely
-    dynamic_sampling: bool  # DAPO: drop groups whose rewards are all equal, sample more prompts to refill
-    dynamic_sampling_max_rollouts: int = Field(ge=0)  # bound on the extra rollouts per step
+    mode: Literal["sync", "async"] = "sync"  # async: rollout workers generate while the trainer updates (docs/async.md)
+    correction: Annotated[str, Registered("corrections")] = "none"  # off-policy correction of the loss (objectives/off_policy.py)
+    pool_policy: Annotated[str, Registered("pool_policies")] = "none"  # async: which pooled groups are rejected before a draw (rollout/pool.py)
+    workers: AsyncWorkersConfig = AsyncWorkersConfig()  # rl.mode async only
+    preset: Annotated[str | None, Registered("presets")] = None  # a named method (objectives/presets.py), expanded below explicit overrides
+    advantage: Annotated[str, Registered("advantages")] = "grpo"  # posttrain registry: advantages
+    loss: Annotated[str, Registered("losses")] = "clip"  # posttrain registry: losses
+    loss_agg: Annotated[str, Registered("loss_aggregations")] = "token_mean"  # token_mean | seq_mean | token_sum_norm | seq_mean_token_sum
+    aux: tuple[Annotated[str, Registered("auxiliaries")], ...] = ()  # auxiliary loss terms added to the policy loss, by registry name
+    rewards: tuple[RewardSpec, ...] = ({"name": "correctness", "weight": 1.0}, {"name": "format", "weight": 0.1})
+    steps: int = Field(1000, gt=0)
+    prompts_per_step: int = Field(32, gt=0)
+    group_size: int = Field(8, ge=2)
+    max_new_tokens: int = Field(6, gt=0)
+    temperature: float = Field(1.0, gt=0)
+    lr: float = Field(0.0005, gt=0)
+    warmup_steps: int = Field(30, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    epochs_per_batch: int = Field(1, gt=0)  # >1 reuses a rollout batch; the ratio then moves off 1
+    clip_eps_low: float = Field(0.2, ge=0)
+    clip_eps_high: float = Field(0.2, ge=0)
+    std_scaling: Literal["group", "batch", "none"] = "group"  # group | batch | none
+    std_eps: float = Field(0.0001, gt=0)
+    beta: float = Field(0.0, ge=0)  # k3 KL weight; 0 skips the reference forward pass entirely
+    dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal, sample more prompts to refill
+    dynamic_sampling_max_rollouts: int = Field(4, ge=0)  # bound on the extra rollouts per step
     stop: tuple[str, ...] = ()  # generation ends at the first of these strings; the completion is cut before it
     # the `accuracy` metric: each rollout scored by the task's verifier even when correctness is not a reward (a
     # monitor, never trained on); false for label-free runs, where no answer may enter the step (the rfpo preset)
     verify_rollouts: bool = True
     eval_every: int = Field(default=0, ge=0)  # > 0: greedy held-out accuracy at the start and every this many steps (stages/rl.py)
     eval_prompts: int = Field(default=50, gt=0)  # the held-out prompts of that check (the first of data's heldout.jsonl)
-    overlong_buffer: int = Field(gt=0)  # DAPO's L_cache for the `overlong` reward (tokens before max_new_tokens)
-    checkpoint_every: int = Field(ge=0)  # 0: no checkpoints
-    log_every: int = Field(gt=0)
-    critic: CriticConfig  # the value model, when the objective reads one (`gae` advantage, `value` term)
+    overlong_buffer: int = Field(2, gt=0)  # DAPO's L_cache for the `overlong` reward (tokens before max_new_tokens)
+    checkpoint_every: int = Field(100, ge=0)  # 0: no checkpoints
+    log_every: int = Field(1, gt=0)
+    critic: CriticConfig = CriticConfig()  # the value model, when the objective reads one (`gae` advantage, `value` term)
     # per-method settings, keyed by the registered name of the estimator / loss / reward that declares them
     # (`options=<Section model>` in its registry entry); e.g. `options: {qglas: {gamma_max: 0.5}}`
-    options: Annotated[Options, OptionsOf("advantages", "losses", "rewards", "auxiliaries", "corrections", "pool_policies", "samplers")]
+    options: Annotated[Options, OptionsOf("advantages", "losses", "rewards", "auxiliaries", "corrections", "pool_policies", "samplers")] = {}  # per-method settings: rl.options.<registered name>.<key> (see `posttrain registry`)
     # the sampler that draws the rollouts (rollout/samplers.py; its settings in rl.options.<sampler>): `temperature` is
     # the policy's own distribution at rl.temperature; any other is off-policy and the trainer recomputes old_logp
-    sampler: Annotated[str, Registered("samplers", meta="stochastic", why="draws one answer per prompt (a group needs rl.group_size different ones)")]
+    sampler: Annotated[str, Registered("samplers", meta="stochastic", why="draws one answer per prompt (a group needs rl.group_size different ones)")] = "temperature"  # draws the rollouts: temperature (the policy at rl.temperature) | power | ppt (settings in rl.options.<sampler>; off-policy: old_logp recomputed, docs/samplers.md)
 
     @field_validator("rewards")
     @classmethod
@@ -252,51 +256,51 @@ class RLConfig(Section):
 class CriticStageConfig(Section):
     """Stage `critic`: RFPO's success critic, pretrained on the SFT policy's verifier-labelled rollouts."""
 
-    n_prompts: int = Field(gt=0)  # training prompts the SFT policy samples (rl.max_new_tokens, rl.temperature)
-    samples_per_prompt: int = Field(gt=0)
-    n_heldout_prompts: int = Field(gt=0)  # held-out prompts for the calibration figures
-    steps: int = Field(gt=0)
-    batch_size: int = Field(gt=0)  # rollouts per step (every state of each is regressed on its label)
-    lr: float = Field(gt=0)
-    warmup_steps: int = Field(ge=0)
-    max_grad_norm: float = Field(gt=0)
-    log_every: int = Field(gt=0)
-    checkpoint_every: int = Field(ge=0)  # 0: no checkpoints
+    n_prompts: int = Field(1000, gt=0)  # training prompts the SFT policy samples (rl.max_new_tokens, rl.temperature)
+    samples_per_prompt: int = Field(4, gt=0)  # rollouts per prompt, each labelled 1 / 0 by the task's verifier
+    n_heldout_prompts: int = Field(200, gt=0)  # held-out prompts for the calibration figures
+    steps: int = Field(600, gt=0)  # every state s_0 .. s_L of a rollout is regressed on its label (squared error)
+    batch_size: int = Field(64, gt=0)  # rollouts per step (every state of each is regressed on its label)
+    lr: float = Field(0.001, gt=0)
+    warmup_steps: int = Field(20, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    log_every: int = Field(50, gt=0)
+    checkpoint_every: int = Field(100, ge=0)  # 0: no checkpoints
 
 
 class BestOfNConfig(Section):
     """Best-of-N in `eval` (eval/best_of_n.py): N answers per prompt from `eval.sampler`, one kept per prompt."""
 
-    n: int = Field(ge=0)  # answers drawn per prompt; 0: off (N > 1 needs a stochastic sampler: checked by posttrain.resolve)
-    picks: tuple[Literal["oracle", "vote", "likelihood"], ...] = Field(min_length=1)  # the scorers, each reported as bon_<pick>_accuracy
+    n: int = Field(0, ge=0)  # answers drawn per prompt; 0: off (N > 1 needs a stochastic sampler: checked by posttrain.resolve)
+    picks: tuple[Literal["oracle", "vote", "likelihood"], ...] = Field(("oracle", "vote", "likelihood"), min_length=1)  # the scorers, each reported as bon_<pick>_accuracy
 
 
 class EvalConfig(Section):
-    n_prompts: int = Field(gt=0)
-    samples_per_prompt: int = Field(gt=0)
-    temperature: float = Field(gt=0)
-    max_new_tokens: int = Field(gt=0)
-    batch_size: int = Field(gt=0)
-    n_table: int = Field(ge=0)
+    n_prompts: int = Field(500, gt=0)
+    samples_per_prompt: int = Field(1, gt=0)
+    temperature: float = Field(1.0, gt=0)
+    max_new_tokens: int = Field(6, gt=0)
+    batch_size: int = Field(500, gt=0)
+    n_table: int = Field(20, ge=0)
     stop: tuple[str, ...] = ()  # as rl.stop
     # inference-time sampler (rollout/samplers.py) reported as sampler_* next to greedy_* and sampled_*
     sampler: Annotated[str, Registered("samplers")] = "greedy"
-    options: Annotated[Options, OptionsOf("samplers")] = {}  # per-sampler settings: eval.options.<sampler>.<key>
-    best_of_n: BestOfNConfig
+    options: Annotated[Options, OptionsOf("samplers")] = {"power": {"mcmc_steps": 4}}  # per-sampler settings: eval.options.<sampler>.<key>
+    best_of_n: BestOfNConfig = BestOfNConfig()  # N answers per prompt from eval.sampler, one kept per prompt, reported as bon_* (eval/best_of_n.py)
     group_by: tuple[str, ...] = ()  # metadata keys: greedy / sampled accuracy also per value of each (eval/harness.py)
 
 
 class GPUConfig(Section):
-    accelerator: str  # Kubernetes resource name of the accelerator
-    count: int = Field(ge=1)
-    node_selector: dict[str, str]
-    tolerations: tuple[dict[str, str], ...]
+    accelerator: str = "nvidia.com/gpu"  # Kubernetes resource name of the accelerator
+    count: int = Field(1, ge=1)
+    node_selector: dict[str, str] = {}  # e.g. {cloud.google.com/gke-accelerator: nvidia-h100-80gb}
+    tolerations: tuple[dict[str, str], ...] = ({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},)  # lets the pods onto a tainted GPU node pool
 
 
 class SweepConfig(Section):
     # the arms: presets or advantage estimators (names checked by posttrain.orchestration.sweep, which knows both)
-    objectives: tuple[str, ...] = Field(min_length=1)
-    parallelism: int = Field(ge=1)
+    objectives: tuple[str, ...] = Field(("grpo", "rloo", "dr_grpo"), min_length=1)  # arms, each once: a preset (all its rl keys: dr_grpo's aggregation too) or an advantage estimator
+    parallelism: int = Field(2, ge=1)
 
     @field_validator("objectives")
     @classmethod
@@ -308,57 +312,57 @@ class SweepConfig(Section):
 
 
 class AirflowConfig(Section):
-    executor: Literal["bash", "kubernetes"]
-    runs_dir: str
-    namespace: str
-    volume: str  # kubernetes executor: the PersistentVolumeClaim holding runs_dir, mounted by every pod
+    executor: Literal["bash", "kubernetes"] = "bash"  # bash: `posttrain` in Airflow's own environment | kubernetes: a pod per task
+    runs_dir: str = "airflow-runs"  # bash executor: each DAG run writes under <runs_dir>/<run id>/ (relative to the repo)
+    namespace: str = "default"  # kubernetes executor
+    volume: str = "posttrain-runs"  # kubernetes executor: the PersistentVolumeClaim holding runs_dir, mounted by every pod
 
 
 class TrainerJobConfig(Section):
     """Multi-node training through Kubeflow Trainer: a launcher task submits a TrainJob (torchrun on every node)."""
 
-    enabled: bool
-    stages: tuple[Annotated[str, Registered("stages")], ...]  # the training stages that run as TrainJobs when enabled
-    runtime: str  # ClusterTrainingRuntime that runs torchrun (Kubeflow Trainer's torch-distributed)
-    num_nodes: int = Field(ge=1)
-    namespace: str
-    deadline_seconds: int = Field(gt=0)  # the launcher deletes the TrainJob and fails past this
-    poll_seconds: float = Field(gt=0)
-    volume: str  # PersistentVolumeClaim (ReadWriteMany) the launcher and every node mount: inputs and outputs
-    mount_path: str
+    enabled: bool = False  # true: the stages below run as TrainJobs, torchrun across num_nodes x gpu.count processes
+    stages: tuple[Annotated[str, Registered("stages")], ...] = ("sft", "rl", "distill", "rl_rm")  # the training stages that run as TrainJobs when enabled
+    runtime: str = "torch-distributed"  # ClusterTrainingRuntime that runs torchrun (Kubeflow Trainer's torch-distributed)
+    num_nodes: int = Field(2, ge=1)
+    namespace: str = "kubeflow"
+    deadline_seconds: int = Field(86400, gt=0)  # the launcher deletes the TrainJob and fails past this
+    poll_seconds: float = Field(30, gt=0)
+    volume: str = "posttrain-shared"  # PersistentVolumeClaim (ReadWriteMany) the launcher and every node mount: inputs and outputs
+    mount_path: str = "/mnt/posttrain"
 
 
 class OrchestrationConfig(Section):
-    image: str
-    gpu: GPUConfig
-    secrets: dict[str, dict[str, str]]  # secret name -> {ENV_VAR: key}
-    env: dict[str, str]
-    retries: int = Field(ge=0)
-    retry_backoff: str
-    retry_backoff_factor: float = Field(ge=1.0)
-    caching: bool
-    imports: dict[str, str]  # task id -> URI of an existing output: the task is not run, its consumers read the URI
-    trainer: TrainerJobConfig
-    sweep: SweepConfig
-    airflow: AirflowConfig
+    image: str = "ghcr.io/posttrain/posttrain:0.1.0"  # the one image every component and pod runs (docker/Dockerfile)
+    gpu: GPUConfig = GPUConfig()  # training and evaluation tasks (stages registered with gpu=True)
+    secrets: dict[str, dict[str, str]] = {"posttrain-credentials": {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY"}}  # secret name -> {ENV_VAR: key}
+    env: dict[str, str] = {}  # plain settings for every task, e.g. {MLFLOW_S3_ENDPOINT_URL: http://minio:9000}
+    retries: int = Field(2, ge=0)  # on every task (they all talk to MLflow / S3); training resumes from its checkpoint
+    retry_backoff: str = "60s"
+    retry_backoff_factor: float = Field(2.0, ge=1.0)
+    caching: bool = True  # on stages registered deterministic (the default); the key covers config and image
+    imports: dict[str, str] = {}  # task id -> URI of an existing output: the task is not run, its consumers read the URI
+    trainer: TrainerJobConfig = TrainerJobConfig()  # multi-node training (Kubeflow): the launcher submits a Kubeflow Trainer TrainJob
+    sweep: SweepConfig = SweepConfig()  # the sweep pipeline / DAG: rl + eval per objective, then compare
+    airflow: AirflowConfig = AirflowConfig()
 
 
 class PairTrainingConfig(Section):
     """What the `reward_model` and `preference` stages share: where pairs come from, the optimiser loop, and
     per-method settings in `options` (each subclass marks the registry of the methods it selects)."""
 
-    data: Annotated[str, Registered("preference_data")]  # preference_data registry: how pairs are built from the task's examples (when `pairs` is null)
-    pairs: str | None  # a file of pairs (data/preferences.py: JSON lines, Parquet or CSV; local or s3://) to train on instead
-    n_pairs: int = Field(gt=0)  # generated training pairs
-    n_heldout_pairs: int = Field(gt=0)  # generated held-out pairs (from held-out prompts)
-    sample_tokens: int = Field(gt=0)  # response budget when a builder samples from the policy (policy_pairs)
-    steps: int = Field(gt=0)
-    batch_size: int = Field(gt=0)
-    lr: float = Field(gt=0)
-    warmup_steps: int = Field(ge=0)
-    max_grad_norm: float = Field(gt=0)
-    log_every: int = Field(gt=0)
-    checkpoint_every: int = Field(ge=0)  # 0: no checkpoints (bt: BT steps; trm: warm-up and pairwise-RL steps)
+    data: Annotated[str, Registered("preference_data")] = "policy_pairs"  # preference_data registry: how pairs are built from the task's examples (when `pairs` is null)
+    pairs: str | None = None  # a file of pairs (data/preferences.py: JSON lines, Parquet or CSV; local or s3://) to train on instead
+    n_pairs: int = Field(6000, gt=0)  # generated training pairs
+    n_heldout_pairs: int = Field(600, gt=0)  # generated held-out pairs (from held-out prompts)
+    sample_tokens: int = Field(6, gt=0)  # response budget when a builder samples from the policy (policy_pairs)
+    steps: int = Field(5000, gt=0)  # bt: BT steps; trm: the judgement warm-up's steps (its checking circuit forms late)
+    batch_size: int = Field(64, gt=0)
+    lr: float = Field(0.003, gt=0)
+    warmup_steps: int = Field(10, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)  # bt: the BT loop's gradient clip; trm: the warm-up's (pairwise RL: rl.max_grad_norm)
+    log_every: int = Field(20, gt=0)
+    checkpoint_every: int = Field(500, ge=0)  # 0: no checkpoints (bt: BT steps; trm: warm-up and pairwise-RL steps)
     options: Options  # <section>.options.<registered name>.<key>
 
     @field_validator("pairs")
@@ -371,10 +375,10 @@ class PairTrainingConfig(Section):
 
 
 class RewardModelConfig(PairTrainingConfig):
-    kind: Annotated[str, Registered("reward_models")]  # bt (Bradley-Terry value head) | trm (Thinking Reward Model)
-    prompts: Literal["disjoint", "same"]  # the reward model's train prompts: disjoint from rl_rm's RL prompts, or the same
-    rl_rewards: tuple[RewardSpec, ...]  # the `rl_rm` stage's reward list (rl settings otherwise); the model's path is its input
-    options: Annotated[Options, OptionsOf("reward_models")]
+    kind: Annotated[str, Registered("reward_models")] = "bt"  # bt (Bradley-Terry value head) | trm (Thinking Reward Model)
+    prompts: Literal["disjoint", "same"] = "disjoint"  # the reward model's train prompts: disjoint from rl_rm's RL prompts, or the same
+    rl_rewards: tuple[RewardSpec, ...] = ({"name": "bt", "weight": 1.0}, {"name": "correctness", "weight": 0.0})  # the `rl_rm` stage's reward list (rl settings otherwise); the model's path is its input
+    options: Annotated[Options, OptionsOf("reward_models")] = {}
 
     @field_validator("rl_rewards")
     @classmethod
@@ -383,16 +387,21 @@ class RewardModelConfig(PairTrainingConfig):
 
 
 class PreferenceConfig(PairTrainingConfig):
-    objective: Annotated[str, Registered("preference_objectives")]  # dpo | gm_dpo | abc_align
-    beta: float = Field(gt=0)  # DPO's inverse temperature on the log-ratio margin
-    options: Annotated[Options, OptionsOf("preference_objectives")]
+    objective: Annotated[str, Registered("preference_objectives")] = "dpo"  # dpo | gm_dpo | abc_align
+    beta: float = Field(0.1, gt=0)  # DPO's inverse temperature on the log-ratio margin
+    options: Annotated[Options, OptionsOf("preference_objectives")] = {}
+    data: Annotated[str, Registered("preference_data")] = "task_pairs"
+    n_pairs: int = Field(4000, gt=0)
+    steps: int = Field(200, gt=0)
+    lr: float = Field(0.0003, gt=0)
+    checkpoint_every: int = Field(50, ge=0)
 
 
 class FactsConfig(Section):  # edit.facts: the synthetic fact set (data/facts.py)
-    n_subjects: int = Field(gt=0, le=1000)
-    relations: int = Field(ge=1, le=5)  # the first `relations` relations of data/facts.py RELATIONS
-    objects_per_relation: int = Field(ge=2, le=8)  # the first k objects of each relation's vocabulary
-    seed: int  # draws the subjects' names and their objects
+    n_subjects: int = Field(24, gt=0, le=1000)
+    relations: int = Field(4, ge=1, le=5)  # the first `relations` relations of data/facts.py RELATIONS
+    objects_per_relation: int = Field(8, ge=2, le=8)  # the first k objects of each relation's vocabulary
+    seed: int = 0  # draws the subjects' names and their objects
 
     @model_validator(mode="after")
     def _enough_facts(self) -> "FactsConfig":
@@ -404,18 +413,18 @@ class FactsConfig(Section):  # edit.facts: the synthetic fact set (data/facts.py
 class EditConfig(Section):
     """Stages `knowledge` (a base model that knows the fact set) and `edit` (a stream of knowledge edits, as in GLIME)."""
 
-    facts: FactsConfig
-    pretrain: SFTConfig  # the `knowledge` stage's SFT on every fact under every template
-    method: Annotated[str, Registered("edit_methods")]  # naive | glime
-    edits: str | None  # a JSON-lines edit stream {subject, relation, new}; null: `n_edits` seeded edits
-    n_edits: int = Field(gt=0)
-    steps_per_edit: int = Field(gt=0)
-    lr: float = Field(gt=0)  # SGD, fresh for each edit
-    max_grad_norm: float = Field(gt=0)
-    params: tuple[str, ...]  # edited parameters: names containing one of these (e.g. "mlp": every FFN)
-    log_every: int = Field(gt=0)  # edits between running-retention probes
-    checkpoint_every: int = Field(ge=0)  # edits between checkpoints of the `edit` stage; 0: none
-    options: Annotated[Options, OptionsOf("edit_methods")]  # edit.options.<method>.<key>
+    facts: FactsConfig = FactsConfig()  # subjects x relations -> objects, 5 paraphrase templates per relation (data/facts.py)
+    pretrain: SFTConfig = SFTConfig(steps=3000, lr=0.006, n_examples=0, log_every=50, checkpoint_every=500)  # the `knowledge` stage's SFT on every fact under every template
+    method: Annotated[str, Registered("edit_methods")] = "glime"  # naive | glime
+    edits: str | None = None  # a JSON-lines edit stream {subject, relation, new}; null: `n_edits` seeded edits
+    n_edits: int = Field(20, gt=0)
+    steps_per_edit: int = Field(10, gt=0)
+    lr: float = Field(0.1, gt=0)  # SGD, fresh for each edit
+    max_grad_norm: float = Field(1.0, gt=0)
+    params: tuple[str, ...] = ("mlp",)  # edited parameters: names containing one of these (e.g. "mlp": every FFN)
+    log_every: int = Field(5, gt=0)  # edits between running-retention probes
+    checkpoint_every: int = Field(5, ge=0)  # edits between checkpoints of the `edit` stage; 0: none
+    options: Annotated[Options, OptionsOf("edit_methods")] = {}  # edit.options.<method>.<key>
 
     @field_validator("edits")
     @classmethod
@@ -434,66 +443,66 @@ class EditConfig(Section):
 
 
 class CareConfig(Section):  # stage care: CARE's rubric generator (Context-Adaptive Rubric Evolution) for the dialogue task
-    label_bias: Literal["none", "turn_blind"]  # turn_blind: the SFT rubric labels ignore the turn (the turn-1 row)
-    label_noise: float = Field(ge=0, le=1)  # share of SFT labels with one tenth moved between two dimensions
-    n_sft: int = Field(gt=0)  # contexts with a rubric label (SFT)
-    n_preference: int = Field(gt=0)  # contexts with human preference pairs (preference RL)
-    n_heldout: int = Field(gt=0)  # held-out contexts: weight error and pair accuracy
-    pairs_per_context: int = Field(gt=0)
-    preference_flip: float = Field(ge=0, lt=0.5)  # share of human preferences given the wrong way round
-    sft_steps: int = Field(gt=0)
-    batch_size: int = Field(gt=0)
-    sft_lr: float = Field(gt=0)
-    warmup_steps: int = Field(ge=0)
-    max_grad_norm: float = Field(gt=0)  # the SFT phase's gradient-norm clip (preference RL: rl.max_grad_norm)
-    rl_steps: int = Field(gt=0)  # preference RL with the rl section's objective (advantage, loss, clipping)
-    rl_prompts_per_step: int = Field(gt=0)
-    rl_group_size: int = Field(ge=2)  # rubrics sampled per context
-    rl_lr: float = Field(gt=0)
-    format_weight: float = Field(ge=0)  # reward for a rubric that parses, next to the preference reward q
-    log_every: int = Field(gt=0)
-    checkpoint_every: int = Field(ge=0)  # steps between checkpoints, in the SFT and in the RL phase; 0: none
+    label_bias: Literal["none", "turn_blind"] = "turn_blind"  # turn_blind: the SFT rubric labels ignore the turn (the turn-1 row)
+    label_noise: float = Field(0.2, ge=0, le=1)  # share of SFT labels with one tenth moved between two dimensions
+    n_sft: int = Field(600, gt=0)  # contexts with a rubric label (SFT)
+    n_preference: int = Field(2000, gt=0)  # contexts with human preference pairs (preference RL)
+    n_heldout: int = Field(300, gt=0)  # held-out contexts: weight error and pair accuracy
+    pairs_per_context: int = Field(4, gt=0)
+    preference_flip: float = Field(0.1, ge=0, lt=0.5)  # share of human preferences given the wrong way round
+    sft_steps: int = Field(300, gt=0)
+    batch_size: int = Field(64, gt=0)
+    sft_lr: float = Field(0.003, gt=0)
+    warmup_steps: int = Field(10, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)  # the SFT phase's gradient-norm clip (preference RL: rl.max_grad_norm)
+    rl_steps: int = Field(150, gt=0)  # preference RL with the rl section's objective (advantage, loss, clipping)
+    rl_prompts_per_step: int = Field(16, gt=0)
+    rl_group_size: int = Field(8, ge=2)  # rubrics sampled per context
+    rl_lr: float = Field(0.0005, gt=0)
+    format_weight: float = Field(0.1, ge=0)  # reward for a rubric that parses, next to the preference reward q
+    log_every: int = Field(10, gt=0)
+    checkpoint_every: int = Field(50, ge=0)  # steps between checkpoints, in the SFT and in the RL phase; 0: none
 
 
 class DistillConfig(Section):
-    method: Annotated[str, Registered("presets", meta="distill", why="is not a distillation method")]  # applied on the rl section
-    steps: int = Field(gt=0)
-    prompts_per_step: int = Field(gt=0)
+    method: Annotated[str, Registered("presets", meta="distill", why="is not a distillation method")] = "opd"  # applied on the rl section
+    steps: int = Field(40, gt=0)  # kept short: the stage runs in the default pipeline after rl
+    prompts_per_step: int = Field(16, gt=0)
 
 
 class CityConfig(Section):  # the synthetic city (stage `city`), the embedded default source of `curate`
-    n_locations: int = Field(gt=0)
-    n_cities: int = Field(ge=1, le=11)
-    image_size: int = Field(ge=12, multiple_of=4)
+    n_locations: int = Field(300, gt=0)
+    n_cities: int = Field(3, ge=1, le=11)
+    image_size: int = Field(32, ge=12, multiple_of=4)
 
 
 class CurateConfig(Section):  # VIGOR-his curation (the CrossTimeEdit dataset pipeline)
-    d_max_m: float = Field(gt=0)  # pairing radius (haversine)
-    min_gap_years: int = Field(ge=0)  # newer capture year - older capture year
-    tile_radius_m: float = Field(gt=0)  # satellite tiles farther than this from the recent panorama are not used
-    embedder: Annotated[str, Registered("embedders")]
-    min_similarity: float = Field(ge=-1, le=1)  # persistent-content cosine similarity
-    geometric_check: Annotated[str, Registered("geometric_checks")]  # none skips it
-    min_inlier_ratio: float = Field(ge=0, le=1)  # geometric agreement: RANSAC inliers / keypoints
-    min_brightness: float = Field(ge=0, le=1)
-    min_sharpness: float = Field(ge=0)
-    classifier: Annotated[str, Registered("change_classifiers")]
-    min_changed: float = Field(ge=0, le=1)  # share of satellite pixels whose material changed, below: no_change
-    instruction_writer: Annotated[str, Registered("instruction_writers")]
-    min_region_share: float = Field(ge=0, le=1)  # share of the street-level difference inside the edited region
-    heldout_fraction: float = Field(ge=0, lt=1)
+    d_max_m: float = Field(10.0, gt=0)  # pairing radius (haversine)
+    min_gap_years: int = Field(5, ge=0)  # newer capture year - older capture year
+    tile_radius_m: float = Field(6.0, gt=0)  # satellite tiles farther than this from the recent panorama are not used
+    embedder: Annotated[str, Registered("embedders")] = "thumbnail"  # posttrain registry: embedders
+    min_similarity: float = Field(0.92, ge=-1, le=1)  # persistent-content cosine similarity
+    geometric_check: Annotated[str, Registered("geometric_checks")] = "orb_ransac"  # none skips it
+    min_inlier_ratio: float = Field(0.25, ge=0, le=1)  # geometric agreement: RANSAC inliers / keypoints
+    min_brightness: float = Field(0.3, ge=0, le=1)  # rejects night captures
+    min_sharpness: float = Field(0.027, ge=0)  # rejects motion blur (mean horizontal gradient)
+    classifier: Annotated[str, Registered("change_classifiers")] = "satellite_diff"  # posttrain registry: change_classifiers
+    min_changed: float = Field(0.02, ge=0, le=1)  # share of satellite pixels whose material changed, below: no_change
+    instruction_writer: Annotated[str, Registered("instruction_writers")] = "template"  # posttrain registry: instruction_writers (a VLM hook registers there)
+    min_region_share: float = Field(0.5, ge=0, le=1)  # share of the street-level difference inside the edited region
+    heldout_fraction: float = Field(0.2, ge=0, lt=1)
 
 
 class FlowModelConfig(Section):  # the conditional flow-matching image model
-    kind: Annotated[str, Registered("flow_backends")]  # unet: the tiny UNet; flux: a diffusers FLUX checkpoint + LoRA
-    path: str | None  # unet: a saved flow model directory or None (tiny new one); flux: the checkpoint directory
-    flux_guidance: float = Field(ge=0)  # flux: the distilled guidance value fed to a transformer with guidance embeddings
-    image_size: int = Field(ge=8, multiple_of=4)  # the model's resolution; curated images are area-averaged down to it
-    block_channels: tuple[int, ...]
-    layers_per_block: int = Field(gt=0)
-    norm_groups: int = Field(gt=0)
-    text_dim: int = Field(gt=0)  # hashed bag-of-words size of the instruction encoder
-    lora: LoraConfig
+    kind: Annotated[str, Registered("flow_backends")] = "unet"  # unet: the tiny UNet; flux: a diffusers FLUX checkpoint + LoRA
+    path: str | None = None  # unet: a saved flow model directory or None (tiny new one); flux: the checkpoint directory
+    flux_guidance: float = Field(2.5, ge=0)  # flux: the distilled guidance value fed to a transformer with guidance embeddings
+    image_size: int = Field(16, ge=8, multiple_of=4)  # the model's resolution; curated images are area-averaged down to it
+    block_channels: tuple[int, ...] = (16, 32)
+    layers_per_block: int = Field(1, gt=0)
+    norm_groups: int = Field(8, gt=0)
+    text_dim: int = Field(128, gt=0)  # hashed bag-of-words size of the instruction encoder
+    lora: LoraConfig = LoraConfig(target_modules=("to_q", "to_k", "to_v", "conv1", "conv2"))
 
     @field_validator("path")
     @classmethod
@@ -511,13 +520,13 @@ class FlowModelConfig(Section):  # the conditional flow-matching image model
 
 
 class FlowSFTConfig(Section):
-    steps: int = Field(gt=0)
-    batch_size: int = Field(gt=0)
-    lr: float = Field(gt=0)
-    warmup_steps: int = Field(ge=0)
-    max_grad_norm: float = Field(gt=0)
-    log_every: int = Field(gt=0)
-    checkpoint_every: int = Field(ge=0)  # 0: no checkpoints (--resume then starts over)
+    steps: int = Field(600, gt=0)
+    batch_size: int = Field(32, gt=0)
+    lr: float = Field(0.002, gt=0)
+    warmup_steps: int = Field(20, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    log_every: int = Field(20, gt=0)
+    checkpoint_every: int = Field(100, ge=0)  # 0: no checkpoints (--resume then starts over)
 
 
 class ImageRewardSpec(Section):
@@ -526,27 +535,27 @@ class ImageRewardSpec(Section):
 
 
 class FlowRLConfig(Section):  # Flow-GRPO (arXiv 2505.05470) with the text pipeline's advantage estimators and losses
-    advantage: Annotated[str, Registered("advantages", meta="on_rewards", why="needs token-level rollouts (images have a reward matrix only)")]
-    loss: Annotated[str, Registered("losses")]  # applied per denoising step
-    loss_agg: Annotated[str, Registered("loss_aggregations")]
-    rewards: tuple[ImageRewardSpec, ...]
-    steps: int = Field(gt=0)
-    prompts_per_step: int = Field(gt=0)
-    group_size: int = Field(ge=2)
-    sampling_steps: int = Field(ge=2)
-    timestep_fraction: float = Field(gt=0, le=1)  # the first int(fraction * sampling_steps) steps are SDE steps, trained on
-    noise_level: float = Field(ge=0)
-    clip_eps_low: float = Field(ge=0)
-    clip_eps_high: float = Field(ge=0)
-    adv_clip_max: float = Field(gt=0)
-    std_scaling: Literal["group", "batch", "none"]
-    std_eps: float = Field(gt=0)
-    beta: float = Field(ge=0)  # closed-form Gaussian KL to the SFT model; 0 skips the reference
-    lr: float = Field(gt=0)
-    max_grad_norm: float = Field(gt=0)
-    epochs_per_batch: int = Field(gt=0)  # optimizer steps per sampled batch (Flow-GRPO's num_inner_epochs); >1: ratio != 1
-    log_every: int = Field(gt=0)
-    checkpoint_every: int = Field(ge=0)  # 0: no checkpoints (flow_rl --resume then starts over)
+    advantage: Annotated[str, Registered("advantages", meta="on_rewards", why="needs token-level rollouts (images have a reward matrix only)")] = "gdpo"  # gdpo | sum_then_normalize | grpo (estimators that work on the reward matrix)
+    loss: Annotated[str, Registered("losses")] = "clip"  # applied per denoising step
+    loss_agg: Annotated[str, Registered("loss_aggregations")] = "token_mean"  # over (image, denoising step)
+    rewards: tuple[ImageRewardSpec, ...] = ({"name": "ia", "weight": 1.0}, {"name": "bp", "weight": 1.0}, {"name": "qp", "weight": 1.0})
+    steps: int = Field(40, gt=0)
+    prompts_per_step: int = Field(4, gt=0)
+    group_size: int = Field(8, ge=2)
+    sampling_steps: int = Field(10, ge=2)
+    timestep_fraction: float = Field(0.6, gt=0, le=1)  # the first int(fraction * sampling_steps) steps are SDE steps, trained on
+    noise_level: float = Field(0.7, ge=0)
+    clip_eps_low: float = Field(0.0001, ge=0)
+    clip_eps_high: float = Field(0.0001, ge=0)
+    adv_clip_max: float = Field(5.0, gt=0)
+    std_scaling: Literal["group", "batch", "none"] = "group"
+    std_eps: float = Field(0.0001, gt=0)
+    beta: float = Field(0.0, ge=0)  # closed-form Gaussian KL to the SFT model; 0 skips the reference
+    lr: float = Field(0.0001, gt=0)  # full fine-tuning of the tiny model; 3e-4 (the LoRA setting) drifts with 4 prompts a step
+    max_grad_norm: float = Field(1.0, gt=0)
+    epochs_per_batch: int = Field(1, gt=0)  # optimizer steps per sampled batch (Flow-GRPO's num_inner_epochs); >1: ratio != 1
+    log_every: int = Field(1, gt=0)
+    checkpoint_every: int = Field(10, ge=0)  # 0: no checkpoints (flow_rl --resume then starts over)
 
     @field_validator("rewards")
     @classmethod
@@ -558,24 +567,24 @@ class FlowRLConfig(Section):  # Flow-GRPO (arXiv 2505.05470) with the text pipel
 
 
 class FlowEvalConfig(Section):
-    sampling_steps: int = Field(ge=2)
-    n_prompts: int = Field(gt=0)  # held-out quadruplets scored (at most all of them)
-    samples_per_prompt: int = Field(gt=0)
-    n_grid: int = Field(ge=0)  # rows in the logged source / target / generated grid
+    sampling_steps: int = Field(10, ge=2)
+    n_prompts: int = Field(64, gt=0)  # held-out quadruplets scored (at most all of them)
+    samples_per_prompt: int = Field(2, gt=0)
+    n_grid: int = Field(8, ge=0)  # rows in the logged source / target / generated grid
 
 
 class DrivingEnvConfig(Section):  # safe_rl.env: the driving environment (envs/driving.py)
-    lanes: int = Field(ge=2, le=6)
-    cars: int = Field(ge=1)  # other cars around the ego car (one hit, or left behind, is respawned ahead)
-    horizon: int = Field(ge=2)  # steps per episode (the time left is a state feature)
-    image_size: int = Field(ge=16, multiple_of=8)  # camera frames are image_size x image_size RGB
-    speed_min: float = Field(gt=0)  # road units per step
-    speed_max: float = Field(gt=0)
-    speed_step: float = Field(gt=0)  # speed change of a speed-up / slow-down action
-    steer_step: float = Field(gt=0)  # lateral move of a steer action (a lane is 1 wide)
-    traffic_speed: tuple[float, float]  # other cars' speeds, uniform in [low, high]
-    danger_ttc: float = Field(gt=0)  # captions: "about to crash" when a car in the ego lane is reached within this many steps
-    edge_margin: float = Field(ge=0)  # captions: "about to leave the road" within this distance of the edge
+    lanes: int = Field(3, ge=2, le=6)
+    cars: int = Field(5, ge=1)  # other cars around the ego car (one hit, or left behind, is respawned ahead)
+    horizon: int = Field(48, ge=2)  # steps per episode (the time left is a state feature)
+    image_size: int = Field(32, ge=16, multiple_of=8)  # camera frames are image_size x image_size RGB
+    speed_min: float = Field(0.2, gt=0)  # road units per step
+    speed_max: float = Field(1.0, gt=0)
+    speed_step: float = Field(0.1, gt=0)  # speed change of a speed-up / slow-down action
+    steer_step: float = Field(0.25, gt=0)  # lateral move of a steer action (a lane is 1 wide)
+    traffic_speed: tuple[float, float] = (0.2, 0.5)  # other cars' speeds, uniform in [low, high]
+    danger_ttc: float = Field(4.0, gt=0)  # captions: "about to crash" when a car in the ego lane is reached within this many steps
+    edge_margin: float = Field(0.15, ge=0)  # captions: "about to leave the road" within this distance of the edge
 
     @model_validator(mode="after")
     def _ranges(self) -> "DrivingEnvConfig":
@@ -586,111 +595,111 @@ class DrivingEnvConfig(Section):  # safe_rl.env: the driving environment (envs/d
 
 
 class DriveEncoderConfig(Section):  # safe_rl.encoder: stage drive_encoder, a tiny CLIP trained by InfoNCE on the env's frames
-    n_frames: int = Field(gt=0)  # training frames (a random driver's episodes), each with its state's caption phrases
-    n_heldout: int = Field(gt=1)  # held-out frames: retrieval accuracy and the safe / danger score gap
-    steps: int = Field(gt=0)
-    batch_size: int = Field(ge=2)
-    lr: float = Field(gt=0)
-    warmup_steps: int = Field(ge=0)
-    max_grad_norm: float = Field(gt=0)
-    hidden_size: int = Field(gt=0)  # both towers
-    layers: int = Field(gt=0)
-    heads: int = Field(gt=0)
-    patch_size: int = Field(gt=0)
-    embed_dim: int = Field(gt=0)  # the shared image-text embedding
-    log_every: int = Field(gt=0)
-    checkpoint_every: int = Field(ge=0)  # 0: no checkpoints (nothing to resume)
+    n_frames: int = Field(6000, gt=0)  # training frames (a random driver's episodes), each with its state's caption phrases
+    n_heldout: int = Field(600, gt=1)  # held-out frames: retrieval accuracy and the safe / danger score gap
+    steps: int = Field(400, gt=0)
+    batch_size: int = Field(128, ge=2)
+    lr: float = Field(0.002, gt=0)
+    warmup_steps: int = Field(20, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    hidden_size: int = Field(32, gt=0)  # both towers
+    layers: int = Field(2, gt=0)
+    heads: int = Field(2, gt=0)
+    patch_size: int = Field(8, gt=0)
+    embed_dim: int = Field(32, gt=0)  # the shared image-text embedding
+    log_every: int = Field(50, gt=0)
+    checkpoint_every: int = Field(100, ge=0)  # 0: no checkpoints (nothing to resume)
 
 
 class SafeRLConfig(Section):  # stages drive_encoder + safe_rl: VLM-Safe-RL (specs §16), PPO-Lagrangian in the driving env
-    env: DrivingEnvConfig
-    encoder: DriveEncoderConfig
-    safe_prompt: str = Field(min_length=1)  # T_safe
-    danger_prompt: str = Field(min_length=1)  # T_danger
-    iterations: int = Field(gt=0)  # rollout + update rounds; the multiplier moves once per round
-    envs: int = Field(gt=0)  # episodes per round
-    epochs: int = Field(gt=0)  # passes over a round's steps
-    minibatches: int = Field(gt=0)
-    lr: float = Field(gt=0)
-    hidden_size: int = Field(gt=0)  # policy and both critics: MLPs over [image embedding, state features]
-    gamma: float = Field(ge=0, le=1)
-    gae_lambda: float = Field(ge=0, le=1)
-    clip_eps: float = Field(gt=0)
-    value_clip: float = Field(gt=0)
-    entropy_coef: float = Field(ge=0)
-    max_grad_norm: float = Field(gt=0)
-    lagrangian: bool  # false: plain PPO (lambda stays lambda_init; costs are logged only)
-    lambda_init: float = Field(ge=0)
-    lambda_lr: float = Field(ge=0)  # eta_l
-    cost_limit: float = Field(ge=0)  # d
-    cost_measure: Literal["episodic", "progress"]  # J_C in the multiplier update: sum_t c_t, or sum_t c_t / max(progress, p_min)
-    p_min: float = Field(gt=0, le=1)
-    alpha_clip: float = Field(ge=0)  # reward shaping weight of the VLM safety score
-    kappa: float = Field(ge=0)  # weight of the VLM risk term in the multiplier update
-    risk_threshold: float  # s_thr: the allowed mean VLM risk (-s)
-    eval_episodes: int = Field(gt=0)  # greedy episodes after training (catastrophe rate, cost, progress; one as a GIF)
-    log_every: int = Field(gt=0)
-    checkpoint_every: int = Field(ge=0)  # rounds between checkpoints: `posttrain safe_rl --resume`; 0: none
+    env: DrivingEnvConfig = DrivingEnvConfig()  # envs/driving.py: a straight multi-lane road with traffic, seen by a camera above the ego car
+    encoder: DriveEncoderConfig = DriveEncoderConfig()  # stage drive_encoder: a tiny CLIP (transformers CLIPModel) trained by InfoNCE on frames + captions
+    safe_prompt: str = Field("a car driving safely on a clear road", min_length=1)  # T_safe
+    danger_prompt: str = Field("a car about to crash into another vehicle", min_length=1)  # T_danger
+    iterations: int = Field(40, gt=0)  # rollout + update rounds; the multiplier moves once per round
+    envs: int = Field(16, gt=0)  # episodes per round
+    epochs: int = Field(4, gt=0)  # passes over a round's steps
+    minibatches: int = Field(4, gt=0)
+    lr: float = Field(0.003, gt=0)  # Adam, policy and both critics
+    hidden_size: int = Field(64, gt=0)  # policy and both critics: MLPs over [image embedding, state features]
+    gamma: float = Field(0.99, ge=0, le=1)
+    gae_lambda: float = Field(0.95, ge=0, le=1)  # GAE (objectives/gae.py) for the shaped reward and for the cost, each with its critic
+    clip_eps: float = Field(0.2, gt=0)  # PPO ratio clip
+    value_clip: float = Field(10.0, gt=0)  # clipped value loss (objectives/value_loss.py) of both critics (returns reach ~30: a loose clip)
+    entropy_coef: float = Field(0.01, ge=0)
+    max_grad_norm: float = Field(0.5, gt=0)
+    lagrangian: bool = True  # false: plain PPO (lambda stays lambda_init; costs are logged only)
+    lambda_init: float = Field(0.0, ge=0)
+    lambda_lr: float = Field(0.05, ge=0)  # eta_l
+    cost_limit: float = Field(1.0, ge=0)  # d
+    cost_measure: Literal["episodic", "progress"] = "progress"  # J_C in the multiplier update: sum_t c_t, or sum_t c_t / max(progress, p_min)
+    p_min: float = Field(0.1, gt=0, le=1)  # floor of the progress that normalises the cost
+    alpha_clip: float = Field(0.1, ge=0)  # reward shaping weight of the VLM safety score
+    kappa: float = Field(0.1, ge=0)  # weight of the VLM risk term in the multiplier update
+    risk_threshold: float = -0.3  # s_thr: the allowed mean VLM risk (-s)
+    eval_episodes: int = Field(32, gt=0)  # greedy episodes after training (catastrophe rate, cost, progress; one as a GIF)
+    log_every: int = Field(1, gt=0)
+    checkpoint_every: int = Field(10, ge=0)  # rounds between checkpoints: `posttrain safe_rl --resume`; 0: none
 
 
 class MotionVideoConfig(Section):  # motion.video: the synthetic clips (data/motion_videos.py)
-    frames: int = Field(ge=8, le=64)  # frames per clip
-    size: int = Field(ge=16, le=128)  # square canvas, pixels
-    objects: int = Field(ge=2, le=4)  # moving shapes per clip (identity_swap needs two)
-    gravity: float = Field(gt=0)  # pixels / frame^2
-    clean_fraction: float = Field(ge=0, le=1)  # share of clips with no injected failure cause
+    frames: int = Field(24, ge=8, le=64)  # frames per clip
+    size: int = Field(32, ge=16, le=128)  # square canvas, pixels
+    objects: int = Field(2, ge=2, le=4)  # moving shapes per clip (identity_swap needs two)
+    gravity: float = Field(0.25, gt=0)  # pixels / frame^2
+    clean_fraction: float = Field(0.25, ge=0, le=1)  # share of clips with no injected failure cause
 
 
 class MotionModelConfig(Section):  # motion.model: the evaluator (models/motion_evaluator.py)
-    pool: int = Field(ge=1)  # the encoder reads the maps average-pooled by this factor (video.size a multiple of it)
-    encoder_width: int = Field(gt=0)  # channels of the per-frame convolutions and the temporal features
-    soft_tokens: int = Field(gt=0, le=16)  # video tokens prepended to the language model's input
-    hidden_size: int = Field(gt=0)  # the tiny Llama decoder
-    layers: int = Field(gt=0)
-    heads: int = Field(gt=0)
+    pool: int = Field(2, ge=1)  # the encoder reads the maps average-pooled by this factor (video.size a multiple of it)
+    encoder_width: int = Field(32, gt=0)  # channels of the per-frame convolutions and the temporal features
+    soft_tokens: int = Field(4, gt=0, le=16)  # video tokens prepended to the language model's input
+    hidden_size: int = Field(64, gt=0)  # the tiny Llama decoder
+    layers: int = Field(2, gt=0)
+    heads: int = Field(2, gt=0)
 
 
 class MotionSFTConfig(Section):  # motion.sft: stage motion_sft
-    steps: int = Field(gt=0)
-    batch_size: int = Field(gt=0)
-    lr: float = Field(gt=0)
-    max_grad_norm: float = Field(gt=0)
-    log_every: int = Field(gt=0)
-    checkpoint_every: int = Field(ge=0)  # 0: no checkpoints (nothing to resume)
+    steps: int = Field(400, gt=0)
+    batch_size: int = Field(32, gt=0)
+    lr: float = Field(0.002, gt=0)  # AdamW
+    max_grad_norm: float = Field(1.0, gt=0)
+    log_every: int = Field(25, gt=0)
+    checkpoint_every: int = Field(100, ge=0)  # 0: no checkpoints (nothing to resume)
 
 
 class MotionRLConfig(Section):  # motion.rl: stage motion_grpo, GRPO with MotionInsight's reward (rewards/motion.py)
-    advantage: Annotated[str, Registered("advantages", meta="on_rewards", why="needs token-level rollouts (the evaluator has a reward matrix only)")]
-    loss: Annotated[str, Registered("losses")]
-    loss_agg: Annotated[str, Registered("loss_aggregations")]
-    steps: int = Field(gt=0)
-    videos_per_step: int = Field(gt=0)
-    group_size: int = Field(ge=2)
-    max_new_tokens: int = Field(ge=8, le=32)  # a judgement is 8-13 words and the end-of-text token
-    temperature: float = Field(gt=0)
-    lr: float = Field(gt=0)
-    max_grad_norm: float = Field(gt=0)
-    clip_eps_low: float = Field(ge=0)
-    clip_eps_high: float = Field(ge=0)
-    std_scaling: Literal["group", "batch", "none"]
-    std_eps: float = Field(gt=0)
-    beta: float = Field(ge=0)  # k3 KL to the SFT evaluator; 0 skips the reference
-    w_cause: float = Field(ge=0)  # w_c: weight of the failure-cause F1
-    w_format: float = Field(ge=0)  # w_f: weight of the format term
-    log_every: int = Field(gt=0)
-    checkpoint_every: int = Field(ge=0)
+    advantage: Annotated[str, Registered("advantages", meta="on_rewards", why="needs token-level rollouts (the evaluator has a reward matrix only)")] = "grpo"  # an estimator with a reward-matrix core (objectives: grpo, gdpo, ...)
+    loss: Annotated[str, Registered("losses")] = "clip"  # the policy loss (objectives/policy_losses.py)
+    loss_agg: Annotated[str, Registered("loss_aggregations")] = "token_mean"
+    steps: int = Field(40, gt=0)
+    videos_per_step: int = Field(8, gt=0)  # clips per step
+    group_size: int = Field(8, ge=2)  # judgements sampled per clip (G)
+    max_new_tokens: int = Field(14, ge=8, le=32)  # a judgement is 8-13 words and the end-of-text token
+    temperature: float = Field(1.0, gt=0)
+    lr: float = Field(0.0005, gt=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    clip_eps_low: float = Field(0.2, ge=0)
+    clip_eps_high: float = Field(0.2, ge=0)
+    std_scaling: Literal["group", "batch", "none"] = "group"  # GRPO's group std (batch | none)
+    std_eps: float = Field(0.0001, gt=0)
+    beta: float = Field(0.02, ge=0)  # k3 KL to the SFT evaluator; 0 skips the reference
+    w_cause: float = Field(0.5, ge=0)  # w_c: weight of the failure-cause F1
+    w_format: float = Field(0.1, ge=0)  # w_f: weight of the format term
+    log_every: int = Field(1, gt=0)
+    checkpoint_every: int = Field(10, ge=0)  # steps between checkpoints: `posttrain motion_grpo --resume`
 
 
 class MotionConfig(Section):  # stages motion_data -> motion_sft -> motion_grpo: MotionInsight (specs §30)
-    video: MotionVideoConfig
-    n_train: int = Field(gt=0)
-    n_heldout: int = Field(ge=2)
-    n_gifs: int = Field(ge=0)  # held-out clips written (and logged) as GIFs with their judgements
-    representation: Literal["motion", "rgb"]  # what the evaluator reads: flow + tracks, or the RGB frames
-    track_slots: int = Field(gt=0)  # motion: objects tracked (at least video.objects)
-    model: MotionModelConfig
-    sft: MotionSFTConfig
-    rl: MotionRLConfig
+    video: MotionVideoConfig = MotionVideoConfig()  # data/motion_videos.py: shapes falling under gravity, some with injected failure causes
+    n_train: int = Field(600, gt=0)  # training clips (SFT and GRPO draw from them)
+    n_heldout: int = Field(200, ge=2)  # held-out clips: rank correlation per dimension, failure-cause F1
+    n_gifs: int = Field(4, ge=0)  # held-out clips written (and logged) as GIFs with their judgements
+    representation: Literal["motion", "rgb"] = "motion"  # what the evaluator reads: flow + tracks, or the RGB frames
+    track_slots: int = Field(2, gt=0)  # motion: objects tracked (at least video.objects)
+    model: MotionModelConfig = MotionModelConfig()  # models/motion_evaluator.py: video encoder -> soft tokens -> tiny Llama decoder
+    sft: MotionSFTConfig = MotionSFTConfig()  # stage motion_sft: cross-entropy on each training clip's annotated judgement line
+    rl: MotionRLConfig = MotionRLConfig()  # stage motion_grpo: GRPO with reward = score accuracy + w_cause F1(causes) + w_format format
 
     @model_validator(mode="after")
     def _slots(self) -> "MotionConfig":
@@ -702,75 +711,75 @@ class MotionConfig(Section):  # stages motion_data -> motion_sft -> motion_grpo:
 class BridgeConfig(Section):
     """BRIDGE and its comparison arms on the search task (trainers/bridge.py; stage `bridge`, search/dvc.yaml; docs/search.md)."""
 
-    arm: Literal["frozen", "naive", "policy_first", "bridge"]  # frozen: policy-only GRPO; naive: joint; policy_first; bridge
-    retriever: Annotated[str, Registered("retrievers")]  # stage bridge: the learned retriever (upper level); the task's writes the SFT references
-    iterations: int = Field(gt=0)  # rollout + update rounds
-    prompts_per_step: int = Field(gt=0)
-    group_size: int = Field(ge=2)  # G episodes per question (GRPO's group)
-    max_new_tokens: int = Field(gt=0)  # per episode: actions and observations
-    policy_lr: float = Field(gt=0)  # Adam
-    retriever_lr: float = Field(ge=0)  # eta_phi (Adam); 0 freezes the retriever
-    inner_lr: float = Field(gt=0)  # theta_hat: one SGD step of this size on the lower-level (GRPO) loss
-    gamma0: float = Field(ge=0)  # gamma_k = gamma0 (1 + k)^gamma_power
-    gamma_power: float = Field(ge=0)
-    mu: float = Field(ge=0)  # weight of the contrastive retrieval loss L_ret (positives: passages of successful episodes)
-    is_clip: float = Field(gt=1)  # importance ratios clipped to [1/is_clip, is_clip], then self-normalised
-    memory_efficient: bool  # theta_hat in place through the gradient buffers (no second policy copy); false: on a copy
-    max_grad_norm: float = Field(gt=0)
-    clip_eps: float = Field(gt=0)  # GRPO's ratio clip
-    tau: float = Field(gt=0)  # the retrieval policy's softmax(score / tau) over the top-N candidates
-    sft_steps: int = Field(ge=0)  # warm start on the reference transcripts (loss on the policy's own tokens)
-    sft_lr: float = Field(gt=0)
-    sft_batch_size: int = Field(gt=0)
-    retriever_warmup_steps: int = Field(ge=0)  # weak contrastive pre-training of the dual encoder (entity-only queries)
-    example_episodes: int = Field(ge=0)  # stage bridge: held-out greedy episodes logged as an MLflow table
-    log_every: int = Field(gt=0)  # stage bridge: iterations between MLflow metric points
-    checkpoint_every: int = Field(ge=0)  # stage bridge: iterations between checkpoints (`posttrain bridge --resume`); 0: none
+    arm: Literal["frozen", "naive", "policy_first", "bridge"] = "bridge"  # frozen: policy-only GRPO; naive: joint; policy_first; bridge
+    retriever: Annotated[str, Registered("retrievers")] = "dual_encoder"  # stage bridge: the learned retriever (upper level); the task's writes the SFT references
+    iterations: int = Field(10, gt=0)  # rollout + update rounds
+    prompts_per_step: int = Field(4, gt=0)
+    group_size: int = Field(4, ge=2)  # G episodes per question (GRPO's group)
+    max_new_tokens: int = Field(140, gt=0)  # per episode: actions and observations
+    policy_lr: float = Field(0.001, gt=0)  # Adam
+    retriever_lr: float = Field(0.01, ge=0)  # eta_phi (Adam); 0 freezes the retriever
+    inner_lr: float = Field(0.01, gt=0)  # theta_hat: one SGD step of this size on the lower-level (GRPO) loss
+    gamma0: float = Field(1.0, ge=0)  # gamma_k = gamma0 (1 + k)^gamma_power
+    gamma_power: float = Field(0.5, ge=0)
+    mu: float = Field(0.0, ge=0)  # weight of the contrastive retrieval loss L_ret (positives: passages of successful episodes)
+    is_clip: float = Field(5.0, gt=1)  # importance ratios clipped to [1/is_clip, is_clip], then self-normalised
+    memory_efficient: bool = True  # theta_hat in place through the gradient buffers (no second policy copy); false: on a copy
+    max_grad_norm: float = Field(1.0, gt=0)
+    clip_eps: float = Field(0.2, gt=0)  # GRPO's ratio clip
+    tau: float = Field(0.5, gt=0)  # the retrieval policy's softmax(score / tau) over the top-N candidates
+    sft_steps: int = Field(200, ge=0)  # warm start on the reference transcripts (loss on the policy's own tokens)
+    sft_lr: float = Field(0.003, gt=0)
+    sft_batch_size: int = Field(8, gt=0)
+    retriever_warmup_steps: int = Field(30, ge=0)  # weak contrastive pre-training of the dual encoder (entity-only queries)
+    example_episodes: int = Field(8, ge=0)  # stage bridge: held-out greedy episodes logged as an MLflow table
+    log_every: int = Field(5, gt=0)  # stage bridge: iterations between MLflow metric points
+    checkpoint_every: int = Field(5, ge=0)  # stage bridge: iterations between checkpoints (`posttrain bridge --resume`); 0: none
 
 
 class AsctLMConfig(Section):  # asct.lm: the language-model actor (asct.actor lm; trainers/asct_actors.py)
-    lr: float = Field(gt=0)  # Adam on the LM in the PPO updates
-    sft_steps: int = Field(ge=0)  # warm start on the environment's reference transcripts (loss on the LM's own tokens); 0: none
-    sft_lr: float = Field(gt=0)
-    sft_batch_size: int = Field(gt=0)
-    score_batch: int = Field(gt=0)  # (state, action) rows per LM forward when scoring legal actions
+    lr: float = Field(0.001, gt=0)  # Adam on the LM in the PPO updates
+    sft_steps: int = Field(100, ge=0)  # warm start on the environment's reference transcripts (loss on the LM's own tokens); 0: none
+    sft_lr: float = Field(0.003, gt=0)
+    sft_batch_size: int = Field(16, gt=0)
+    score_batch: int = Field(256, gt=0)  # (state, action) rows per LM forward when scoring legal actions
 
 
 class AsctConfig(Section):
     """Stage `asct`: ASCT (specs §24) in the search environment (task `search`); trainers/asct.py."""
 
-    actor: Annotated[str, Registered("asct_actors")]  # lm: the language model (the `model` section) | mlp: features -> score
-    lm: AsctLMConfig
-    credit: Annotated[str, Registered("asct_credits")]  # asct (the tree's centred Q) | trajectory (U - mean U) | mc_value (VinePPO)
-    tree_policy: Annotated[str, Registered("tree_policies")]  # uniform | uct | agent_uct (rollout/tree.py)
-    n_sim: int = Field(gt=0)  # simulations per actor-visited state (credit asct)
-    uct_c: float = Field(ge=0)  # the UCT exploration constant c
-    cost_weight: float = Field(ge=0)  # AgentUCT's kappa per tool call (the utility's cost per call)
-    lambda_mix: float = Field(ge=0, le=1)  # credit = lambda_mix A_local + (1 - lambda_mix) (U - mean U)
-    mc_rollouts: int = Field(gt=0)  # rollouts per visited state of the Monte-Carlo value baseline (credit mc_value)
-    mc_token_budget: int = Field(ge=0)  # > 0: mc_value's rollouts per visited state run until their tokens reach it (matched spend)
-    iterations: int = Field(gt=0)  # rollout + credit + PPO rounds
-    episodes: int = Field(gt=0)  # actor episodes per round (training questions drawn with replacement)
-    epochs: int = Field(gt=0)  # PPO passes over a round's visited states
-    lr: float = Field(gt=0)  # Adam on the mlp actor (the lm actor's: lm.lr)
-    clip_eps: float = Field(gt=0)
-    entropy_coef: float = Field(ge=0)
-    max_grad_norm: float = Field(gt=0)
-    hidden_size: int = Field(gt=0)  # the mlp actor: an MLP scoring each legal action from its features
-    max_steps: int = Field(gt=0)  # actions per episode (an episode cut off scores as unanswered)
-    n_heldout: int = Field(gt=0)  # held-out questions for the greedy actor's figures (at most task.n_heldout)
-    example_episodes: int = Field(ge=0)  # held-out episodes logged as a table (queries, passages, answers)
-    log_every: int = Field(gt=0)
-    checkpoint_every: int = Field(ge=0)  # rounds between checkpoints: `posttrain asct --resume`; 0: none
+    actor: Annotated[str, Registered("asct_actors")] = "lm"  # lm: the language model (the `model` section) | mlp: features -> score
+    lm: AsctLMConfig = AsctLMConfig()  # the lm actor (trainers/asct_actors.py)
+    credit: Annotated[str, Registered("asct_credits")] = "asct"  # asct (the tree's centred Q) | trajectory (U - mean U) | mc_value (VinePPO)
+    tree_policy: Annotated[str, Registered("tree_policies")] = "uniform"  # uniform | uct | agent_uct (rollout/tree.py)
+    n_sim: int = Field(8, gt=0)  # simulations per actor-visited state (credit asct)
+    uct_c: float = Field(1.0, ge=0)  # the UCT exploration constant c
+    cost_weight: float = Field(0.1, ge=0)  # AgentUCT's kappa per tool call (the utility's cost per call)
+    lambda_mix: float = Field(1.0, ge=0, le=1)  # credit = lambda_mix A_local + (1 - lambda_mix) (U - mean U)
+    mc_rollouts: int = Field(8, gt=0)  # rollouts per visited state of the Monte-Carlo value baseline (credit mc_value)
+    mc_token_budget: int = Field(0, ge=0)  # > 0: mc_value's rollouts per visited state run until their tokens reach it (matched spend)
+    iterations: int = Field(60, gt=0)  # rollout + credit + PPO rounds
+    episodes: int = Field(16, gt=0)  # actor episodes per round (training questions drawn with replacement)
+    epochs: int = Field(4, gt=0)  # PPO passes over a round's visited states
+    lr: float = Field(0.01, gt=0)  # Adam on the mlp actor (the lm actor's: lm.lr)
+    clip_eps: float = Field(0.2, gt=0)  # PPO ratio clip
+    entropy_coef: float = Field(0.01, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    hidden_size: int = Field(32, gt=0)  # the mlp actor: an MLP scoring each legal action from its features
+    max_steps: int = Field(6, gt=0)  # actions per episode (an episode cut off scores as unanswered)
+    n_heldout: int = Field(200, gt=0)  # held-out questions for the greedy actor's figures (at most task.n_heldout)
+    example_episodes: int = Field(8, ge=0)  # held-out episodes logged as a table (queries, passages, answers)
+    log_every: int = Field(5, gt=0)
+    checkpoint_every: int = Field(10, ge=0)  # rounds between checkpoints: `posttrain asct --resume`; 0: none
 
 
 class VisKGDataConfig(Section):  # viskg.data: the synthetic VQA set (data/viskg.py)
-    grid: int = Field(ge=2, le=6)  # scenes are grid x grid cells
-    cell: int = Field(ge=4)  # pixels per cell side (images are grid * cell square)
-    n_objects: int = Field(ge=2)  # objects per scene, each a distinct (colour, shape) in its own cell
-    max_hops: int = Field(ge=1, le=3)  # questions need 1..max_hops relations (uniform)
-    n_train: int = Field(gt=0)
-    n_heldout: int = Field(gt=0)
+    grid: int = Field(3, ge=2, le=6)  # scenes are grid x grid cells
+    cell: int = Field(8, ge=4)  # pixels per cell side (images are grid * cell square)
+    n_objects: int = Field(4, ge=2)  # objects per scene, each a distinct (colour, shape) in its own cell
+    max_hops: int = Field(3, ge=1, le=3)  # questions need 1..max_hops relations (uniform)
+    n_train: int = Field(4000, gt=0)  # training questions (each on its own scene); SFT targets and RL prompts
+    n_heldout: int = Field(200, gt=0)  # held-out questions (other scenes): greedy accuracy, format rate, tokens
 
     @model_validator(mode="after")
     def _fits(self) -> "VisKGDataConfig":
@@ -780,11 +789,11 @@ class VisKGDataConfig(Section):  # viskg.data: the synthetic VQA set (data/viskg
 
 
 class VisKGModelConfig(Section):  # viskg.model: the vision-language model (models/vlm.py)
-    path: str | None  # a VisionLanguageModel directory, or a native image-text-to-text checkpoint + processor (LLaVA, ...); None: see below
-    language_model: str | None  # with path None: a transformers causal-LM directory, given a fresh patch encoder; None: tiny
-    hidden_size: int = Field(gt=0)  # the tiny Qwen2-shaped language model (and the patch encoder's width)
-    layers: int = Field(gt=0)
-    heads: int = Field(gt=0)
+    path: str | None = None  # a VisionLanguageModel directory, or a native image-text-to-text checkpoint + processor (LLaVA, ...); None: see below
+    language_model: str | None = None  # with path None: a transformers causal-LM directory, given a fresh patch encoder; None: tiny
+    hidden_size: int = Field(64, gt=0)  # the tiny Qwen2-shaped language model (and the patch encoder's width)
+    layers: int = Field(2, gt=0)
+    heads: int = Field(2, gt=0)
 
     @field_validator("path")
     @classmethod
@@ -802,101 +811,101 @@ class VisKGModelConfig(Section):  # viskg.model: the vision-language model (mode
 
 
 class VisKGSFTConfig(Section):  # viskg.sft: stage viskg_sft
-    steps: int = Field(gt=0)
-    batch_size: int = Field(gt=0)
-    lr: float = Field(gt=0)
-    warmup_steps: int = Field(ge=0)
-    max_grad_norm: float = Field(gt=0)
-    negatives_per_positive: float = Field(ge=0, le=1)  # negative-rationale samples per positive one (specs §29: 1:3)
-    log_every: int = Field(gt=0)
-    checkpoint_every: int = Field(ge=0)  # 0: no checkpoints (nothing to resume)
+    steps: int = Field(600, gt=0)
+    batch_size: int = Field(32, gt=0)
+    lr: float = Field(0.002, gt=0)  # AdamW, linear warm-up then constant
+    warmup_steps: int = Field(20, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    negatives_per_positive: float = Field(0.333, ge=0, le=1)  # negative-rationale samples per positive one (specs §29: 1:3)
+    log_every: int = Field(25, gt=0)
+    checkpoint_every: int = Field(100, ge=0)  # 0: no checkpoints (nothing to resume)
 
 
 class VisKGRewardWeights(Section):
-    accuracy: float = Field(ge=0)
-    format: float = Field(ge=0)
-    compactness: float = Field(ge=0)
+    accuracy: float = Field(1.0, ge=0)
+    format: float = Field(1.0, ge=0)
+    compactness: float = Field(0.5, ge=0)
 
 
 class VisKGRLConfig(Section):  # viskg.rl: stage viskg_rl
-    advantage: Annotated[str, Registered("advantages", meta="on_rewards", why="needs token-level rollouts (VisKG has a reward matrix only)")]
-    loss: Annotated[str, Registered("losses")]
-    loss_agg: Annotated[str, Registered("loss_aggregations")]
-    weights: VisKGRewardWeights  # w_acc, w_fmt, w_kg
-    kg_budget: int = Field(gt=0)  # T_budget of r_kg = 1 - min(1, graph tokens / T_budget)
-    steps: int = Field(gt=0)
-    prompts_per_step: int = Field(gt=0)
-    group_size: int = Field(ge=2)
-    temperature: float = Field(gt=0)
-    max_new_tokens: int = Field(gt=0)
-    clip_eps_low: float = Field(ge=0)
-    clip_eps_high: float = Field(ge=0)
-    std_scaling: Literal["group", "batch", "none"]  # GRPO's std (GDPO normalises every reward by its group std)
-    std_eps: float = Field(gt=0)
-    lr: float = Field(gt=0)
-    max_grad_norm: float = Field(gt=0)
-    log_every: int = Field(gt=0)
-    checkpoint_every: int = Field(ge=0)
+    advantage: Annotated[str, Registered("advantages", meta="on_rewards", why="needs token-level rollouts (VisKG has a reward matrix only)")] = "gdpo"  # gdpo: normalise each reward in its group, weighted sum, batch whitening | grpo: weighted sum, then group-normalise
+    loss: Annotated[str, Registered("losses")] = "clip"  # objectives/policy_losses.py (one update per batch: the ratio is 1, the surrogate's gradient is A grad log pi)
+    loss_agg: Annotated[str, Registered("loss_aggregations")] = "token_mean"
+    weights: VisKGRewardWeights = VisKGRewardWeights()  # w_acc, w_fmt, w_kg
+    kg_budget: int = Field(128, gt=0)  # T_budget of r_kg = 1 - min(1, graph tokens / T_budget)
+    steps: int = Field(40, gt=0)
+    prompts_per_step: int = Field(8, gt=0)  # questions per step, drawn from the training set
+    group_size: int = Field(8, ge=2)  # G
+    temperature: float = Field(1.0, gt=0)
+    max_new_tokens: int = Field(160, gt=0)  # a caption of four objects is ~110 tokens with its reasoning
+    clip_eps_low: float = Field(0.2, ge=0)
+    clip_eps_high: float = Field(0.2, ge=0)
+    std_scaling: Literal["group", "batch", "none"] = "group"  # GRPO's std (GDPO normalises every reward by its group std)
+    std_eps: float = Field(0.0001, gt=0)  # GDPO's eps
+    lr: float = Field(0.0003, gt=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    log_every: int = Field(5, gt=0)
+    checkpoint_every: int = Field(10, ge=0)  # steps between checkpoints: `posttrain viskg_rl --resume`
 
 
 class VisKGEvalConfig(Section):  # viskg.eval: greedy decoding of the held-out questions after each stage
-    max_new_tokens: int = Field(gt=0)
-    batch_size: int = Field(gt=0)
-    n_table: int = Field(ge=0)  # held-out samples logged as an MLflow table
-    n_images: int = Field(ge=0)  # held-out scenes logged as an image grid (with question, output, truth)
+    max_new_tokens: int = Field(160, gt=0)
+    batch_size: int = Field(100, gt=0)
+    n_table: int = Field(16, ge=0)  # held-out samples logged as an MLflow table
+    n_images: int = Field(8, ge=0)  # held-out scenes logged as an image grid (with question, output, truth)
 
 
 class VisKGConfig(Section):  # stages viskg_sft + viskg_rl: VisKG (specs §29)
-    data: VisKGDataConfig
-    representation: Literal["kg", "caption"]  # kg: the question-specific graph; caption: the full-scene caption (the baseline)
-    model: VisKGModelConfig
-    sft: VisKGSFTConfig
-    rl: VisKGRLConfig
-    eval: VisKGEvalConfig
+    data: VisKGDataConfig = VisKGDataConfig()  # data/viskg.py: rendered scenes of coloured shapes on a grid, questions of 1..max_hops spatial relations
+    representation: Literal["kg", "caption"] = "kg"  # kg: the question-specific graph; caption: the full-scene caption (the baseline)
+    model: VisKGModelConfig = VisKGModelConfig()  # models/vlm.py: patch encoder -> soft tokens before the question, into a causal language model
+    sft: VisKGSFTConfig = VisKGSFTConfig()  # stage viskg_sft: NLL on every target token, positives and negative rationales alike
+    rl: VisKGRLConfig = VisKGRLConfig()  # stage viskg_rl: G samples per question, rewards [accuracy, format, compactness], clipped surrogate
+    eval: VisKGEvalConfig = VisKGEvalConfig()  # after each stage: greedy decoding of the held-out questions
 
 
 class MazeConfig(Section):  # dsp.maze: the maze family (envs/maze.py)
-    cells: int = Field(ge=2)  # a cells x cells maze on a (2 cells + 1)-square grid
-    loops: float = Field(ge=0, le=1)  # share of the perfect maze's remaining inner walls knocked down (several routes)
-    layout: int = Field(ge=0)  # the layout is make_maze(seed = layout + pipeline.seed): each seed its own maze
+    cells: int = Field(5, ge=2)  # a cells x cells maze on a (2 cells + 1)-square grid
+    loops: float = Field(0.15, ge=0, le=1)  # share of the perfect maze's remaining inner walls knocked down (several routes)
+    layout: int = Field(0, ge=0)  # the layout is make_maze(seed = layout + pipeline.seed): each seed its own maze
 
 
 class MazeDataConfig(Section):  # dsp.data: stage maze_data, reward-free trajectories of the noisy exploration policy
-    trajectories: int = Field(gt=0)
-    length: int = Field(ge=2)  # moves per trajectory
-    noise: float = Field(ge=0, le=1)  # probability of redrawing the direction at a move (else the previous one is kept)
+    trajectories: int = Field(400, gt=0)
+    length: int = Field(100, ge=2)  # moves per trajectory
+    noise: float = Field(0.3, ge=0, le=1)  # probability of redrawing the direction at a move (else the previous one is kept)
 
 
 class MazeEvalConfig(Section):  # dsp.eval: held-out start/goal pairs
-    pairs: int = Field(gt=0)
-    min_distance: int = Field(ge=1)  # shortest-path moves between a pair's start and goal, at least
-    max_steps: int = Field(gt=0)  # moves before an episode counts as a failure
-    renders: int = Field(ge=0)  # episodes per arm rendered (PNG of path + subgoals; GIF of the first DSP episode)
+    pairs: int = Field(100, gt=0)
+    min_distance: int = Field(12, ge=1)  # shortest-path moves between a pair's start and goal, at least
+    max_steps: int = Field(100, gt=0)  # moves before an episode counts as a failure
+    renders: int = Field(4, ge=0)  # episodes per arm rendered (PNG of path + subgoals; GIF of the first DSP episode)
 
 
 class DSPConfig(Section):  # stages maze_data + dsp: Diffusion Subgoal Planning (specs §20) against flat BC and value guidance
-    maze: MazeConfig
-    data: MazeDataConfig
-    eval: MazeEvalConfig
-    subgoal_horizon: int = Field(ge=1)  # k: the subgoal is the state k moves ahead; replan every k moves
-    p_uncond: float = Field(ge=0, le=1)  # goal dropout: share of flow-training goals replaced by the null goal
-    goal_p_current: float = Field(ge=0, le=1)  # hindsight goals (flow and value): the state itself
-    goal_p_trajectory: float = Field(ge=0, le=1)  # a uniform future state of the same trajectory; the rest: a random dataset state
-    guidance_weights: tuple[float, ...] = Field(min_length=1)  # omega of each evaluated DSP arm (the sweep)
-    sampling_steps: int = Field(ge=1)  # Euler steps of the subgoal flow
-    candidates: int = Field(ge=1)  # value-guided arm: unconditional proposals per plan, the best V(w, g) kept
-    gamma: float = Field(gt=0, lt=1)  # the value's discount
-    expectile: float = Field(gt=0, lt=1)  # IQL expectile of the value's TD loss
-    target_update: float = Field(gt=0, le=1)  # Polyak rate of the value's target network
-    hidden_size: int = Field(gt=0)  # every network: an MLP over Fourier features of the states
-    layers: int = Field(gt=0)
-    fourier_bands: int = Field(ge=0)
-    steps: int = Field(gt=0)  # updates (flow, low-level policy, flat BC and value together)
-    batch_size: int = Field(gt=0)
-    lr: float = Field(gt=0)
-    max_grad_norm: float = Field(gt=0)
-    log_every: int = Field(gt=0)
-    checkpoint_every: int = Field(ge=0)  # updates between checkpoints: `posttrain dsp --resume`; 0: none
+    maze: MazeConfig = MazeConfig()  # envs/maze.py: a depth-first-carved grid maze with some walls knocked down
+    data: MazeDataConfig = MazeDataConfig()  # stage maze_data: reward-free trajectories of a persistent random walk (no goal, no reward)
+    eval: MazeEvalConfig = MazeEvalConfig()  # held-out start/goal pairs (their own seed), success rate per arm
+    subgoal_horizon: int = Field(8, ge=1)  # k: the subgoal is the state k moves ahead; replan every k moves
+    p_uncond: float = Field(0.15, ge=0, le=1)  # goal dropout: share of flow-training goals replaced by the null goal
+    goal_p_current: float = Field(0.2, ge=0, le=1)  # hindsight goals (flow and value): the state itself
+    goal_p_trajectory: float = Field(0.5, ge=0, le=1)  # a uniform future state of the same trajectory; the rest: a random dataset state
+    guidance_weights: tuple[float, ...] = Field((0.0, 1.0, 2.0, 3.0), min_length=1)  # omega of each evaluated DSP arm (the sweep)
+    sampling_steps: int = Field(10, ge=1)  # Euler steps of the subgoal flow
+    candidates: int = Field(16, ge=1)  # value-guided arm: unconditional proposals per plan, the best V(w, g) kept
+    gamma: float = Field(0.95, gt=0, lt=1)  # the value's discount
+    expectile: float = Field(0.9, gt=0, lt=1)  # IQL expectile of the value's TD loss
+    target_update: float = Field(0.005, gt=0, le=1)  # Polyak rate of the value's target network
+    hidden_size: int = Field(128, gt=0)  # every network: an MLP over Fourier features of the states
+    layers: int = Field(3, gt=0)
+    fourier_bands: int = Field(4, ge=0)
+    steps: int = Field(3000, gt=0)  # updates (flow, low-level policy, flat BC and value together)
+    batch_size: int = Field(256, gt=0)
+    lr: float = Field(0.001, gt=0)  # Adam
+    max_grad_norm: float = Field(1.0, gt=0)
+    log_every: int = Field(50, gt=0)
+    checkpoint_every: int = Field(500, ge=0)  # updates between checkpoints: `posttrain dsp --resume`; 0: none
 
     @model_validator(mode="after")
     def _goal_shares(self) -> "DSPConfig":
@@ -906,34 +915,34 @@ class DSPConfig(Section):  # stages maze_data + dsp: Diffusion Subgoal Planning 
 
 
 class Config(Section):
-    pipeline: PipelineConfig
-    tracking: TrackingConfig
-    training: TrainingConfig
-    task: TaskConfig
-    model: ModelConfig
+    pipeline: PipelineConfig = PipelineConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    training: TrainingConfig = TrainingConfig()  # every training loop (trainers/loop.py)
+    task: TaskConfig = TaskConfig()
+    model: ModelConfig = ModelConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
-    sft: SFTConfig
-    rl: RLConfig
-    critic: CriticStageConfig
-    distill: DistillConfig
-    eval: EvalConfig
-    reward_model: RewardModelConfig
-    preference: PreferenceConfig
-    edit: EditConfig
-    care: CareConfig
-    orchestration: OrchestrationConfig
-    city: CityConfig
-    curate: CurateConfig
-    flow: FlowModelConfig
-    flow_sft: FlowSFTConfig
-    flow_rl: FlowRLConfig
-    flow_eval: FlowEvalConfig
-    safe_rl: SafeRLConfig
-    motion: MotionConfig
-    bridge: BridgeConfig
-    asct: AsctConfig
-    viskg: VisKGConfig
-    dsp: DSPConfig
+    sft: SFTConfig = SFTConfig()
+    rl: RLConfig = RLConfig()
+    critic: CriticStageConfig = CriticStageConfig()  # stage critic (RFPO): a value model pretrained to predict eventual success from prefixes
+    distill: DistillConfig = DistillConfig()  # the `distill` stage: the rl settings with a distillation method, a frozen teacher
+    eval: EvalConfig = EvalConfig()
+    reward_model: RewardModelConfig = RewardModelConfig()  # stage reward_model: a reward model trained on preference pairs from the SFT model
+    preference: PreferenceConfig = PreferenceConfig(data="task_pairs", n_pairs=4000, steps=200, lr=0.0003, checkpoint_every=50)  # stage preference: offline preference training of the SFT policy
+    edit: EditConfig = EditConfig()  # stages knowledge + edit (rlhf/dvc.yaml): lifelong knowledge editing on a synthetic fact set
+    care: CareConfig = CareConfig()  # stage care: CARE's rubric generator (Context-Adaptive Rubric Evolution), SFT on rubric labels then preference RL
+    orchestration: OrchestrationConfig = OrchestrationConfig()  # how Kubeflow and Airflow launch the stages; not a run setting (no stage reads it)
+    city: CityConfig = CityConfig()  # synthetic city with known truth (street views + two-epoch satellite tiles)
+    curate: CurateConfig = CurateConfig()  # VIGOR-his pairing, screening, change labels, instructions
+    flow: FlowModelConfig = FlowModelConfig()  # conditional flow-matching model: UNet2DModel on [x_t, S_new, A_old, A_new] + instruction
+    flow_sft: FlowSFTConfig = FlowSFTConfig()
+    flow_rl: FlowRLConfig = FlowRLConfig()  # Flow-GRPO: SDE sampling, per-step clipped ratio, closed-form Gaussian KL
+    flow_eval: FlowEvalConfig = FlowEvalConfig()
+    safe_rl: SafeRLConfig = SafeRLConfig()
+    motion: MotionConfig = MotionConfig()
+    bridge: BridgeConfig = BridgeConfig()  # stage bridge (trainers/bridge.py, objectives/bridge.py) on task.name: search
+    asct: AsctConfig = AsctConfig()  # stage asct (trainers/asct.py); the environment: task search (task.options.search; its cost_per_call is the utility's)
+    viskg: VisKGConfig = VisKGConfig()  # stages viskg_sft -> viskg_rl (viskg/dvc.yaml; docs/viskg.md): VisKG (specs §29), knowledge-graph VQA
+    dsp: DSPConfig = DSPConfig()  # stages maze_data + dsp (dsp/dvc.yaml): Diffusion Subgoal Planning (specs §20; docs/dsp.md)
 
     def section_hash(self, *sections: str) -> str:
         """A stable digest of the named sections (used to refuse resuming under changed settings)."""
@@ -1006,6 +1015,69 @@ def _apply_preset(raw: dict[str, Any], overrides: list[str] | tuple[str, ...], e
         raise UserError("rl.preset: presets are expanded by posttrain.resolve.load (this loader has no registry)")
     section = raw.get("rl") if isinstance(raw.get("rl"), dict) else {}
     raw["rl"] = {**section, **expand(str(name), section)}
+
+
+# --- what a setting means: the comment on its line -----------------------------------------------------------
+
+def field_comments(model: type[BaseModel]) -> dict[str, str]:
+    """`field -> its description` for a settings class (and the classes it inherits from): the comment on the
+    field's line, continued by comment lines aligned with it; a field's `description=` wins. The comment next to
+    a default is the one place a setting is documented; the launchers' forms and `posttrain settings` show it."""
+    found: dict[str, str] = {}
+    for klass in reversed(model.__mro__):
+        if klass is BaseModel or not (isinstance(klass, type) and issubclass(klass, BaseModel)) or klass.__module__.startswith("pydantic"):
+            continue
+        found.update(_comments_in(klass))
+    for name, field in model.model_fields.items():
+        if field.description:
+            found[name] = field.description
+    return {name: text for name, text in found.items() if name in model.model_fields}
+
+
+@functools.cache
+def _comments_in(klass: type) -> dict[str, str]:
+    try:
+        lines, _ = inspect.getsourcelines(klass)
+    except (OSError, TypeError):
+        return {}
+    found: dict[str, str] = {}
+    last, column, above = None, -1, []  # above: the comment lines right above a field (used when its line has none)
+    body_indent = None
+    for line in lines[1:]:
+        stripped = line.strip()
+        indent = len(line) - len(line.lstrip())
+        if stripped.startswith("#"):
+            if last is not None and indent == column:
+                found[last] += " " + stripped.lstrip("#").strip()
+            else:
+                last = None
+                above.append(stripped.lstrip("#").strip())
+            continue
+        match = _FIELD_LINE.match(line)
+        if match and (body_indent is None or indent == body_indent):
+            body_indent = indent
+            column, comment = _trailing_comment(line)
+            last = match["name"] if comment else None
+            if comment or above:
+                found[match["name"]] = comment or " ".join(above)
+        elif stripped:
+            last = None
+        above = []
+    return found
+
+
+_FIELD_LINE = re.compile(r"^\s+(?P<name>[a-z_][a-z0-9_]*)\s*:\s*[A-Za-z(\[]")
+
+
+def _trailing_comment(line: str) -> tuple[int, str]:
+    """(column, text) of the `# ...` comment at the end of a code line (a `#` inside a string is not one)."""
+    quote = None
+    for i, char in enumerate(line):
+        if char in "'\"" and quote in (None, char):
+            quote = None if quote else char
+        elif char == "#" and quote is None:
+            return i, line[i + 1 :].strip()
+    return -1, ""
 
 
 # --- the registry markers, for posttrain.resolve and the launchers' schemas -------------------------------

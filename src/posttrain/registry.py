@@ -184,7 +184,9 @@ def parse_options(model: BaseModel, prefix: str, registries: Mapping[str, Regist
         value = getattr(model, name)
         marker = config._marker(field.metadata)
         if isinstance(marker, OptionsOf):
-            update[name] = _parsed_block(model, value, marker.registries, f"{prefix}{name}", registries)
+            defaults = field.get_default(call_default_factory=True) or {}  # a section's own defaults for some components (eval's power)
+            merged = {**defaults, **{k: {**_raw(defaults.get(k)), **_raw(v)} for k, v in value.items()}}
+            update[name] = _parsed_block(model, merged, marker.registries, f"{prefix}{name}", registries)
         elif isinstance(value, BaseModel):
             parsed = parse_options(value, f"{prefix}{name}.", registries)
             if parsed is not value:
@@ -205,8 +207,17 @@ def _parsed_block(owner: BaseModel, options: dict[str, Any], kinds: tuple[str, .
             parsed[name] = schema.model_validate(values)
         except ValidationError as e:
             raise UserError(config.one_line(e, schema, prefix=f"{where}.{name}.")) from None
+    # every other component of these kinds runs on its options model's defaults (the settings hold them all, so a
+    # derived section or a test reads any component's settings); one in use whose model has no defaults needs a block
     used = {v for _, m, v, o in config.marked_values(owner) if isinstance(m, Registered) and m.registry in kinds}
-    for name in sorted(used):
-        if option_schema(name, kinds, registries) is not None and name not in options:
-            raise UserError(f"{where}.{name}: missing; {name}'s settings belong in params.yaml")
-    return parsed
+    for kind in kinds:
+        for entry in registries[kind]:
+            schema = entry.meta.get("options")
+            if schema is None or entry.name in parsed:
+                continue
+            try:
+                parsed[entry.name] = schema()
+            except ValidationError as e:
+                if entry.name in used:
+                    raise UserError(f"{where}.{entry.name}: needs settings ({config.one_line(e, schema, prefix=f'{where}.{entry.name}.')})") from None
+    return dict(sorted(parsed.items()))

@@ -12,7 +12,7 @@ import yaml
 from airflow_servers import DAGS, airflow_env
 from orch_helpers import BIN
 
-from helpers import REPO
+from helpers import repo_params, REPO
 from posttrain.orchestration.schema import param_specs
 
 
@@ -94,10 +94,11 @@ def test_dagbag_loads_without_torch_or_posttrain_and_params_match_the_config(dag
         assert schema == {**spec["schema"], "section": spec["section"], **({} if kind is None else {"type": [kind, "null"]}),
                           **({"enum": [*spec["schema"]["enum"], None], "values_display": {"null": f"default: {json.dumps(default)}"}} if "enum" in spec["schema"] else {})}, name
     assert "gdpo" in text_params["rl.advantage"][1]["enum"]
-    # the form's help text is params.yaml's comment of the key (its continuation lines too), else the key and its default
-    assert text_params["rl.preset"][2] == ("null | dapo | dr_grpo | gspo | grpo | ppo | rfpo | sapo | gmpo | dppo | ... (posttrain registry: presets): "
-                                          "sets several rl keys; --set still wins")
-    assert text_params["rl.steps"][2] == "rl.steps (params.yaml: 1000)"
+    # the form's help text is the comment on the setting's line in its settings model (continued by aligned comment
+    # lines, or the comment lines right above it), else the key and its default
+    assert text_params["rl.preset"][2].startswith("a named method (objectives/presets.py)")
+    assert text_params["rl.verify_rollouts"][2].startswith("the `accuracy` metric: each rollout scored by the task's verifier")
+    assert text_params["rl.steps"][2] == "rl.steps (default: 1000)"
 
 
 def test_every_key_of_every_form_is_optional_and_an_emptied_field_takes_its_default(dag_probe):
@@ -114,7 +115,7 @@ def test_every_key_of_every_form_is_optional_and_an_emptied_field_takes_its_defa
     from posttrain.orchestration.preflight import resolve_config
 
     cfg = resolve_config(REPO / "params.yaml", [json.dumps(values), json.dumps(conf)], [])
-    defaults = yaml.safe_load((REPO / "params.yaml").read_text())
+    defaults = repo_params()
     assert (cfg.sft.steps, cfg.rl.advantage, cfg.rl.steps, cfg.rl.preset) == (defaults["sft"]["steps"], defaults["rl"]["advantage"], 7, None)
 
 

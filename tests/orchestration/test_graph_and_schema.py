@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 import yaml
 
-from helpers import REPO
+from helpers import repo_params, REPO
 from posttrain import resolve
 from posttrain.errors import UserError
 from posttrain.orchestration.graph import check_overrides, load_pipelines, load_tasks
@@ -138,7 +138,7 @@ def test_nulls_dropped_for_kubeflow_read_back_as_null_at_any_depth():
 
     from posttrain.orchestration.preflight import _absent_optional_is_null, without_nulls
 
-    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw = repo_params()
     stripped = {section: without_nulls(values) for section, values in raw.items()}
     assert "fixed_alpha" not in stripped["preference"]["options"]["abc_align"]  # a nested null, in an options block
     _absent_optional_is_null(stripped)

@@ -8,7 +8,7 @@ import shlex
 
 import yaml
 
-from helpers import REPO
+from helpers import repo_params, REPO
 from posttrain.config import read_params
 from test_dvc_yaml import checked_side_pipeline
 
@@ -24,6 +24,6 @@ def test_search_commands_outputs_and_params():
         files = {f for entry in side[name]["params"] for f in entry}
         assert files >= {f"${{{params}}}", "params.yaml"}, name  # the stage's own file and the defaults it extends
     assert variables["params_file"] == "search/params.yaml" and variables["bridge_params"] == "search/bridge.yaml"
-    asct, bridge = read_params(REPO / variables["params_file"]), read_params(REPO / variables["bridge_params"])
+    asct, bridge = repo_params(REPO / variables["params_file"]), repo_params(REPO / variables["bridge_params"])  # the settings a run gets
     assert asct["task"]["name"] == bridge["task"]["name"] == "search" and asct["task"]["options"]["search"]["retriever"] == "bm25"
     assert bridge["bridge"]["retriever"] == "dual_encoder" and bridge["model"]["path"] is None

@@ -8,11 +8,11 @@ import json
 
 import yaml
 
-from helpers import REPO, claim_in_process, fork_safe_params, kill_resume_and_compare, micro_params
+from helpers import repo_params, REPO, claim_in_process, fork_safe_params, kill_resume_and_compare, micro_params
 
 
 def micro_sections() -> dict:
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params = repo_params()
     task = copy.deepcopy(params["task"])
     task.update(name="search", n_train=30, n_heldout=10)
     task["options"]["search"].update(people=20, companies=5, cities=5, cost_per_call=0.1, reward="f1")

@@ -10,11 +10,11 @@ import json
 import pytest
 import yaml
 
-from helpers import REPO, fork_safe_params, kill_resume_and_compare, micro_params
+from helpers import repo_params, REPO, fork_safe_params, kill_resume_and_compare, micro_params
 
 
 def micro_sections(**bridge) -> dict:
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params = repo_params()
     task = copy.deepcopy(params["task"])
     task.update(name="search", n_train=4, n_heldout=2)
     task["options"]["search"].update(people=6, companies=3, cities=3, kinds=["employer"], top_k=1, candidates=6,

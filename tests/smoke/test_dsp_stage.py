@@ -11,11 +11,11 @@ import json
 import pytest
 import yaml
 
-from helpers import REPO, claim_in_process, fork_safe_params, is_verdict, kill_resume_and_compare, micro_params
+from helpers import repo_params, REPO, claim_in_process, fork_safe_params, is_verdict, kill_resume_and_compare, micro_params
 
 
 def micro_dsp() -> dict:
-    section = copy.deepcopy(yaml.safe_load((REPO / "params.yaml").read_text())["dsp"])
+    section = copy.deepcopy(repo_params()["dsp"])
     section["maze"].update(cells=3)
     section["data"].update(trajectories=20, length=12)
     section["eval"].update(pairs=3, min_distance=3, max_steps=6, renders=1)

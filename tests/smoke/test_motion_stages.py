@@ -11,11 +11,11 @@ import json
 import pytest
 import yaml
 
-from helpers import REPO, claim_in_process, fork_safe_params, is_verdict, kill_resume_and_compare, micro_params
+from helpers import repo_params, REPO, claim_in_process, fork_safe_params, is_verdict, kill_resume_and_compare, micro_params
 
 
 def micro_motion() -> dict:
-    section = copy.deepcopy(yaml.safe_load((REPO / "params.yaml").read_text())["motion"])
+    section = copy.deepcopy(repo_params()["motion"])
     section["video"].update(frames=10, size=16)
     section["model"].update(encoder_width=8, soft_tokens=2, hidden_size=16, layers=1)
     section.update(n_train=12, n_heldout=6, n_gifs=2)

@@ -10,11 +10,11 @@ import json
 import pytest
 import yaml
 
-from helpers import REPO, fork_safe_params, is_verdict, kill_resume_and_compare, micro_params
+from helpers import repo_params, REPO, fork_safe_params, is_verdict, kill_resume_and_compare, micro_params
 
 
 def micro_safe_rl() -> dict:
-    section = copy.deepcopy(yaml.safe_load((REPO / "params.yaml").read_text())["safe_rl"])
+    section = copy.deepcopy(repo_params()["safe_rl"])
     section["env"].update(image_size=16, horizon=6, cars=2)
     section["encoder"].update(n_frames=64, n_heldout=16, steps=2, batch_size=16, log_every=1, hidden_size=16, layers=1, embed_dim=8)
     section.update(iterations=4, envs=3, epochs=1, minibatches=1, eval_episodes=2, checkpoint_every=1)

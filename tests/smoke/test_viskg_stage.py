@@ -10,11 +10,11 @@ import json
 import pytest
 import yaml
 
-from helpers import REPO, claim_in_process, fork_safe_params, is_verdict, kill_resume_and_compare, micro_params
+from helpers import repo_params, REPO, claim_in_process, fork_safe_params, is_verdict, kill_resume_and_compare, micro_params
 
 
 def micro_viskg() -> dict:
-    section = copy.deepcopy(yaml.safe_load((REPO / "params.yaml").read_text())["viskg"])
+    section = copy.deepcopy(repo_params()["viskg"])
     section["data"].update(grid=2, n_objects=3, max_hops=2, n_train=24, n_heldout=4)
     section["model"].update(hidden_size=16, layers=1)
     section["sft"].update(steps=3, batch_size=4, log_every=1, checkpoint_every=1, warmup_steps=0)

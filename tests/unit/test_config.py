@@ -150,9 +150,14 @@ def test_unknown_nested_key_in_file_suggests(tmp_path, params_path):
     assert "model.lora.alfa" in message and "did you mean 'model.lora.alpha'" in message
 
 
-def test_missing_key_in_file(tmp_path, params_path):
+def test_a_key_missing_from_the_file_takes_its_models_default(tmp_path, params_path):
+    from posttrain.config import RLConfig
+
     path = write_params(tmp_path, params_path, lambda raw: raw["rl"].pop("group_size"))
-    assert "rl.group_size" in load_error(path)
+    assert load(path).rl.group_size == RLConfig.model_fields["group_size"].default
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("pipeline: {seed: 3}\n")  # a file of one key: every other setting from the models
+    assert load(empty).pipeline.seed == 3 and load(empty).rl.group_size == RLConfig.model_fields["group_size"].default
 
 
 def test_wrong_type_in_file(tmp_path, params_path):
@@ -196,7 +201,8 @@ def test_a_params_file_extends_another_and_holds_only_its_changes(tmp_path, para
     base, mine = load(params_path), load(project / "params.yaml", ["sft.steps=7"])
     assert (mine.task.n_train, mine.task.digits, mine.sft.steps, mine.model) == (123, base.task.digits, 7, base.model)
     dataset = read_params(project / "params.yaml")["task"]["options"]["dataset"]
-    assert dataset["fields"] == {**yaml.safe_load(params_path.read_text())["task"]["options"]["dataset"]["fields"], "metadata": ["level"]}
+    assert dataset["fields"] == {"metadata": ["level"]}  # the base file gives no dataset block: only the project's
+    assert mine.task.options_for("dataset").fields.metadata == ("level",)
     assert [r.name for r in mine.rl.rewards] == ["correctness"]  # a list replaces the base's list
     (project / "loop.yaml").write_text("extends: loop.yaml\n")
     with pytest.raises(UserError, match="leads back to itself"):

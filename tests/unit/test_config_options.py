@@ -12,6 +12,7 @@ from posttrain import resolve
 from posttrain.config import Section
 from posttrain.errors import UserError
 from posttrain.objectives import advantages
+from helpers import repo_params
 
 
 class ToyOptions(Section):
@@ -27,7 +28,7 @@ def toy_estimator():
 
 
 def params_with(tmp_path, options) -> str:
-    raw = yaml.safe_load((Path(__file__).resolve().parents[2] / "params.yaml").read_text())
+    raw = repo_params()
     raw["rl"]["options"] = options
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(raw))
@@ -59,7 +60,7 @@ def test_bad_options_are_one_line_errors_naming_the_key(toy_estimator, tmp_path,
 
 def test_selected_method_without_its_options_is_an_error(toy_estimator, tmp_path):
     path = params_with(tmp_path, {})
-    with pytest.raises(UserError, match="rl.options.toy_with_options: missing"):
+    with pytest.raises(UserError, match="rl.options.toy_with_options: needs settings"):
         resolve.load(path, [f"rl.advantage={toy_estimator}"])
 
 

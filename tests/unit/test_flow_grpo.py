@@ -11,6 +11,7 @@ import torch
 from posttrain.objectives.flow_grpo import clip_advantages, gaussian_kl, sde_step
 from posttrain.objectives.gdpo import gdpo_on_rewards, per_reward_normalized
 from posttrain.trainers.flow_rl import image_advantages
+from helpers import repo_params
 
 SIGMAS = (0.889, 0.778)
 
@@ -153,7 +154,7 @@ def test_inner_epochs_move_the_ratio_off_one_and_the_clip_binds():
     from posttrain.models.flow import build_flow_model
     from posttrain.trainers.flow_rl import train_flow_rl
 
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params = repo_params()
     assert params["flow_rl"]["epochs_per_batch"] == 1
     model_cfg = FlowModelConfig.model_validate({**params["flow"], "block_channels": [8, 16], "text_dim": 16})
     cfg = FlowRLConfig.model_validate({**params["flow_rl"], "steps": 1, "prompts_per_step": 2, "group_size": 2, "sampling_steps": 3,

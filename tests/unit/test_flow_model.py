@@ -6,14 +6,14 @@ from __future__ import annotations
 import torch
 import yaml
 
-from helpers import REPO
+from helpers import repo_params, REPO
 from posttrain.config import FlowModelConfig, LoraConfig
 from posttrain.models.flow import build_flow_model, instruction_features, load_flow_model, maybe_flow_lora, save_flow_model
 from posttrain.objectives.flow_grpo import sde_step
 from posttrain.eval.images import sample_ode
 from posttrain.trainers.flow_rl import sample_sde, sigma_schedule
 
-CFG = FlowModelConfig.model_validate({**yaml.safe_load((REPO / "params.yaml").read_text())["flow"], "block_channels": [8, 16], "text_dim": 16})
+CFG = FlowModelConfig.model_validate({**repo_params()["flow"], "block_channels": [8, 16], "text_dim": 16})
 LORA = LoraConfig(r=2, alpha=4, dropout=0.0, target_modules=("conv1", "conv2", "to_q", "to_v"))
 
 

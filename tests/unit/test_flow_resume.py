@@ -7,7 +7,7 @@ import pytest
 import torch
 import yaml
 
-from helpers import REPO
+from helpers import repo_params, REPO
 from posttrain.config import FlowModelConfig, FlowRLConfig
 from posttrain.data.vigor.edits import Edits
 from posttrain.errors import UserError
@@ -15,7 +15,7 @@ from posttrain.models.flow import build_flow_model
 from posttrain.trainers.flow_rl import train_flow_rl
 from posttrain.trainers.loop import TrainLoop
 
-PARAMS = yaml.safe_load((REPO / "params.yaml").read_text())
+PARAMS = repo_params()
 MODEL = FlowModelConfig.model_validate({**PARAMS["flow"], "block_channels": [8, 16], "text_dim": 16})
 RL = FlowRLConfig.model_validate({**PARAMS["flow_rl"], "steps": 4, "prompts_per_step": 2, "group_size": 2, "sampling_steps": 3,
                                   "checkpoint_every": 2, "lr": 1e-3})

@@ -8,7 +8,7 @@ import pytest
 import torch
 import yaml
 
-from helpers import REPO
+from helpers import repo_params, REPO
 from posttrain.config import FlowModelConfig, FlowRLConfig, FlowSFTConfig
 from posttrain.data.vigor.edits import Edits
 from posttrain.errors import UserError
@@ -18,7 +18,7 @@ from posttrain.trainers.checkpoint import load_checkpoint, save_checkpoint
 from posttrain.trainers.flow_rl import sample_sde, sigma_schedule, train_flow_rl
 from posttrain.trainers.flow_sft import train_flow_sft
 
-PARAMS = yaml.safe_load((REPO / "params.yaml").read_text())
+PARAMS = repo_params()
 SIZE = 16
 
 

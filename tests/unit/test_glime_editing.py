@@ -148,7 +148,7 @@ def test_edit_file_round_trip_and_errors(tmp_path):
     ("edit.options.naive={}", "edit.options.naive: no registered edit method named 'naive' takes options"),
     ("edit.options.glime.replay=2", "edit.options.glime.replay"),
     ("edit.method=glyme", "did you mean 'glime'"),
-    ("edit.options={}", "edit.options.glime: missing"),
+    ("edit.options.glime.replay=-1", "edit.options.glime.replay"),
 ])
 def test_edit_options_are_validated(override, needle):
     with pytest.raises(UserError) as err:

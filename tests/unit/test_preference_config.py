@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from helpers import repo_params
 
 from posttrain.resolve import load
 from posttrain.errors import UserError
@@ -29,15 +30,17 @@ def test_bad_settings_name_the_key(params_path, override, needle):
     assert needle in str(err.value) and "\n" not in str(err.value)
 
 
-def test_missing_options_of_the_selected_objective(params_path, tmp_path):
-    with pytest.raises(UserError, match="preference.options.gm_dpo: missing"):
-        load(params_path, ["preference.objective=gm_dpo", "preference.options={}"])
+def test_the_selected_objective_without_a_block_runs_on_its_defaults(params_path, tmp_path):
+    from posttrain.objectives.gm_dpo import GMDPOOptions
+
+    cfg = load(params_path, ["preference.objective=gm_dpo", "preference.options={}"])
+    assert cfg.preference.options_for("gm_dpo") == GMDPOOptions()
 
 
 def test_defaults_resolve_per_method_options(cfg, params_path):
-    written = yaml.safe_load(params_path.read_text())
+    written = repo_params(params_path)
     assert cfg.preference.options_for("gm_dpo").gamma == written["preference"]["options"]["gm_dpo"]["gamma"]
-    assert cfg.reward_model.options_for("bt").pooling == written["reward_model"]["options"]["bt"]["pooling"]
+    assert cfg.reward_model.options_for("bt").pooling == written["reward_model"]["options"]["bt"]["pooling"] == "response_sum"
 
 
 def test_rl_rm_reward_must_be_the_trained_kind(params_path):

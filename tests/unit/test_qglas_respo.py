@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from helpers import repo_params
 
 from posttrain import resolve
 from posttrain.errors import UserError
@@ -179,7 +180,7 @@ def test_repo_params_select_qglas_and_respo():
     assert cfg.rl.advantage == "qglas" and isinstance(cfg.rl.options_for("qglas"), QGLASOptions)
     cfg = resolve.load(PARAMS, ["rl.advantage=qglas", "rl.loss=respo", "rl.options.qglas.mode=multiplicative"])
     assert cfg.rl.options_for("qglas").mode == "multiplicative" and isinstance(cfg.rl.options_for("respo"), ReSPOOptions)
-    defaults = yaml.safe_load(PARAMS.read_text())["rl"]["options"]
+    defaults = repo_params(PARAMS)["rl"]["options"]
     assert cfg.rl.options_for("respo").model_dump() == defaults["respo"]
 
 
@@ -199,11 +200,10 @@ def test_bad_options_are_one_line_user_errors(override, message):
 
 
 @pytest.mark.parametrize("selected,name", [("rl.advantage=qglas", "qglas"), ("rl.loss=respo", "respo")])
-def test_selected_method_without_options_is_an_error(tmp_path, selected, name):
-    raw = yaml.safe_load(PARAMS.read_text())
+def test_selected_method_without_a_block_runs_on_its_defaults(tmp_path, selected, name):
+    raw = repo_params(PARAMS)
     del raw["rl"]["options"][name]
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(raw))
     resolve.load(path)  # not selected: fine
-    with pytest.raises(UserError, match=rf"^rl\.options\.{name}: missing"):
-        resolve.load(path, [selected])
+    assert resolve.load(path, [selected]).rl.options_for(name) == {"qglas": QGLASOptions, "respo": ReSPOOptions}[name]()

@@ -27,7 +27,7 @@ def test_options_are_parsed_once_and_unresolved_blocks_are_refused():
     cfg = resolve.load(PARAMS)
     first = cfg.rl.options_for("qglas")
     assert first is cfg.rl.options_for("qglas")  # the parsed model, not a fresh validation per call
-    raw = config.load(PARAMS)
+    raw = config.load(PARAMS, ["rl.options.qglas.gamma_max=0.3"])  # a block as read, not yet parsed
     with pytest.raises(RuntimeError, match="not resolved"):
         raw.rl.options_for("qglas")
     changed = resolve.updated(cfg.rl, "rl", options={"qglas": {"gamma_max": 0.25}})

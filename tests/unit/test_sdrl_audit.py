@@ -15,6 +15,7 @@ from posttrain.rewards import reward_matrix, rewards
 from posttrain.rewards.audit_correction import AuditOptions, corrected_reward, draw_audits, imperfect_verifier
 from posttrain.rewards.sdrl import SDRLOptions, diversity_bonuses, groups_of, sdrl_reward, similarity, strategy_of
 from posttrain.tasks.base import Example, Task
+from helpers import repo_params
 
 PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
 RL = resolve.load(PARAMS).rl
@@ -193,7 +194,7 @@ def test_defaults_validate_and_live_in_params_yaml():
     assert isinstance(SDRL, SDRLOptions) and isinstance(RL.options_for("audit_correction"), AuditOptions)
     import yaml
 
-    written = yaml.safe_load(PARAMS.read_text())["rl"]["options"]
+    written = repo_params(PARAMS)["rl"]["options"]
     for field in SDRLOptions.model_fields:
         assert field in written["sdrl"]
     for field in AuditOptions.model_fields:
@@ -211,9 +212,9 @@ def test_bad_options_are_rejected(name, bad):
         resolve.updated(RL, "rl", options={name: bad})
 
 
-def test_listing_a_reward_requires_its_options():
+def test_listing_a_reward_without_its_block_runs_on_its_defaults():
     options = {k: v for k, v in RL.options.items() if k != "audit_correction"}
     rewards = (config.RewardSpec(name="audit_correction", weight=1.0),)
-    with pytest.raises(UserError, match="rl.options.audit_correction: missing"):
-        resolve.section(RL.model_copy(update={"options": options, "rewards": rewards}), "rl")
+    resolved = resolve.section(RL.model_copy(update={"options": options, "rewards": rewards}), "rl")
+    assert resolved.options_for("audit_correction") == AuditOptions()
     assert resolve.section(RL.model_copy(update={"rewards": rewards}), "rl").rewards[0].name == "audit_correction"

@@ -32,9 +32,9 @@ from posttrain.objectives.preference import PairLogps, log_ratio_margin, pair_me
 
 
 class ABCAlignOptions(Section):
-    every: int = Field(gt=0)  # K: steps between re-estimates of alpha
-    ema: float = Field(ge=0, lt=1)  # smoothing of alpha across re-estimates
-    fixed_alpha: float | None = Field(ge=0, le=1)  # set: no adaptation (0 = pseudo labels only, 1 = PPI)
+    every: int = Field(10, gt=0)  # K: steps between re-estimates of alpha
+    ema: float = Field(0.9, ge=0, lt=1)  # smoothing of alpha across re-estimates
+    fixed_alpha: float | None = Field(None, ge=0, le=1)  # set: no adaptation (0 = pseudo labels only, 1 = PPI)
 
 
 def plug_in_alpha(delta: Tensor) -> tuple[float, float, float]:

@@ -26,9 +26,9 @@ from posttrain.objectives.token_stats import masked_share
 
 
 class ClipCovOptions(Section):
-    ratio: float = Field(gt=0, le=1)  # share of the valid tokens whose gradient is dropped
-    lb: float  # only tokens with lb < cov < ub are candidates
-    ub: float
+    ratio: float = Field(0.0002, gt=0, le=1)  # share of the valid tokens whose gradient is dropped
+    lb: float = 1.0  # only tokens with lb < cov < ub are candidates
+    ub: float = 5.0
 
 
 def centred_covariance(adv: Tensor, logp: Tensor, mask: Tensor) -> Tensor:

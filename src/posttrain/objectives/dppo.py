@@ -29,9 +29,14 @@ from posttrain.objectives.token_stats import masked_share
 
 
 class DPPOOptions(Section):
-    delta_low: float = Field(gt=0)  # divergence threshold for A <= 0 tokens
-    delta_high: float = Field(gt=0)  # divergence threshold for A > 0 tokens
-    cap: float = Field(gt=0)  # C: the detached ratio is truncated here (verl's clip_ratio_c, default 20)
+    delta_low: float = Field(0.2, gt=0)  # divergence threshold for A <= 0 tokens
+    delta_high: float = Field(0.2, gt=0)  # divergence threshold for A > 0 tokens
+    cap: float = Field(20.0, gt=0)  # C: the detached ratio is truncated here (verl's clip_ratio_c, default 20)
+
+
+class DPPOKLOptions(DPPOOptions):  # the binary KL is on a smaller scale than TV: tighter thresholds
+    delta_low: float = Field(0.05, gt=0)
+    delta_high: float = Field(0.05, gt=0)
 
 
 def binary_kl(logp: Tensor, old_logp: Tensor) -> Tensor:
@@ -66,6 +71,6 @@ def dppo_tv(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cf
     return dppo("dppo_tv", tv_valid, logp, old_logp, advantages, mask, cfg)
 
 
-@losses.register("dppo_kl", needs=(), options=DPPOOptions)
+@losses.register("dppo_kl", needs=(), options=DPPOKLOptions)
 def dppo_kl(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg) -> tuple[Tensor, dict[str, float]]:
     return dppo("dppo_kl", kl_valid, logp, old_logp, advantages, mask, cfg)

@@ -26,10 +26,10 @@ from posttrain.objectives.token_stats import masked_share
 
 
 class DPPORegOptions(Section):
-    delta_low: float = Field(ge=0)  # prime-rl dppo_mask_low
-    delta_high: float = Field(ge=0)  # prime-rl dppo_mask_high
-    adv_tau: float = Field(ge=0)  # scale of the policy-gradient term (0: the regulariser alone)
-    kl_tau: float = Field(ge=0)  # weight of (log rho)^2
+    delta_low: float = Field(0.2, ge=0)  # prime-rl dppo_mask_low
+    delta_high: float = Field(0.2, ge=0)  # prime-rl dppo_mask_high
+    adv_tau: float = Field(1.0, ge=0)  # scale of the policy-gradient term (0: the regulariser alone)
+    kl_tau: float = Field(0.001, ge=0)  # weight of (log rho)^2
 
 
 def regularised_surrogate(logp: Tensor, old_logp: Tensor, adv: Tensor, masked: Tensor, adv_tau: float, kl_tau: float) -> Tensor:

@@ -23,7 +23,7 @@ from posttrain.objectives.token_stats import masked_mean
 
 
 class DROOptions(Section):
-    beta: float = Field(gt=0)  # weight of the quadratic log-ratio penalty
+    beta: float = Field(0.1, gt=0)  # weight of the quadratic log-ratio penalty
 
 
 @losses.register("dro", needs=(), options=DROOptions)

@@ -28,7 +28,7 @@ LOG_RATIO_BOUND = 20.0
 
 
 class DualClipOptions(Section):
-    c: float = Field(gt=1)  # the floor is c A for A < 0 (the paper and verl use 3)
+    c: float = Field(3.0, gt=1)  # the floor is c A for A < 0 (the paper and verl use 3)
 
 
 def bounded_ratio(logp: Tensor, old_logp: Tensor) -> Tensor:

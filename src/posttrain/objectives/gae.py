@@ -14,7 +14,7 @@ columns as 0, as every estimator here) is placed on the last policy token; every
 Environment observation tokens (completion_mask 0, attention_mask 1) are not actions: the recursion carries
 V and A across them unchanged, so an episode's policy tokens form one chain. With gamma = lam = 1 the
 advantage of the first token is sum_t r_t - V(s_0), the return minus the first value.
-Settings: rl.options.gae (defaults in params.yaml only); the critic: rl.critic.
+Settings: rl.options.gae (defaults on its options model below); the critic: rl.critic.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from posttrain.rollout import RolloutBatch
 
 
 class GAEOptions(Section):  # rl.options.gae
-    gamma: float = Field(ge=0, le=1)  # discount per policy token
-    lam: float = Field(ge=0, le=1)  # GAE lambda: 1 = Monte-Carlo return minus V, 0 = one-step TD error
-    whiten: bool  # normalise the advantages over the batch's policy tokens
+    gamma: float = Field(1.0, ge=0, le=1)  # discount per policy token
+    lam: float = Field(0.95, ge=0, le=1)  # GAE lambda: 1 = Monte-Carlo return minus V, 0 = one-step TD error
+    whiten: bool = True  # normalise the advantages over the batch's policy tokens
 
 
 def last_token_rewards(reward: Tensor, mask: Tensor) -> Tensor:

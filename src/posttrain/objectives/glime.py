@@ -63,10 +63,10 @@ def project_parameter_grads(params: Sequence[torch.nn.Parameter], ref_grads: Seq
 
 
 class GlimeOptions(Section):  # edit.options.glime
-    beta: float = Field(gt=0)  # DPO inverse temperature of L_pref
-    lambda_p: float = Field(ge=0)  # weight of L_pref; 0 drops the generation-preference term
-    replay_size: int = Field(ge=0)  # |B_r|, earlier edits replayed per step; 0 disables replay and the constraint
-    project: bool  # false: replay without the A-GEM projection (ablation)
+    beta: float = Field(0.1, gt=0)  # DPO inverse temperature of L_pref
+    lambda_p: float = Field(1.0, ge=0)  # weight of L_pref; 0 drops the generation-preference term
+    replay_size: int = Field(1, ge=0)  # |B_r|, earlier edits replayed per step; 0 disables replay and the constraint
+    project: bool = True  # false: replay without the A-GEM projection (ablation)
 
 
 def preference_loss(step: EditStep, records: Sequence[EditRecord], beta: float) -> Tensor:

@@ -21,8 +21,8 @@ from posttrain.objectives.preference import PairLogps, log_ratio_margin, pair_me
 
 
 class GMDPOOptions(Section):
-    gamma: float = Field(ge=0)  # margin per unit of severity gap, in logit units
-    eta: float = Field(ge=0)  # extra loss weight per unit of severity gap
+    gamma: float = Field(2.0, ge=0)  # margin per unit of severity gap, in logit units
+    eta: float = Field(1.0, ge=0)  # extra loss weight per unit of severity gap
 
 
 def graded_terms(severity: Tensor, opts: GMDPOOptions) -> tuple[Tensor, Tensor]:

@@ -23,8 +23,8 @@ from posttrain.objectives.token_stats import masked_mean, masked_share
 
 
 class IcePopOptions(Section):
-    low: float = Field(gt=0)  # alpha
-    high: float = Field(gt=0)  # beta
+    low: float = Field(0.5, gt=0)  # alpha
+    high: float = Field(5.0, gt=0)  # beta
 
 
 @corrections.register("icepop", options=IcePopOptions)

@@ -24,9 +24,9 @@ from posttrain.objectives.token_stats import masked_share
 
 
 class IPOOptions(Section):
-    threshold: float = Field(ge=0)  # largest |p - q| kept
-    adv_tau: float = Field(ge=0)
-    kl_tau: float = Field(ge=0)
+    threshold: float = Field(0.1, ge=0)  # largest |p - q| kept
+    adv_tau: float = Field(1.0, ge=0)
+    kl_tau: float = Field(0.001, ge=0)
 
 
 @losses.register("ipo", needs=(), options=IPOOptions)

@@ -25,8 +25,8 @@ from posttrain.objectives.token_stats import masked_mean, masked_share
 
 
 class KLCovOptions(Section):
-    ratio: float = Field(gt=0, le=1)  # share of the valid tokens that get the penalty
-    coef: float = Field(ge=0)  # weight of |log rho| on them
+    ratio: float = Field(0.0002, gt=0, le=1)  # share of the valid tokens that get the penalty
+    coef: float = Field(1.0, ge=0)  # weight of |log rho| on them
 
 
 @losses.register("kl_cov", needs=(), options=KLCovOptions)

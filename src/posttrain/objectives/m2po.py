@@ -21,8 +21,8 @@ from posttrain.objectives.off_policy import Corrected, DecoupledOptions, correct
 
 
 class M2POOptions(Section):
-    threshold: float = Field(gt=0)  # tau_M2
-    cap: float = Field(ge=0)  # the decoupled loss's behaviour-weight cap; 0: none
+    threshold: float = Field(0.04, gt=0)  # tau_M2
+    cap: float = Field(5.0, ge=0)  # the decoupled loss's behaviour-weight cap; 0: none
 
 
 def second_moment_keep(m2: Tensor, threshold: float) -> Tensor:

@@ -22,7 +22,7 @@ from posttrain.rollout import RolloutBatch
 
 
 class MaxRLOptions(Section):
-    eps: float = Field(ge=0)  # added to the group mean in the denominator
+    eps: float = Field(0.0, ge=0)  # added to the group mean in the denominator
 
 
 @advantages.register("max_rl", needs=(), options=MaxRLOptions)

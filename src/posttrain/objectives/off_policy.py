@@ -85,18 +85,18 @@ def _figures(name: str, weight: Tensor, kept: Tensor, mask: Tensor) -> dict[str,
 
 
 class TISOptions(Section):
-    level: Literal["token", "sequence"]  # one weight per token, or the product of a completion's ratios
-    cap: float = Field(gt=0)  # C: weights above it are truncated to it
+    level: Literal["token", "sequence"] = "token"  # one weight per token, or the product of a completion's ratios
+    cap: float = Field(2.0, gt=0)  # C: weights above it are truncated to it
 
 
 class MISOptions(Section):
-    level: Literal["token", "sequence"]
-    low: float = Field(ge=0)  # ratios below it are masked out
-    high: float = Field(gt=0)  # ratios above it are masked out
+    level: Literal["token", "sequence"] = "sequence"  # token | sequence
+    low: float = Field(0.5, ge=0)  # ratios below it are masked out
+    high: float = Field(2.0, gt=0)  # ratios above it are masked out
 
 
 class DecoupledOptions(Section):
-    cap: float = Field(ge=0)  # a token whose behaviour weight exceeds this leaves the mask; 0: no cap
+    cap: float = Field(5.0, ge=0)  # a token whose behaviour weight exceeds this leaves the mask; 0: no cap
 
 
 @corrections.register("none")

@@ -23,7 +23,7 @@ from posttrain.objectives.off_policy import Corrected, corrections
 
 
 class OPSMOptions(Section):
-    delta: float  # the largest mean log(mu / pi) a negative-advantage completion may have
+    delta: float = 0.1  # the largest mean log(mu / pi) a negative-advantage completion may have
 
 
 @corrections.register("opsm", options=OPSMOptions, advantages=True)

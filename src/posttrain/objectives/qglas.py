@@ -11,7 +11,7 @@ decides the direction of reinforcement, length may only add a bounded bonus to q
 
 Invariants: sign(A') = sign(A); A' = A where A <= 0; 0 <= A' - A <= b_max (additive); the longest positive
 gets no bonus; equal lengths in P give A' = A; the strength is non-increasing in sep.
-Settings: rl.options.qglas (defaults in params.yaml only).
+Settings: rl.options.qglas (defaults on its options model below).
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from posttrain.rollout import RolloutBatch
 
 
 class QGLASOptions(Section):
-    gamma_max: float = Field(ge=0)  # the largest bonus strength (at sep = 0)
-    b_max: float = Field(ge=0)  # cap on the bonus, in advantage units
-    sigma_0: float = Field(gt=0)  # separation scale of the strength's decay
-    eps: float = Field(gt=0)  # in sep's denominator
-    mode: Literal["additive", "multiplicative"]
+    gamma_max: float = Field(0.5, ge=0)  # the largest bonus strength (at sep = 0)
+    b_max: float = Field(0.5, ge=0)  # cap on the bonus, in advantage units
+    sigma_0: float = Field(0.5, gt=0)  # separation scale of the strength's decay
+    eps: float = Field(1e-06, gt=0)  # in sep's denominator
+    mode: Literal["additive", "multiplicative"] = "additive"  # additive | multiplicative (A * (1 + b), sign-safe)
 
 
 def strength(sep: Tensor, opts: QGLASOptions) -> Tensor:

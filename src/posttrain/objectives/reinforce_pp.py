@@ -27,7 +27,7 @@ from posttrain.rollout import RolloutBatch
 
 
 class ReinforcePPOptions(Section):
-    whiten: Literal["tokens", "sequences"]  # batch statistics over response tokens (verl) or one per response
+    whiten: Literal["tokens", "sequences"] = "tokens"  # batch statistics over response tokens (verl) or one per response
 
 
 def token_whiten(values: Tensor, valid: Tensor, mask: Tensor, eps: float) -> Tensor:

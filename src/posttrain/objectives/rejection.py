@@ -33,9 +33,9 @@ Mode = Literal["token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "
 
 
 class RejectionOptions(Section):
-    mode: Mode
-    low: float = Field(gt=0)  # k1 modes: the lower ratio bound (ignored by k2 / k3)
-    high: float = Field(gt=0)  # k1: the upper ratio bound; k2 / k3: the largest divergence kept
+    mode: Mode = "seq_mean_k3"
+    low: float = Field(0.5, gt=0)  # k1 modes: the lower ratio bound (ignored by k2 / k3)
+    high: float = Field(0.01, gt=0)  # k1: the upper ratio bound; k2 / k3: the largest divergence kept
 
 
 def divergence(lr: Tensor, kind: str) -> Tensor:

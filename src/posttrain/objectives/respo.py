@@ -31,11 +31,11 @@ LOG_W_BOUND = 20.0
 
 
 class ReSPOOptions(Section):
-    a_pos: float = Field(ge=0, lt=1)  # alpha-divergence power of the positive branch
-    lambda_pos: float = Field(ge=0)  # variance-control tilt of the positive branch
-    phi_min: float = Field(gt=0, le=1)  # floor of the positive branch (<= 1 keeps phi_+(1) = 1)
-    a_neg: float = Field(ge=1)
-    lambda_neg: float = Field(gt=0)
+    a_pos: float = Field(0.5, ge=0, lt=1)  # alpha-divergence power of the positive branch
+    lambda_pos: float = Field(1.0, ge=0)  # variance-control tilt of the positive branch
+    phi_min: float = Field(0.2, gt=0, le=1)  # floor of the positive branch (<= 1 keeps phi_+(1) = 1)
+    a_neg: float = Field(3.0, ge=1)  # phi_- = w^a_neg exp(lambda_neg (1 - w)), max at w = a_neg / lambda_neg
+    lambda_neg: float = Field(2.0, gt=0)
 
 
 def sequence_log_weight(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:

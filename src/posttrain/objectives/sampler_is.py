@@ -26,10 +26,10 @@ from posttrain.objectives.token_stats import masked_mean, masked_share
 
 
 class SamplerISOptions(Section):
-    level: Literal["token", "sequence"]
-    mode: Literal["truncate", "mask"]
-    low: float = Field(ge=0)  # 0: no lower bound
-    high: float = Field(gt=0)
+    level: Literal["token", "sequence"] = "token"
+    mode: Literal["truncate", "mask"] = "truncate"
+    low: float = Field(0.0, ge=0)  # 0: no lower bound
+    high: float = Field(3.0, gt=0)
 
 
 @corrections.register("sampler_is", options=SamplerISOptions)

@@ -29,8 +29,8 @@ from posttrain.objectives.token_stats import masked_mean, masked_share
 
 
 class SAPOOptions(Section):
-    tau_pos: float = Field(gt=0)  # gate temperature for A > 0
-    tau_neg: float = Field(gt=0)  # for A <= 0
+    tau_pos: float = Field(1.0, gt=0)  # gate temperature for A > 0
+    tau_neg: float = Field(1.05, gt=0)  # for A <= 0
 
 
 @losses.register("sapo", needs=(), options=SAPOOptions)

@@ -26,8 +26,8 @@ from posttrain.objectives.token_stats import masked_share
 
 
 class TOPROptions(Section):
-    positive_weight: float = Field(ge=0)
-    negative_weight: float = Field(ge=0)
+    positive_weight: float = Field(1.0, ge=0)
+    negative_weight: float = Field(1.0, ge=0)
 
 
 @losses.register("topr", needs=(), options=TOPROptions)

@@ -12,7 +12,7 @@ forward and to train the critic (rl.critic: lr, warm-up steps during which only 
 
 Figures: value/loss, value/clipfrac, value/explained_variance = 1 - Var(R - V_old) / Var(R) over policy
 tokens (1 for a perfect critic, 0 for one no better than the mean), value/mean, value/returns_mean.
-Settings: rl.options.value (defaults in params.yaml only).
+Settings: rl.options.value (defaults on its options model below).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class CriticOutputs(PolicyOutputs):
 
 
 class ValueLossOptions(Section):  # rl.options.value
-    clip: float = Field(gt=0)  # eps_v: how far one update may move a value from its rollout-time estimate
+    clip: float = Field(0.2, gt=0)  # eps_v: how far one update may move a value from its rollout-time estimate
 
 
 def clipped_value_loss(vpred: Tensor, returns: Tensor, old_values: Tensor, mask: Tensor, clip: float, cfg) -> tuple[Tensor, Tensor]:

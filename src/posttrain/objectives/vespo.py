@@ -32,10 +32,10 @@ LOG_W_FLOOR = math.log(1e-8)
 
 
 class VESPOOptions(Section):
-    k_pos: float = Field(ge=0)
-    lambda_pos: float = Field(ge=0)
-    k_neg: float = Field(ge=0)
-    lambda_neg: float = Field(ge=0)
+    k_pos: float = Field(2.0, ge=0)
+    lambda_pos: float = Field(3.0, ge=0)
+    k_neg: float = Field(3.0, ge=0)
+    lambda_neg: float = Field(2.0, ge=0)
 
 
 def gamma_weight(log_w: Tensor, adv: Tensor, opts: VESPOOptions) -> Tensor:

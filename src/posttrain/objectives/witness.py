@@ -34,11 +34,11 @@ from posttrain.rollout import RolloutBatch
 
 
 class WitnessOptions(Section):
-    kernel: Literal["delta", "rbf"]  # rbf treats outcomes 1..K as ordinal
-    bandwidth: float = Field(gt=0)  # rbf h, in outcome-index units (unused by delta)
-    leave_one_out: bool  # the unbiased estimate; false uses the plug-in p_hat = n / G
-    as_reward: bool  # true: GRPO reward (group-normalised); false: the advantage itself, times `scale`
-    scale: float = Field(gt=0)
+    kernel: Literal["delta", "rbf"] = "delta"  # rbf treats outcomes 1..K as ordinal
+    bandwidth: float = Field(1.0, gt=0)  # rbf h, in outcome-index units (unused by delta)
+    leave_one_out: bool = True  # the unbiased estimate; false uses the plug-in p_hat = n / G
+    as_reward: bool = False  # true: GRPO reward (group-normalised); false: the advantage itself, times `scale`
+    scale: float = Field(1.0, gt=0)
 
 
 def kernel_matrix(n_outcomes: int, opts: WitnessOptions, dtype=torch.float32, device=None) -> Tensor:

@@ -1,7 +1,8 @@
 """One schema for every entry point, generated from the pydantic config and the registries.
 
 `param_specs` turns `Config` into one JSON Schema per `section.key` (what an Airflow `Param` takes), with
-registry-backed keys as enums of the registered names and `params.yaml`'s values as defaults.
+registry-backed keys as enums of the registered names, the run's values as defaults and the settings models'
+comments as descriptions.
 `pipeline_spec` bundles those with the task graph of every pipeline into the JSON the DAG files read,
 so that the DAGs import neither posttrain nor torch. `values_to_raw` maps such values back to sections.
 """
@@ -10,13 +11,10 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from posttrain.config import Config, Registered, registered_keys
+from posttrain.config import Config, Registered, field_comments, registered_keys
 from posttrain.registry import IMPORT_PATH, Registry, admitted
 from posttrain.errors import UserError
 from posttrain.orchestration.graph import Task, check_overrides, load_pipelines
@@ -50,25 +48,27 @@ def _with_enum(schema: dict[str, Any], registry: Registry, marker: Registered) -
 
 
 def param_specs(params_yaml: Path) -> dict[str, dict[str, Any]]:
-    """`section.key` -> {"default", "schema", "section"} for every run setting in `Config`. Keys marked
-    `Registered` in config.py (the same markers `posttrain.resolve` checks) are enums of the registered names:
-    a key itself, each item of a tuple (`rl.aux[]`), a field of each item (`rl.rewards[].name`), or a field of a
-    nested settings object (`motion.rl.advantage`)."""
+    """`section.key` -> {"default", "schema", "section", "description"} for every run setting in `Config`. The
+    default is the value a run of `params_yaml` gets (the file over the settings models' defaults); the description
+    the comment on the setting's line in its settings model (`config.field_comments`). Keys marked `Registered` in
+    config.py (the same markers `posttrain.resolve` checks) are enums of the registered names: a key itself, each
+    item of a tuple (`rl.aux[]`), a field of each item (`rl.rewards[].name`), or a field of a nested settings
+    object (`motion.rl.advantage`)."""
     from posttrain.resolve import all_registries
 
     registries = all_registries()
     marked = registered_keys(Config)
     full = Config.model_json_schema()
     root = _inline_refs(full, full.get("$defs", {}))
-    defaults = yaml.safe_load(Path(params_yaml).read_text())
-    descriptions = param_descriptions(params_yaml)
+    defaults = run_values(params_yaml)
     specs: dict[str, dict[str, Any]] = {}
     for section, section_schema in root["properties"].items():
         if section == ORCHESTRATION_SECTION:
             continue
+        descriptions = field_comments(Config.model_fields[section].annotation)
         for key, schema in section_schema["properties"].items():
             name = f"{section}.{key}"
-            schema = {k: v for k, v in schema.items() if k not in ("title", "default", "description")}  # the default is params.yaml's, beside the schema; the description its comment (a settings class's docstring is not one)
+            schema = {k: v for k, v in schema.items() if k not in ("title", "default", "description")}  # the default is the run's, beside the schema
             if name in marked:
                 schema = _with_enum(schema, registries[marked[name].registry], marked[name])
             if f"{name}[]" in marked and "items" in schema:
@@ -81,44 +81,18 @@ def param_specs(params_yaml: Path) -> dict[str, dict[str, Any]]:
                 for part in path[:-1]:
                     parent = parent["properties"][part]
                 parent["properties"][path[-1]] = _with_enum(parent["properties"][path[-1]], registries[marker.registry], marker)
-            described = descriptions.get(name) or f"{name} (params.yaml: {json.dumps(defaults[section][key], default=str)[:60]})"
-            specs[name] = {"default": defaults[section][key], "schema": schema, "section": section, "description": described}
+            default = defaults[section][key]
+            described = descriptions.get(key) or f"{name} (default: {json.dumps(default, default=str)[:60]})"
+            specs[name] = {"default": default, "schema": schema, "section": section, "description": described}
     return specs
 
 
-_SECTION_LINE = re.compile(r"^(?P<section>[A-Za-z_]\w*):")
-_KEY_LINE = re.compile(r"^  (?P<key>[A-Za-z_]\w*):(?P<rest>.*)$")
-_COMMENT_LINE = re.compile(r"^\s+#\s?(?P<text>.*)$")
+def run_values(params_yaml: Path) -> dict[str, dict[str, Any]]:
+    """Every setting of a run of `params_yaml` as JSON values: the file over the models' defaults (an `options`
+    mapping as the file or the section's default gives it, not every component's parsed block)."""
+    from posttrain import config as settings
 
-
-def _comment_of(rest: str) -> str:
-    """The `# ...` comment after a YAML value on its line (a `#` inside quotes is part of the value)."""
-    quote = None
-    for i, char in enumerate(rest):
-        if char in "'\"" and quote in (None, char):
-            quote = None if quote else char
-        elif char == "#" and quote is None and (i == 0 or rest[i - 1].isspace()):
-            return rest[i + 1 :].strip()
-    return ""
-
-
-def param_descriptions(params_yaml: Path) -> dict[str, str]:
-    """`section.key` -> the comment `params.yaml` gives that key (its line, plus comment-only lines right below)."""
-    found: dict[str, str] = {}
-    section, last = None, None
-    for line in Path(params_yaml).read_text().splitlines():
-        if (match := _SECTION_LINE.match(line)) is not None:
-            section, last = match["section"], None
-        elif section and (match := _KEY_LINE.match(line)) is not None:
-            last = f"{section}.{match['key']}"
-            comment = _comment_of(match["rest"])
-            if comment:
-                found[last] = comment
-        elif last and (match := _COMMENT_LINE.match(line)) is not None and last in found and len(line) - len(line.lstrip()) > 2:
-            found[last] += " " + match["text"].strip()
-        elif line.strip() and not line.startswith("   "):
-            last = None  # a nested value ends a key's comment
-    return found
+    return settings.Config.model_validate(settings.read_params(Path(params_yaml))).model_dump(mode="json")
 
 
 def values_to_raw(values: dict[str, Any]) -> dict[str, Any]:
@@ -160,7 +134,7 @@ def pipeline_spec(params_yaml: Path, repo: Path) -> dict[str, Any]:
     for pipeline in found.values():
         check_overrides(pipeline, params_yaml)
     return {
-        "orchestration": yaml.safe_load(Path(params_yaml).read_text())[ORCHESTRATION_SECTION],
+        "orchestration": run_values(params_yaml)[ORCHESTRATION_SECTION],
         "params": param_specs(params_yaml),
         "pipelines": {name: [task_spec(t) for t in p.tasks] for name, p in found.items()},
         "overrides": {name: list(p.overrides) for name, p in found.items()},

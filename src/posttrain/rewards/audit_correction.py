@@ -13,7 +13,7 @@ Audits are drawn from torch's global generator, which the trainer seeds from pip
 every checkpoint, so a resumed run draws the same audits as an uninterrupted one.
 Invariants: E_audit[r] = V - mu E; unaudited -> exactly V; rho = 1 -> V - mu E; mu > 1 raises the correct
 arm and lowers the accepted-error arm of a 3-arm bandit, mu = 0 raises the accepted-error arm.
-Settings: rl.options.audit_correction (defaults in params.yaml only); needs the rl settings (`needs=("rl",)`).
+Settings: rl.options.audit_correction (defaults on its options model below); needs the rl settings (`needs=("rl",)`).
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from posttrain.rewards import rewards
 
 
 class AuditOptions(Section):
-    false_accept: float = Field(ge=0, le=1)  # probability that the verifier accepts a given wrong, parsable answer
-    audit_rate: float = Field(gt=0, le=1)  # rho: each sample is audited independently with this probability
-    mu: float = Field(ge=0)  # correction strength; must exceed 1 for selective control (0: pure RLVR on V)
-    variant: Literal["minimal", "symmetric"]
-    seed: int  # seeds the verifier's false accepts (the audits follow pipeline.seed)
+    false_accept: float = Field(0.1, ge=0, le=1)  # probability that the verifier accepts a given wrong, parsable answer
+    audit_rate: float = Field(0.1, gt=0, le=1)  # rho: each sample is audited independently with this probability
+    mu: float = Field(2.0, ge=0)  # correction strength; must exceed 1 for selective control (0: pure RLVR on V)
+    variant: Literal["minimal", "symmetric"] = "minimal"  # minimal | symmetric (r = V + mu (O / rho) (C - V))
+    seed: int = 0  # seeds the verifier's false accepts (the audits follow pipeline.seed)
 
 
 def unit_hash(*parts: str) -> float:

@@ -36,8 +36,8 @@ POOLING_FILE = "bt_pooling.json"  # saved next to the weights: how the reward re
 
 
 class BTOptions(Section):  # rl.options.bt
-    path: str  # the reward_model stage's output directory (holding model/)
-    clip: bool  # clamp r(x, y) to its range on the held-out pairs
+    path: str = "outputs/reward_model"  # the reward_model stage's output directory (holding model/)
+    clip: bool = False  # clamp r(x, y) to its range on the held-out pairs
 
 
 def encode_texts(tokenizer, prompts: Sequence[str | Prompted], responses: Sequence[str], device) -> tuple[Tensor, Tensor, Tensor]:

@@ -35,8 +35,8 @@ care_weight_sources: Registry = Registry("care weight source")
 
 
 class CareOptions(Section):  # rl.options.care
-    source: str  # care_weight_sources: generator | uniform | oracle
-    path: str  # the care stage's output directory (holding model/), read when source is generator
+    source: str = "generator"  # care_weight_sources: generator | uniform | oracle
+    path: str = "outputs/care"  # the care stage's output directory (holding model/), read when source is generator
 
     @field_validator("source")
     @classmethod

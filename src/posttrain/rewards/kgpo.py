@@ -38,16 +38,16 @@ from posttrain.tasks.diagnosis import KnowledgeGraph, parse_differential, phenot
 
 
 class KGPOOptions(Section):
-    top_k: int = Field(ge=1)  # K: the output budget
-    cap: float = Field(gt=0, lt=1)  # the most a non-gold node can earn
-    w_grade: float = Field(ge=0)
-    w_onto: float = Field(ge=0)
-    w_emb: float = Field(ge=0)
-    w_phen: float = Field(ge=0)
-    tau_o: float = Field(gt=0)  # ontology proximity scale, in hops
-    c_vocab: float = Field(ge=0)  # penalty per unmapped (fabricated) name
-    c_budget: float = Field(ge=0)  # penalty per item beyond K
-    aggregation: Literal["dcg", "saturating"]  # how the discounted gains combine (see the module docstring)
+    top_k: int = Field(3, ge=1)  # K: the output budget
+    cap: float = Field(0.5, gt=0, lt=1)  # the most a non-gold node can earn
+    w_grade: float = Field(0.4, ge=0)  # curated grade: 0.7 parent/subtype, 0.4 same group
+    w_onto: float = Field(0.2, ge=0)  # ontology proximity exp(-hops / tau_o)
+    w_emb: float = Field(0.2, ge=0)  # cosine of the graph embeddings
+    w_phen: float = Field(0.2, ge=0)  # share of the patient's phenotypes the disease explains
+    tau_o: float = Field(2.0, gt=0)  # ontology proximity scale, in hops
+    c_vocab: float = Field(0.1, ge=0)  # penalty per unmapped (fabricated) name
+    c_budget: float = Field(0.05, ge=0)  # penalty per item beyond K
+    aggregation: Literal["dcg", "saturating"] = "saturating"  # how the discounted gains combine (see the module docstring)
 
     @model_validator(mode="after")
     def _some_weight(self) -> "KGPOOptions":

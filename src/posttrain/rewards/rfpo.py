@@ -11,7 +11,7 @@ A rollout cut at the length budget (rl.max_new_tokens, the truncation length T_c
 its last state s_{T_c}: it is rewarded early, as the complete ones are. b(L) is re-estimated on every batch, so
 adding any function of length to V (per length; per bin with `bins`) leaves R unchanged. Used with the same frozen
 critic as the GAE baseline (rl.advantage: gae with no `value` term; preset `rfpo`), read from `rl.critic.path`.
-Settings: rl.options.rfpo (defaults in params.yaml only).
+Settings: rl.options.rfpo (defaults on its options model below).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from posttrain.rewards.trained import _cached
 
 
 class RFPOOptions(Section):  # rl.options.rfpo
-    tau: float  # threshold on the debiased score (0: above the batch's mean at that length)
-    bins: int | None = Field(gt=0)  # null: b(L) per exact length; else equal-width bins over 1..rl.max_new_tokens
-    binarize: bool  # false: the raw critic score V(s_L) (the length exploit the debiasing removes)
+    tau: float = 0.0  # threshold on the debiased score (0: above the batch's mean at that length)
+    bins: int | None = Field(None, gt=0)  # null: b(L) per exact length; else equal-width bins over 1..rl.max_new_tokens
+    binarize: bool = True  # false: the raw critic score V(s_L) (the length exploit the debiasing removes)
 
 
 def length_baseline(scores: Tensor, lengths: Tensor, max_len: int, bins: int | None) -> Tensor:

@@ -11,7 +11,7 @@ pattern), else `fallback`. sim: difflib ratio over word/punctuation tokens, in [
 consecutive rows sharing one Example object (how the trainer expands prompts).
 Invariants: c = 0 => no bonus; D in [0, 1], R <= 1 + beta_b + beta_w; one strategy => D_b = 0;
 permutation-invariant in a group; a strategy used by a single correct rollout gets the largest D_b.
-Settings: rl.options.sdrl (defaults in params.yaml only); needs the rl settings (`needs=("rl",)`).
+Settings: rl.options.sdrl (defaults on its options model below); needs the rl settings (`needs=("rl",)`).
 """
 
 from __future__ import annotations
@@ -31,10 +31,14 @@ _TOKEN = re.compile(r"\w+|[^\w\s]")
 
 
 class SDRLOptions(Section):
-    beta_b: float = Field(ge=0)  # weight of the between-strategy bonus
-    beta_w: float = Field(ge=0)  # weight of the within-strategy bonus
-    strategies: dict[str, tuple[str, ...]]  # label -> regexes, checked in order; first label that matches wins
-    fallback: str  # the label of a completion no pattern matches
+    beta_b: float = Field(0.2, ge=0)  # weight of the between-strategy bonus
+    beta_w: float = Field(0.1, ge=0)  # weight of the within-strategy bonus
+    strategies: dict[str, tuple[str, ...]] = {  # label -> regexes, checked in order; first label that matches wins
+        "solver": (r"\b(gurobipy|pyomo|pulp|ortools|cp_model|cvxpy|linprog|milp)\b",),
+        "exact": (r"branch.and.bound", r"\bdp\[", r"\b(dijkstra|bellman|memo|lru_cache|networkx)\b", r"itertools\.(permutations|product|combinations)"),
+        "heuristic": (r"local.search", r"simulated.anneal", r"\b(genetic|greedy|tabu|mutation)\b", r"random\.(random|choice|shuffle|randint)"),
+    }
+    fallback: str = "other"  # the label of a completion no pattern matches
 
     @field_validator("strategies")
     @classmethod

@@ -40,7 +40,7 @@ JUDGE_TASK = "trm_judge"  # what the pairwise training rewards judge: TRM prompt
 
 
 class TRMOptions(Section):  # rl.options.trm
-    path: str  # the reward_model stage's output directory (holding model/)
+    path: str = "outputs/reward_model"  # the reward_model stage's output directory (holding model/)
 
 
 def judge_prompt(prompt: str, response: str) -> str:

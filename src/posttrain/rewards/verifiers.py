@@ -119,8 +119,8 @@ def multiple_choice(task, examples, completions: Sequence[str], finished) -> Ten
 # --- a regular expression ---------------------------------------------------------------------------------
 
 class RegexMatchOptions(Section):
-    pattern: str  # the answer is its last match in the completion: group 1 if the pattern has a group, else the match
-    normalize: bool  # compare normalised (as normalized_match does) instead of exactly
+    pattern: str = "-?[\\d,]*\\.?\\d+"  # the answer is its last match in the completion: group 1 if the pattern has a group, else the match
+    normalize: bool = True  # compare normalised (as normalized_match does) instead of exactly
 
     @field_validator("pattern")
     @classmethod

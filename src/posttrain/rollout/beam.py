@@ -48,17 +48,17 @@ def local_tilt(step_base: Tensor, step_pos: Tensor, step_neg: Tensor, beta: floa
 
 
 class BeamOptions(Section):
-    width: int = Field(ge=1)  # beams kept per prompt
-    length_penalty: float = Field(ge=0.0)  # finished hypotheses rank by score / length^length_penalty (0: raw sum)
+    width: int = Field(4, ge=1)  # beams kept per prompt
+    length_penalty: float = Field(1.0, ge=0.0)  # finished hypotheses rank by score / length^length_penalty (0: raw sum)
 
 
 class TTSDOptions(Section):
-    width: int = Field(ge=1)  # beams kept per prompt
-    top_k: int = Field(ge=1)  # tokens of the base model each beam expands by
-    beta: float = Field(gt=0.0)  # 1/beta: the guidance strength of the log-odds reward
-    length_penalty: float = Field(ge=0.0)
-    positive: str  # c+, written before the prompt's text
-    negative: str  # c-
+    width: int = Field(4, ge=1)  # beams kept per prompt
+    top_k: int = Field(8, ge=1)  # tokens of the base model each beam expands by
+    beta: float = Field(1.0, gt=0.0)  # 1/beta: the guidance strength of the log-odds reward
+    length_penalty: float = Field(1.0, ge=0.0)
+    positive: str = "expert, verified: "  # c+, written before the prompt's text
+    negative: str = "careless: "  # c-
 
 
 @torch.no_grad()

@@ -211,15 +211,15 @@ class PoolPolicy:
 
 
 class MaxStalenessOptions(Section):
-    cap: int = Field(ge=0)  # reject a group whose oldest token lags the trainer by more than this many versions
+    cap: int = Field(4, ge=0)  # reject a group whose oldest token lags the trainer by more than this many versions
 
 
 class PACEOptions(Section):
-    kappa: float = Field(ge=1.0)  # target occupancy P* = ceil(kappa * batch groups)
-    rho: float = Field(ge=0.0, le=1.0)  # share of the excess occupancy rejected per draw
-    beta_g: float = Field(ge=0.0)  # weight of the prefix-aware generation staleness in E
-    cap: int = Field(ge=0)  # optional hard cap applied first, as max_staleness (0: off)
-    order: Literal["fifo", "lowest_e"]  # how the trainer draws from what remains
+    kappa: float = Field(1.0, ge=1.0)  # target occupancy P* = ceil(kappa * batch groups)
+    rho: float = Field(1.0, ge=0.0, le=1.0)  # share of the excess occupancy rejected per draw
+    beta_g: float = Field(1.0, ge=0.0)  # weight of the prefix-aware generation staleness in E
+    cap: int = Field(0, ge=0)  # optional hard cap applied first, as max_staleness (0: off)
+    order: Literal["fifo", "lowest_e"] = "fifo"  # how the trainer draws from what remains
 
 
 @pool_policies.register("none")

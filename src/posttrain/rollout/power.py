@@ -143,20 +143,20 @@ def tempered_chains(engine, prompt_ids: Tensor, prompt_mask: Tensor, *, n: int, 
 
 
 class PowerOptions(Section):
-    alpha: float = Field(ge=1.0)  # the power of p(y|x)^alpha; the proposal's temperature is 1/alpha
-    blocks: int = Field(ge=1)  # the answer grows in this many blocks of ceil(max_new_tokens / blocks) tokens
-    mcmc_steps: int = Field(ge=0)  # MH moves per block
-    full_tail: bool  # false: the paper's truncated comparison; true: PPT's full-sequence scoring
+    alpha: float = Field(4.0, ge=1.0)  # the power of p(y|x)^alpha; the proposal's temperature is 1/alpha
+    blocks: int = Field(3, ge=1)  # the answer grows in this many blocks of ceil(max_new_tokens / blocks) tokens
+    mcmc_steps: int = Field(2, ge=0)  # MH moves per block
+    full_tail: bool = False  # false: the paper's truncated comparison; true: PPT's full-sequence scoring
 
 
 class PPTOptions(Section):
-    alpha: float = Field(ge=1.0)  # alpha_M, the top of the geometric ladder (alpha_1 = 1)
-    replicas: int = Field(ge=1)  # M
-    blocks: int = Field(ge=1)
-    mcmc_steps: int = Field(ge=0)  # MH moves per block and replica
-    swap: Literal["deo", "random"]  # even-odd pairs alternately, or one random neighbour pair per round
-    swap_every: int = Field(ge=1)  # blocks between swap rounds
-    full_tail: bool  # true removes the truncation bias (the method's default)
+    alpha: float = Field(4.0, ge=1.0)  # alpha_M, the top of the geometric ladder (alpha_1 = 1)
+    replicas: int = Field(4, ge=1)  # M
+    blocks: int = Field(3, ge=1)
+    mcmc_steps: int = Field(1, ge=0)  # MH moves per block and replica
+    swap: Literal["deo", "random"] = "deo"  # even-odd pairs alternately, or one random neighbour pair per round
+    swap_every: int = Field(1, ge=1)  # blocks between swap rounds
+    full_tail: bool = True  # true removes the truncation bias (the method's default)
 
 
 def run_chains(model, prompt_ids: Tensor, prompt_mask: Tensor, ladder: Sequence[float], n: int, max_new_tokens: int, eos_id: int,

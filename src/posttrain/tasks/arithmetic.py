@@ -44,13 +44,13 @@ ROUTES = ("column", "split")
 
 
 class ArithmeticOptions(Section):
-    quality_tags: bool  # false: every train solution is correct and untagged
-    careless_fraction: float = Field(ge=0.0, le=1.0)  # train solutions with a planted error
-    tagged_fraction: float = Field(ge=0.0, le=1.0)  # train examples whose prompt starts with their quality tag
-    expert_tag: str = Field(min_length=1)
-    careless_tag: str = Field(min_length=1)
-    worked_steps: bool  # true: completions are "<steps>:<answer>" (operations + and * only)
-    routes: tuple[Literal["column", "split"], ...] = Field(min_length=1)  # worked_steps: the routes references follow
+    quality_tags: bool = False  # false: every train solution is correct and untagged
+    careless_fraction: float = Field(0.3, ge=0.0, le=1.0)  # train solutions with a planted error
+    tagged_fraction: float = Field(0.5, ge=0.0, le=1.0)  # train examples whose prompt starts with their quality tag
+    expert_tag: str = Field("expert, verified: ", min_length=1)  # before a correct solution (eval.options.ttsd.positive)
+    careless_tag: str = Field("careless: ", min_length=1)  # before a planted error (eval.options.ttsd.negative)
+    worked_steps: bool = False  # true: completions are "<steps>:<answer>" (operations + and * only)
+    routes: tuple[Literal["column", "split"], ...] = Field(("column", "split"), min_length=1)  # worked_steps: the routes references follow
 
 
 @tasks.register("arithmetic", options=ArithmeticOptions)

@@ -49,12 +49,12 @@ ALLOWED = {"prompt": TEXT, "messages": ("conversation",), "answer": ("text", "nu
 
 
 class DatasetFields(Section):
-    prompt: str | None  # the column of the user turn (or `messages`)
-    messages: str | None  # the column of a chat conversation [{role, content}] (or `prompt`)
-    answer: str  # the column of the reference answer (text or a number)
-    completion: str | None  # the column of a reference solution for SFT; null: see the module docstring
-    system: str | None  # the column of a per-row system prompt
-    metadata: Literal["all"] | tuple[str, ...]  # columns handed to rewards as Example.metadata; all: every unmapped one
+    prompt: str | None = "prompt"  # the column of the user turn (or `messages`)
+    messages: str | None = None  # the column of a chat conversation [{role, content}] (or `prompt`)
+    answer: str = "answer"  # the column of the reference answer (text or a number)
+    completion: str | None = None  # the column of a reference solution for SFT; null: see the module docstring
+    system: str | None = None  # the column of a per-row system prompt
+    metadata: Literal["all"] | tuple[str, ...] = ()  # columns handed to rewards as Example.metadata; all: every unmapped one
 
     @model_validator(mode="after")
     def _one_prompt(self) -> "DatasetFields":
@@ -64,22 +64,22 @@ class DatasetFields(Section):
 
 
 class DatasetOptions(Section):
-    path: str | None  # a .jsonl / .parquet / .csv file or a datasets.save_to_disk directory, local or s3://
-    fields: DatasetFields
-    system_prompt: str | None  # one system prompt for every row (instead of fields.system)
-    heldout: Literal["fraction", "split", "file"]  # where the held-out rows come from
-    heldout_fraction: float = Field(gt=0, lt=1)  # heldout: fraction: the share of rows held out, drawn with `seed`
-    seed: int | None  # null: pipeline.seed
-    train_split: str  # heldout: split: the train split's name (a DatasetDict split or a split_column value)
-    heldout_split: str  # heldout: split: the held-out split's name
-    split_column: str  # heldout: split, for a file: the column naming each row's split
-    heldout_path: str | None  # heldout: file: the held-out rows, in any format, mapped by the same fields
-    dedupe: bool  # drop repeated prompts (the system prompt and conversation count); a held-out prompt leaves train
-    max_prompt_chars: int = Field(ge=0)  # drop longer prompts (system + conversation up to the prompt); 0: no cap
-    max_prompt_tokens: int = Field(ge=0)  # the same in tokens of `tokenizer` (no chat template); 0: no cap
-    tokenizer: str | None  # a tokenizer directory or hub id (your checkpoint's) for max_prompt_tokens
-    answer_pattern: str  # last_number | boxed | answer_line | whole | a regex whose group 1 is the answer
-    verifier: Literal["exact", "normalized", "math"]
+    path: str | None = None  # a .jsonl / .parquet / .csv file or a datasets.save_to_disk directory, local or s3://
+    fields: DatasetFields = DatasetFields()  # which column holds what
+    system_prompt: str | None = None  # one system prompt for every row (instead of fields.system)
+    heldout: Literal["fraction", "split", "file"] = "fraction"  # where the held-out rows come from
+    heldout_fraction: float = Field(0.1, gt=0, lt=1)  # heldout: fraction: the share of rows held out, drawn with `seed`
+    seed: int | None = None  # null: pipeline.seed
+    train_split: str = "train"  # heldout: split: the train split's name (a DatasetDict split or a split_column value)
+    heldout_split: str = "test"  # heldout: split: the held-out split's name
+    split_column: str = "split"  # heldout: split, for a file: the column naming each row's split
+    heldout_path: str | None = None  # heldout: file: the held-out rows, in any format, mapped by the same fields
+    dedupe: bool = True  # drop repeated prompts (the system prompt and conversation count); a held-out prompt leaves train
+    max_prompt_chars: int = Field(0, ge=0)  # drop longer prompts (system + conversation up to the prompt); 0: no cap
+    max_prompt_tokens: int = Field(0, ge=0)  # the same in tokens of `tokenizer` (no chat template); 0: no cap
+    tokenizer: str | None = None  # a tokenizer directory or hub id (your checkpoint's) for max_prompt_tokens
+    answer_pattern: str = "last_number"  # last_number | boxed | answer_line | whole | a regex whose group 1 is the answer
+    verifier: Literal["exact", "normalized", "math"] = "normalized"  # exact | normalized | math
     answer_format: str | None = None  # how a bare answer is written ("#### {answer}"); null: answer_pattern's preset, or the bare answer
 
     @field_validator("answer_format")

@@ -13,7 +13,7 @@ gene (subtypes share their parent's gene). Disease names are codes: a primary na
 Every prompt shows `shown_phenotypes` of the gold disease's phenotypes, at least one of them its own, so
 the gold disease is always identifiable; a differential's later items earn the graded partial credit of the
 `kgpo` reward. Distinct prompts are (disease, phenotype subset, order) triples; the splits are disjoint.
-Settings: task.options.diagnosis (params.yaml).
+Settings: task.options.diagnosis (defaults on its options model).
 """
 
 from __future__ import annotations
@@ -38,13 +38,13 @@ _LIST = re.compile(rf"{_ITEM}(,{_ITEM})*")
 
 
 class DiagnosisOptions(Section):
-    groups: int = Field(ge=1)
-    parents_per_group: int = Field(ge=1)
-    subtypes_per_parent: int = Field(ge=0)
-    own_phenotypes: int = Field(ge=1)  # phenotypes specific to one disease
-    shown_phenotypes: int = Field(ge=1, le=6)  # |H|: phenotypes in a prompt
-    top_k: int = Field(ge=1)  # the longest reference differential (1..top_k items; the kgpo budget is rl.options.kgpo.top_k)
-    graph_seed: int
+    groups: int = Field(3, ge=1)  # ontology: root -> groups -> parent diseases -> subtypes
+    parents_per_group: int = Field(3, ge=1)
+    subtypes_per_parent: int = Field(2, ge=0)
+    own_phenotypes: int = Field(3, ge=1)  # phenotypes specific to one disease
+    shown_phenotypes: int = Field(3, ge=1, le=6)  # |H|: phenotypes in a prompt
+    top_k: int = Field(3, ge=1)  # the longest reference differential (1..top_k items; the kgpo budget is rl.options.kgpo.top_k)
+    graph_seed: int = 0
 
     @model_validator(mode="after")
     def _fits(self) -> "DiagnosisOptions":

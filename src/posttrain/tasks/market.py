@@ -6,7 +6,7 @@ episodes (tool calls answered by the environment, masked from the loss) in place
 The splits are chronological: train decisions end, horizon included, before the first held-out decision day,
 so no held-out return is ever part of a train episode's outcome. The analyst's forecasts are right only as often
 as momentum is, so a demonstration is checked by replay (every observation is what the tools return at its
-decision time, `reference_verified`), not by its score. Settings: task.options.market (params.yaml).
+decision time, `reference_verified`), not by its score. Settings: task.options.market (defaults on its options model).
 """
 
 from __future__ import annotations
@@ -30,15 +30,15 @@ from posttrain.tasks.base import Example, Task
 
 
 class MarketOptions(Section):
-    tickers: int = Field(ge=2, le=len(TICKERS))
-    days: int = Field(ge=100, le=999)  # trading days in the series (decision days print as at most 3 digits)
-    horizon: int = Field(ge=1, le=20)  # H: the forecast is the return from the decision day to H days later
-    sandbox_seed: int  # the series (the same market for every pipeline seed)
-    heldout_share: float = Field(gt=0, lt=1)  # the last share of the decision days is held out (chronological split)
-    max_calls: int = Field(ge=1, le=16)  # tool calls per episode; one more ends it unscored
-    magnitude: Literal["buckets", "soft"]  # buckets: |f| and |r| in the same bucket; soft: max(0, 1 - ||f| - |r|| / tau)
-    magnitude_edges: tuple[float, ...]  # bucket edges in percent: [0, e1), [e1, e2), ..., [ek, inf)
-    tau: float = Field(gt=0)  # soft magnitude scale, in percent
+    tickers: int = Field(24, ge=2, le=len(TICKERS))  # stocks A.. in the seeded series (regimes: trend, mean reversion, quiet; GARCH volatility; market shocks)
+    days: int = Field(260, ge=100, le=999)  # trading days in the series (decision days print as at most 3 digits)
+    horizon: int = Field(5, ge=1, le=20)  # H: the forecast is the return from the decision day to H days later
+    sandbox_seed: int = 0  # the series (the same market for every pipeline seed)
+    heldout_share: float = Field(0.3, gt=0, lt=1)  # the last share of the decision days is held out (chronological split)
+    max_calls: int = Field(8, ge=1, le=16)  # tool calls per episode; one more ends it unscored
+    magnitude: Literal["buckets", "soft"] = "buckets"  # buckets: |f| and |r| in the same bucket; soft: max(0, 1 - ||f| - |r|| / tau)
+    magnitude_edges: tuple[float, ...] = (1.0, 3.0, 6.0)  # bucket edges in percent: [0, e1), [e1, e2), ..., [ek, inf)
+    tau: float = Field(2.0, gt=0)  # soft magnitude scale, in percent
 
     @field_validator("magnitude_edges")
     @classmethod

@@ -5,7 +5,7 @@ exact match or token F1 of the answer, minus `cost_per_call` per search call. It
 envs/retrievers.py; the episodes of the latest rollout stay readable (`last_episodes`) for a retriever learner.
 
 Splits: questions are drawn from every kind (who employs, where lives, where is the employer based) and split
-disjointly by question. Settings: task.options.search (params.yaml).
+disjointly by question. Settings: task.options.search (defaults on its options model).
 """
 
 from __future__ import annotations
@@ -31,20 +31,20 @@ from posttrain.tasks.base import Example, Task
 
 
 class SearchOptions(Section):
-    people: int = Field(ge=2)
-    companies: int = Field(ge=2)
-    cities: int = Field(ge=2)
-    corpus_seed: int  # the world (one corpus for every pipeline seed)
-    kinds: tuple[Literal["employer", "home", "hq"], ...]  # the question kinds drawn
-    retriever: Annotated[str, Registered("retrievers")]  # a registered retriever (envs/retrievers.py): bm25 | dual_encoder | path
-    retriever_path: str | None  # retriever `path`: the checkpoint directory
-    top_k: int = Field(ge=1)  # passages per search call
-    candidates: int = Field(ge=1)  # N: the stochastic retrieval policy's candidate set (top-N by score)
-    tau: float = Field(gt=0)  # softmax(score / tau) over the candidates
-    stochastic: bool  # false: the top k every call (greedy retrieval)
-    max_calls: int = Field(ge=1)  # search calls per episode; one more ends it unanswered
-    reward: Literal["em", "f1"]
-    cost_per_call: float = Field(ge=0)  # subtracted per search call from the reward
+    people: int = Field(600, ge=2)  # the seeded world: people p0.., each works at a company and lives in a city
+    companies: int = Field(40, ge=2)  # companies c0.., each based in a city
+    cities: int = Field(30, ge=2)  # cities t0..; 4 passages a person + 2 a company (gold facts and near-duplicate distractors)
+    corpus_seed: int = 0  # the world (one corpus for every pipeline seed)
+    kinds: tuple[Literal["employer", "home", "hq"], ...] = ("employer", "home", "hq")  # the question kinds drawn
+    retriever: Annotated[str, Registered("retrievers")] = "bm25"  # a registered retriever (envs/retrievers.py): bm25 | dual_encoder | path
+    retriever_path: str | None = None  # retriever `path`: the checkpoint directory
+    top_k: int = Field(2, ge=1)  # passages per search call
+    candidates: int = Field(20, ge=1)  # N: the stochastic retrieval policy's candidate set (top-N by score)
+    tau: float = Field(1.0, gt=0)  # softmax(score / tau) over the candidates
+    stochastic: bool = False  # false: the top k every call (greedy retrieval)
+    max_calls: int = Field(4, ge=1)  # search calls per episode; one more ends it unanswered
+    reward: Literal["em", "f1"] = "em"  # em (exact match) | f1 (SQuAD token F1) of the <answer>
+    cost_per_call: float = Field(0.0, ge=0)  # subtracted per search call from the reward
 
     @model_validator(mode="after")
     def _sizes(self) -> "SearchOptions":

@@ -38,8 +38,8 @@ from posttrain.trainers.loop import TrainLoop
 
 
 class BTModelOptions(Section):  # reward_model.options.bt
-    pooling: Literal["last", "response_sum"]  # where the value head's outputs become r(x, y)
-    sft_weight: float = Field(ge=0)  # alpha of the language-modelling loss on the chosen answers (0: plain BT)
+    pooling: Literal["last", "response_sum"] = "response_sum"  # where the value head's outputs become r(x, y)
+    sft_weight: float = Field(1.0, ge=0)  # alpha of the language-modelling loss on the chosen answers (0: plain BT)
 
 
 def language_head(model, policy_dir: Path, device) -> Callable[[Tensor], Tensor]:

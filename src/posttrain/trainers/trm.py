@@ -44,16 +44,16 @@ from posttrain.trainers.loop import TrainLoop
 
 
 class TRMModelOptions(Section):  # reward_model.options.trm; the section's steps / batch_size / lr: the format SFT warm-up
-    pairwise_reward: Literal["pd_grpo", "pairwise_margin"]  # PD-GRPO, or the plain margin-paying pairwise baseline
-    warmup_rubric: Literal["preferred", "own"]  # the warm-up's rubric: the pair's preferred answer, or the SFT model's own
-    rl_steps: int = Field(ge=0)  # pairwise RL steps after the warm-up (0: warm-up only)
-    pairs_per_step: int = Field(gt=0)
-    group_size: int = Field(ge=2)  # G rollouts per candidate: 2G per pair
-    max_new_tokens: int = Field(gt=0)  # the judgement's token budget
-    temperature: float = Field(gt=0)
-    lr: float = Field(gt=0)  # the RL phase's learning rate
-    alpha_format: float = Field(ge=0)
-    score_max: int = Field(gt=0)
+    pairwise_reward: Literal["pd_grpo", "pairwise_margin"] = "pd_grpo"  # PD-GRPO, or the plain margin-paying pairwise baseline
+    warmup_rubric: Literal["preferred", "own"] = "preferred"  # the warm-up's rubric: the pair's preferred answer, or the SFT model's own
+    rl_steps: int = Field(60, ge=0)  # pairwise RL steps after the warm-up (0: warm-up only)
+    pairs_per_step: int = Field(8, gt=0)
+    group_size: int = Field(8, ge=2)  # G rollouts per candidate: 2G per pair
+    max_new_tokens: int = Field(24, gt=0)  # the judgement's token budget
+    temperature: float = Field(1.0, gt=0)
+    lr: float = Field(0.0001, gt=0)  # the RL phase's learning rate
+    alpha_format: float = Field(0.5, ge=0)
+    score_max: int = Field(10, gt=0)
 
 
 def add_format_tokens(tokenizer) -> int:

@@ -27,12 +27,12 @@ from posttrain.rollout import RolloutBatch
 
 
 class GATSOptions(Section):
-    w_max: float = Field(ge=0)
-    mu: float = Field(ge=0, lt=1)  # EMA decay of the student's success
-    g_0: float = Field(gt=0)  # the gap (relative to S_T) at and above which the full weight applies
-    latch: bool  # once the student reaches the teacher, never guide again
-    teacher_success: float | None = Field(ge=0, le=1)  # S_T; null: measured once on the first batch's prompts
-    eps: float = Field(gt=0)
+    w_max: float = Field(1.0, ge=0)
+    mu: float = Field(0.9, ge=0, lt=1)  # EMA decay of the student's success
+    g_0: float = Field(1.0, gt=0)  # the gap (relative to S_T) at and above which the full weight applies
+    latch: bool = True  # once the student reaches the teacher, never guide again
+    teacher_success: float | None = Field(None, ge=0, le=1)  # S_T; null: measured once on the first batch's prompts
+    eps: float = Field(1e-06, gt=0)
 
 
 def gap_weight(student_success: float, teacher_success: float, opts: GATSOptions, latched: bool = False) -> float:

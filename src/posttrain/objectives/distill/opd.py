@@ -25,8 +25,8 @@ from posttrain.rollout import RolloutBatch
 
 
 class OPDOptions(Section):
-    weight: float = Field(ge=0)  # coefficient of the teacher term
-    reward_weight: float = Field(ge=0)  # coefficient of the GRPO reward advantage (0: distillation only)
+    weight: float = Field(1.0, ge=0)  # coefficient of the teacher term
+    reward_weight: float = Field(0.0, ge=0)  # coefficient of the GRPO reward advantage (0: distillation only)
 
 
 def opd_token_advantage(teacher_logp: Tensor, student_logp: Tensor, mask: Tensor) -> Tensor:

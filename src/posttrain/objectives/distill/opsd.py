@@ -21,9 +21,9 @@ from posttrain.objectives.distill.divergence import divergence
 
 
 class OPSDOptions(Section):
-    weight: float = Field(ge=0)
-    divergence: Literal["reverse_kl", "jsd"]
-    beta: float = Field(gt=0, lt=1)  # JSD mixture weight (unused by reverse_kl)
+    weight: float = Field(1.0, ge=0)
+    divergence: Literal["reverse_kl", "jsd"] = "reverse_kl"  # reverse_kl | jsd
+    beta: float = Field(0.5, gt=0, lt=1)  # JSD mixture weight (unused by reverse_kl)
 
 
 @auxiliaries.register("opsd", needs=("privileged_logprobs",), policy=("logprobs",), options=OPSDOptions)

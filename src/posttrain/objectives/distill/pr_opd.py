@@ -37,10 +37,10 @@ from posttrain.objectives import auxiliaries
 
 
 class PROPDOptions(Section):
-    lam_rep: float = Field(ge=0)
-    warm_start: int = Field(ge=0)  # GRPO-only updates before the representation term starts
-    skill_tokens: int = Field(gt=0)  # the length budget of a hindsight skill
-    projector_lr_scale: float = Field(gt=0)
+    lam_rep: float = Field(0.5, ge=0)
+    warm_start: int = Field(50, ge=0)  # GRPO-only updates before the representation term starts
+    skill_tokens: int = Field(6, gt=0)  # the length budget of a hindsight skill
+    projector_lr_scale: float = Field(10.0, gt=0)
 
 
 class Projectors(nn.Module):

@@ -25,8 +25,8 @@ from posttrain.objectives import auxiliaries
 
 
 class RIDEOptions(Section):
-    weight: float = Field(ge=0)
-    lam: float = Field(gt=0)  # lambda; 1 is plain teacher matching
+    weight: float = Field(1.0, ge=0)
+    lam: float = Field(1.5, gt=0)  # lambda; 1 is plain teacher matching
 
 
 def ride_target(teacher: Tensor, base: Tensor, lam: float) -> Tensor:

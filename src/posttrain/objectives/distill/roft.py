@@ -20,9 +20,9 @@ from posttrain.objectives import auxiliaries
 
 
 class ROFTOptions(Section):
-    weight: float = Field(ge=0)
-    max_tokens: int = Field(gt=0)  # retrospection length budget
-    temperature: float = Field(gt=0)  # sampling temperature of the retrospection
+    weight: float = Field(1.0, ge=0)
+    max_tokens: int = Field(6, gt=0)  # retrospection length budget
+    temperature: float = Field(1.0, gt=0)  # sampling temperature of the retrospection
 
 
 def retrospection_nll(logp: Tensor, retro: Tensor) -> Tensor:

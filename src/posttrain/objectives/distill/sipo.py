@@ -26,9 +26,9 @@ from posttrain.rollout import RolloutBatch
 
 
 class SIPOOptions(Section):
-    lam: float = Field(ge=0)  # weight of the redistributive token term
-    clip: float = Field(gt=0)  # c, the outlier rail on d - mean(d)
-    max_mistakes: int = Field(ge=0)  # |M|, mistakes of the group shown in the contexts
+    lam: float = Field(0.3, ge=0)  # weight of the redistributive token term
+    clip: float = Field(2.0, gt=0)  # c, the outlier rail on d - mean(d)
+    max_mistakes: int = Field(3, ge=0)  # |M|, mistakes of the group shown in the contexts
 
 
 def masked_mean(values: Tensor, mask: Tensor) -> Tensor:

@@ -26,12 +26,12 @@ from posttrain.objectives.grpo import group_normalize, weighted_reward
 
 
 class ThinkOPDOptions(Section):
-    weight: float = Field(ge=0)
-    a: float  # weight of the reward gain
-    b: float  # weight of the trace compatibility
-    temperature: float = Field(gt=0)
-    eps: float = Field(gt=0)
-    uniform: bool  # true: every response weighted 1 (the Uniform ThinkOPD baseline)
+    weight: float = Field(1.0, ge=0)
+    a: float = 1.0  # weight of the reward gain
+    b: float = 1.0  # weight of the trace compatibility
+    temperature: float = Field(1.0, gt=0)
+    eps: float = Field(1e-06, gt=0)
+    uniform: bool = False  # true: every response weighted 1 (the Uniform ThinkOPD baseline)
 
 
 def route_weights(reward: Tensor, trd: Tensor, group: Tensor, a: float, b: float, temperature: float, eps: float) -> Tensor:

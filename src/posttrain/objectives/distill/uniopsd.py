@@ -55,17 +55,17 @@ from posttrain.rollout import RolloutBatch
 
 
 class UniOPSDOptions(Section):
-    lam0: float = Field(ge=0, le=1)  # rlsd_lambda
-    warmdown_steps: int = Field(gt=0)
-    eps_w: float = Field(ge=0, lt=1)  # clip_eps of the token weight
-    a_reliability: float = Field(gt=0, lt=1)  # u
-    rho_decay: float = Field(ge=0, lt=1)
-    rho_shrink_z: float = Field(ge=0)
-    step_advantage_w: float = Field(ge=0)  # omega
-    gamma: float = Field(ge=0, le=1)  # GiGPO's discount of the step returns
-    mode: Literal["mean_norm", "mean_std_norm"]  # GiGPO's normalisation of both tiers
-    anchor: Literal["history", "observation"]  # which state key makes step-rows one anchor group
-    eps: float = Field(gt=0)
+    lam0: float = Field(0.5, ge=0, le=1)  # rlsd_lambda
+    warmdown_steps: int = Field(100, gt=0)
+    eps_w: float = Field(0.2, ge=0, lt=1)  # clip_eps of the token weight
+    a_reliability: float = Field(0.5, gt=0, lt=1)  # u
+    rho_decay: float = Field(0.9, ge=0, lt=1)
+    rho_shrink_z: float = Field(2.33, ge=0)
+    step_advantage_w: float = Field(1.0, ge=0)  # omega
+    gamma: float = Field(0.95, ge=0, le=1)  # GiGPO's discount of the step returns
+    mode: Literal["mean_norm", "mean_std_norm"] = "mean_norm"  # GiGPO's normalisation of both tiers
+    anchor: Literal["history", "observation"] = "observation"  # which state key makes step-rows one anchor group
+    eps: float = Field(1e-06, gt=0)
 
 
 @dataclass(frozen=True)
