@@ -180,9 +180,9 @@ def option_schema(name: str, kinds: tuple[str, ...], registries: Mapping[str, Re
 def parse_options(model: BaseModel, prefix: str, registries: Mapping[str, Registry]) -> BaseModel:
     """`model` with every `OptionsOf` mapping (its own and its sections') parsed into options models."""
     update: dict[str, Any] = {}
-    for name, field in type(model).model_fields.items():
+    for name, info in type(model).model_fields.items():
         value = getattr(model, name)
-        marker = config._marker(field.metadata)
+        marker = config._marker(info.metadata)
         if isinstance(marker, OptionsOf):
             update[name] = _parsed_block(model, value, marker.registries, f"{prefix}{name}", registries)
         elif isinstance(value, BaseModel):

@@ -170,10 +170,10 @@ def decode_jobs(rank: int, model, tokenizer, examples, settings: dict, weights, 
         hold(job.start)
         versions = [held[0]]
 
-        def between(t: int) -> None:  # before the forward that gives token t
-            if job.refresh == NEWEST or t == settings["refresh_every_tokens"]:
-                hold(job.refresh)
-            versions.append(held[0])
+        def between(t: int) -> None:  # before the forward that gives token t; called within this job only
+            if job.refresh == NEWEST or t == settings["refresh_every_tokens"]:  # noqa: B023
+                hold(job.refresh)  # noqa: B023
+            versions.append(held[0])  # noqa: B023
             beat()
 
         # deterministic: one job, its own generator, so a group does not depend on its worker or its neighbours
