@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from posttrain.errors import UserError
 from posttrain.trainers import distributed
-from posttrain.trainers.async_rl import NEWEST, Stopped, decode_jobs, worker_settings
+from posttrain.trainers.async_decode import NEWEST, Stopped, decode_jobs, worker_settings
 
 POLL_S = 0.002  # between two looks at the store or a pending broadcast
 BEAT_S = 0.2  # a rollout rank's heartbeat period
