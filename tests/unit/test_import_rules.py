@@ -23,10 +23,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "posttrain.data", "posttrain.eval"),
     ("posttrain.trainers",),
     ("posttrain.stages",),
-    ("posttrain.cli", "posttrain.orchestration", "posttrain.resolve", "posttrain.plugins"),
+    ("posttrain.cli", "posttrain.api", "posttrain.orchestration", "posttrain.resolve", "posttrain.plugins"),
 )
 LAYER_NAMES = ("leaves", "models/registry/tracking/storage/runtime/locks", "parts", "trainers", "stages", "launchers and the config boundary")
 LEAVES = LAYERS[0]
+# posttrain/__init__.py's `__getattr__` hands out posttrain.run_stage / load_settings (api.py) on first use: the one
+# import a leaf may make upward. The cycle checks still count it, so nothing below may import the package to reach it.
+FRONT_DOOR = ("posttrain", "posttrain.api")
 OBJECTIVES_MAY_IMPORT = ("posttrain.objectives", "posttrain.rollout", "posttrain.registry", "posttrain.config",
                          "posttrain.errors", "posttrain.state")
 
@@ -175,7 +178,7 @@ def test_no_module_imports_a_higher_layer():
     violations = []
     for imp in all_imports():
         mine, theirs = layer_of(imp.module), layer_of(imp.target)
-        if mine is not None and theirs is not None and theirs > mine:
+        if mine is not None and theirs is not None and theirs > mine and (imp.module, imp.target) != FRONT_DOOR:
             violations.append(f"{imp} (layer {theirs} {LAYER_NAMES[theirs]} > layer {mine} {LAYER_NAMES[mine]})")
     assert not violations, _report("imports of a higher layer", violations)
 
