@@ -1,5 +1,5 @@
 # posttrain: `make run` runs the real-checkpoint pipeline (examples/smollm2), `make run-tiny` the tiny default one;
-# `make test` runs the test suite.
+# `make test` runs the test suite, `make lint` ruff (the rules are in pyproject.toml).
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -75,7 +75,7 @@ run-tiny: install
 test: install-dev
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
-lint: install-dev
+lint: $(VENV)/.installed-dev  # the dev extras (ruff); not the system packages the tests need
 	$(BIN)/ruff check .
 
 bench: install-dev
