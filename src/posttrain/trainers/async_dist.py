@@ -1,6 +1,6 @@
 """`rl.mode: async` under torchrun: rank 0 trains, every other rank is a rollout rank (docs/async.md says why).
 
-The roles are those of trainers/async_rl.py, and so is the rollout loop (`decode_jobs`); only the transport differs:
+The roles are those of trainers/async_rl.py, and the rollout loop is the same (`decode_jobs`, trainers/async_decode.py); only the transport differs:
 
 - weights: after each update the trainer broadcasts the policy (`dist.broadcast`, gloo on CPU, nccl on GPU) to a
   process group of all ranks. The state dict travels as one byte buffer (`Layout`) with its version in its last 8

@@ -1,7 +1,7 @@
 """Asynchronous online RL (`rl.mode: async`): rollout worker processes generate whole groups while the trainer updates.
 
 The roles on one machine (docs/async.md says why processes here, and torch.distributed under torchrun beyond it:
-trainers/async_dist.py, where rank 0 is this trainer and the other ranks run the same decode loop, `decode_jobs`):
+trainers/async_dist.py, where rank 0 is this trainer and the other ranks run the same decode loop, `decode_jobs` of trainers/async_decode.py):
 
 - the trainer (this process) owns the policy, the optimiser and the pool (rollout/pool.py). It hands prompts out as
   jobs, pools the completed groups, draws whole groups under `rl.pool_policy`, scores them, takes one `OnlineRL`
