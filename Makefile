@@ -1,5 +1,5 @@
 # posttrain: `make run` runs the real-checkpoint pipeline (examples/smollm2), `make run-tiny` the tiny default one;
-# `make test` runs the test suite.
+# `make test` runs the test suite, `make lint` ruff (the rules are in pyproject.toml).
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -11,7 +11,7 @@ export GX_ANALYTICS_ENABLED := false
 export MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR := false
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run run-tiny test test-heavy install install-dev system-packages bench clean pipelines image image-cpu image-local sweep test-gpu bench-gpu gpu-run
+.PHONY: run run-tiny test lint test-heavy install install-dev system-packages bench clean pipelines image image-cpu image-local sweep test-gpu bench-gpu gpu-run
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -74,6 +74,9 @@ run-tiny: install
 # two workers, one torch thread per process: most tests wait on single-threaded subprocesses (CLI, dvc, airflow)
 test: install-dev
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+
+lint: $(VENV)/.installed-dev  # the dev extras (ruff); not the system packages the tests need
+	$(BIN)/ruff check .
 
 bench: install-dev
 	$(BIN)/python benchmarks/grpo_step.py --json outputs/bench/grpo_step.json

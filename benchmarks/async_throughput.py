@@ -36,7 +36,8 @@ def one_side(mode: str, args, start_state, parts) -> dict[str, float]:
     import torch
 
     from posttrain import resolve
-    from posttrain.trainers.online_rl import RLRun, train_online_rl
+    from posttrain.trainers.online_rl import RLRun
+    from posttrain.trainers.rl import train_online_rl
 
     cfg, task, examples, tokenizer, model = parts
     model.load_state_dict(start_state)

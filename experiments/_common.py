@@ -26,7 +26,8 @@ from posttrain.models import build_tiny, load_pretrained, prepare_model, save_pr
 from posttrain.runtime import seed_everything  # noqa: E402
 from posttrain.tasks import build_task  # noqa: E402
 from posttrain.tracking import stage_run  # noqa: E402
-from posttrain.trainers.online_rl import RLRun, train_online_rl  # noqa: E402
+from posttrain.trainers.online_rl import RLRun  # noqa: E402
+from posttrain.trainers.rl import train_online_rl  # noqa: E402
 from posttrain.trainers.sft import train_sft  # noqa: E402
 
 from _claims import CURRENT, parent_run, run_seeds  # noqa: E402,F401  (run_seeds: each claim script's __main__)

@@ -39,7 +39,8 @@ from pathlib import Path
 import _common as C
 from posttrain import resolve
 from posttrain.runtime import seed_everything
-from posttrain.trainers.online_rl import RLRun, train_online_rl
+from posttrain.trainers.online_rl import RLRun
+from posttrain.trainers.rl import train_online_rl
 
 ARMS = {"sync": None, "async_none": "none", "async_max_staleness": "max_staleness", "async_pace": "pace"}
 CLAIM = {False: "async_pace", True: "async_pace_deterministic"}

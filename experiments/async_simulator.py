@@ -112,7 +112,7 @@ def simulate(model: CostModel, policy, updates: int, seed: int) -> dict[str, flo
 
     events: list[tuple[float, int, int, tuple]] = []  # (time, kind 0 = update done / 1 = group done, tie, payload)
     tie = 0
-    for w in range(model.workers):
+    for _ in range(model.workers):
         start, lens = rng.uniform(0.0, model.median_tokens * model.decode_step), lengths()
         heapq.heappush(events, (start + max(lens) * model.decode_step, 1, tie := tie + 1, (start, lens)))
     pool, prompt = TrajectoryPool(), 0

@@ -60,7 +60,7 @@ def main() -> None:
             c = distinct_per_group(batch.rewards, batch.group)
             combos.extend(c)
             for est in ARMS:
-                d = distinct_per_group(advantages.get(est)(batch, rl_cfg), batch.group)
+                d = distinct_per_group(advantages.get(est)(batch, rl_cfg), batch.group)  # noqa: B023  (called during this arm's run)
                 counts[est].extend(d)
                 merged[est] += sum(di < ci for di, ci in zip(d, c))
 

@@ -43,7 +43,7 @@ def sft_mix(train: list[Example], seed: int) -> list[Example]:
     plain = [e for e in train if e.prompt[0] in ROOMS[:4]]
     hinted, hindsight, peered = [], [], []
     for e in train:
-        room, start = e.prompt[0], int(e.prompt[1])
+        start = int(e.prompt[1])
         goal = rng.randrange(CELLS)
         walk = transcript(start, shortest_actions(start, goal))
         hinted.append(Example(contexts.skill_context(e, f"g{goal}"), walk, str(goal)))

@@ -121,7 +121,7 @@ def main() -> None:
         extra = {k: v for k, v in extra.items() if not k.startswith("options.")}
         rl_cfg = resolve.updated(cfg.rl, "rl", **{"rewards": specs, "options": arm_options, **extra})
         last: dict = {}
-        history, after, seconds = C.run_arm(cfg, rl_cfg, task, rl_prompts, held, path, args.seed, lambda step, r: last.update(r=r))
+        history, after, seconds = C.run_arm(cfg, rl_cfg, task, rl_prompts, held, path, args.seed, lambda step, r: last.update(r=r))  # noqa: B023  (runs within this arm)
         batch = last["r"].batch
         samples = [{"prompt": last["r"].prompts[i // rl_cfg.group_size].prompt, "completion": t, **{n: round(float(batch.rewards[i, j]), 3)
                     for j, n in enumerate(batch.reward_names)}} for i, t in enumerate(last["r"].texts[:16])]

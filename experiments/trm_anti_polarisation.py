@@ -76,7 +76,7 @@ def main() -> None:
         model, tokenizer = load_pretrained(warm_dir)
         history: list[dict] = []
         start = time.time()
-        pairwise_rl(arm_cfg, model, tokenizer, train_pairs, held_pairs, args.seed, on_log=lambda s, m: history.append(m))
+        pairwise_rl(arm_cfg, model, tokenizer, train_pairs, held_pairs, args.seed, on_log=lambda s, m: history.append(m))  # noqa: B023  (runs within this arm)
         final = {**pair_metrics(model, tokenizer, held_pairs, opts.score_max, opts.max_new_tokens),
                  **distribution(model, tokenizer, held_pairs, opts.score_max, opts.max_new_tokens), "rl_seconds": round(time.time() - start, 1)}
         arms[arm] = {**final, "history": history, "_cfg": arm_cfg}

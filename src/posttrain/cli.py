@@ -41,9 +41,9 @@ def _input_locations(items: list[str]) -> dict[str, str]:
 
 def _parse_inputs(items: list[str]) -> dict[str, Path]:
     """name -> local directory; an `s3://` input is fetched into the input cache first (posttrain.storage)."""
-    from posttrain.storage import local_path
+    from posttrain.api import local_inputs
 
-    return {name: local_path(location) for name, location in _input_locations(items).items()}
+    return local_inputs(_input_locations(items))
 
 
 def _stage_command(name: str, doc: str):
@@ -55,20 +55,14 @@ def _stage_command(name: str, doc: str):
         resume: Annotated[bool, typer.Option("--resume", help="Continue from the last checkpoint, if any.")] = False,
         launcher: Annotated[str, typer.Option("--launcher", help="Recorded in the MLflow run's tags.")] = "cli",
     ) -> None:
-        import contextlib
-
-        from posttrain.locks import OutputLock
+        from posttrain.api import run_stage
+        from posttrain.runtime import strict_json
 
         out_dir = out or Path("outputs") / name
         # the lock first (issue 38): a second writer is refused before the imports, the settings and the store check;
-        # torchrun's other ranks take none (rank 0 alone writes the output)
-        taken = _early_locked == out_dir or os.environ.get("RANK", "0") != "0"
-        with contextlib.nullcontext() if taken else OutputLock(out_dir):
-            from posttrain import resolve, stages
-            from posttrain.runtime import strict_json
-
-            cfg = resolve.load(params, overrides)
-            metrics = stages.execute(name, cfg, _parse_inputs(inputs), out_dir, launcher=launcher, resume=resume, locked=True)
+        # `main` may hold it already, and torchrun's other ranks take none (rank 0 alone writes the output)
+        metrics = run_stage(name, params, overrides, _input_locations(inputs), out_dir, resume, launcher=launcher,
+                            lock=_early_locked != out_dir)
         typer.echo(strict_json(metrics, sort_keys=True))
 
     app.command(name, help=doc)(command)

@@ -180,9 +180,9 @@ def option_schema(name: str, kinds: tuple[str, ...], registries: Mapping[str, Re
 def parse_options(model: BaseModel, prefix: str, registries: Mapping[str, Registry]) -> BaseModel:
     """`model` with every `OptionsOf` mapping (its own and its sections') parsed into options models."""
     update: dict[str, Any] = {}
-    for name, field in type(model).model_fields.items():
+    for name, info in type(model).model_fields.items():
         value = getattr(model, name)
-        marker = config._marker(field.metadata)
+        marker = config._marker(info.metadata)
         if isinstance(marker, OptionsOf):
             defaults = field.get_default(call_default_factory=True) or {}  # a section's own defaults for some components (eval's power)
             merged = {**defaults, **{k: {**_raw(defaults.get(k)), **_raw(v)} for k, v in value.items()}}

@@ -86,7 +86,7 @@ def test_dag_spec_file_equals_the_one_generated_from_the_config():
 
 def test_param_schemas_accept_the_defaults_and_reject_unknown_names():
     specs = param_specs(REPO / "params.yaml")
-    for name, spec in specs.items():
+    for spec in specs.values():
         jsonschema.validate(spec["default"], spec["schema"])
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate("gdpx", specs["rl.advantage"]["schema"])

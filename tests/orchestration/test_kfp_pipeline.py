@@ -5,8 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -72,7 +70,7 @@ def test_every_task_runs_a_cli_stage_in_the_image_parameter():
     for path in (TEXT, COMPILED / "sweep.yaml"):
         spec, _ = compiled(path)
         assert "image" in spec["root"]["inputDefinitions"]["parameters"]
-        for name, (task, container) in container_tasks(spec).items():
+        for name, (_task, container) in container_tasks(spec).items():
             assert command_name(container) in commands, name
             assert container["image"] == "{{$.inputs.parameters['pipelinechannel--image']}}", name
     names = {command_name(c) for _, c in container_tasks(compiled()[0]).values()}

@@ -147,7 +147,7 @@ def test_the_trainer_option_turns_training_tasks_into_launchers_in_the_compiled_
     spec, platform = compiled(tmp_path / "text.yaml")
     executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     launchers = {}
-    for name, (task, container) in container_tasks(spec).items():
+    for _name, (task, container) in container_tasks(spec).items():
         label = spec["components"][task["componentRef"]["name"]]["executorLabel"]
         if command_name(container) == "trainjob":
             stage = container["args"][container["args"].index("--stage") + 1]

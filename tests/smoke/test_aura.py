@@ -9,7 +9,7 @@ import json
 
 import torch
 
-from helpers import claim_in_process, copy_outputs, fork_safe_params, kill_resume_and_compare, posttrain_here
+from helpers import claim_in_process, copy_outputs, fork_safe_params, kill_resume_and_compare
 
 MARKET = {
     "task": {"name": "market", "n_train": 40, "n_heldout": 8},

@@ -111,7 +111,7 @@ def test_text_world_multi_turn_training_takes_two_steps(tmp_path, method):
     examples = task.splits(0)["train"]
     run = RLRun(model, tokenizer, task, examples, cfg.rl, seed=0, checkpoint_dir=REPO / "unused", config_hash="x")
     trainer, stream = OnlineRL(run, total_steps=2), PromptStream(examples, 0)
-    for step in (1, 2):
+    for _step in (1, 2):
         result = trainer.step(stream.take(3))
         assert all(math.isfinite(v) for v in result.metrics.values())
         assert (result.batch.completion_mask == 0).any()  # observations were appended and masked

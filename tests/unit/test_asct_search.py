@@ -11,7 +11,7 @@ import torch
 
 from posttrain import resolve
 from posttrain.envs.search import observation
-from posttrain.envs.search_tree import RELATIONS, UNKNOWN, SearchTreeEnv, parse_passage, subject_of
+from posttrain.envs.search_tree import RELATIONS, UNKNOWN, parse_passage, subject_of
 from posttrain.stages.asct import search_setup
 from posttrain.trainers.asct import ASCTTrainer
 

@@ -16,7 +16,8 @@ import torch
 from helpers import micro_rl_parts
 from posttrain import resolve
 from posttrain.errors import UserError
-from posttrain.trainers.online_rl import RLRun, train_online_rl
+from posttrain.trainers.online_rl import RLRun
+from posttrain.trainers.rl import train_online_rl
 
 RL = ["rl.max_new_tokens=4", "rl.prompts_per_step=3", "rl.group_size=3", "rl.overlong_buffer=3",
       "rl.rewards=[{name: correctness}, {name: overlong}]", "rl.mode=async", "rl.workers.count=2", "rl.workers.deterministic=true",

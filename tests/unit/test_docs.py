@@ -64,3 +64,34 @@ def test_relative_links_point_to_existing_files():
             if not (page.parent / target.split("#")[0]).exists():
                 dead.append(f"{page.relative_to(REPO)} -> {target}")
     assert not dead, f"dead relative links: {dead}"
+
+
+TICKED = re.compile(r"`([^`\n]+)`")
+PATH_LIKE = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_./-]*/(?:[A-Za-z0-9_.-]*\.[A-Za-z0-9]+)?$")  # a/b.ext or a/b/
+# a backticked path is read from the repository root, or from src/posttrain/ as the docs name modules (`trainers/rl.py`)
+ROOTS = (REPO, REPO / "src" / "posttrain")
+
+
+def named_repo_paths(text: str) -> list[str]:
+    """The backticked spans of `text` (outside code blocks) that name a file or folder of this repository: shaped
+    like a path (a '/' and an extension, or a trailing '/') and starting with a folder or file the repository (or
+    src/posttrain/) has. A stage's output subfolder (`model/`), outputs/ and other repositories' paths are not ours."""
+    spans = []
+    for span in TICKED.findall(FENCE.sub("", text)):
+        if "://" in span or not PATH_LIKE.match(span) or span.startswith("outputs/"):
+            continue
+        first = span.split("/")[0]
+        if any((root / first).exists() for root in ROOTS):
+            spans.append(span)
+    return spans
+
+
+def test_named_repo_paths_finds_paths_only():
+    text = "`src/posttrain/cli.py`, `docs/`, `model/`, `s3://b/x.py`, `outputs/rl/`, `posttrain rl`, `rl.steps`\n```\n`docs/x.md`\n```"
+    assert named_repo_paths(text) == ["src/posttrain/cli.py", "docs/"]
+
+
+def test_backticked_repository_paths_exist():
+    dangling = [f"{page.relative_to(REPO)}: `{span}`" for page in PAGES for span in named_repo_paths(page.read_text())
+                if not any((root / span).exists() for root in ROOTS)]
+    assert not dangling, "paths named in the docs that do not exist:\n  " + "\n  ".join(dangling)

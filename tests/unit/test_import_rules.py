@@ -23,10 +23,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "posttrain.data", "posttrain.eval"),
     ("posttrain.trainers",),
     ("posttrain.stages",),
-    ("posttrain.cli", "posttrain.orchestration", "posttrain.resolve", "posttrain.plugins"),
+    ("posttrain.cli", "posttrain.api", "posttrain.orchestration", "posttrain.resolve", "posttrain.plugins"),
 )
 LAYER_NAMES = ("leaves", "models/registry/tracking/storage/runtime/locks", "parts", "trainers", "stages", "launchers and the config boundary")
 LEAVES = LAYERS[0]
+# posttrain/__init__.py's `__getattr__` hands out posttrain.run_stage / load_settings (api.py) on first use: the one
+# import a leaf may make upward. The cycle checks still count it, so nothing below may import the package to reach it.
+FRONT_DOOR = ("posttrain", "posttrain.api")
 OBJECTIVES_MAY_IMPORT = ("posttrain.objectives", "posttrain.rollout", "posttrain.registry", "posttrain.config",
                          "posttrain.errors", "posttrain.state")
 
@@ -175,7 +178,7 @@ def test_no_module_imports_a_higher_layer():
     violations = []
     for imp in all_imports():
         mine, theirs = layer_of(imp.module), layer_of(imp.target)
-        if mine is not None and theirs is not None and theirs > mine:
+        if mine is not None and theirs is not None and theirs > mine and (imp.module, imp.target) != FRONT_DOOR:
             violations.append(f"{imp} (layer {theirs} {LAYER_NAMES[theirs]} > layer {mine} {LAYER_NAMES[mine]})")
     assert not violations, _report("imports of a higher layer", violations)
 
@@ -258,12 +261,12 @@ def _upward(imp: Import) -> str:
     return "  (up a layer)" if mine is not None and theirs is not None and theirs > mine else ""
 
 
-def package_cycles(imports: list[Import]) -> list[str]:
-    """Each cycle among the top-level packages, as `a -> b -> a` with one import per edge."""
+def _cycles(imports: list[Import], node_of) -> list[str]:
+    """Each cycle among the nodes `node_of` maps modules to, as `a -> b -> a` with one import per edge."""
     graph: dict[str, set[str]] = defaultdict(set)
     witness: dict[tuple[str, str], Import] = {}
     for imp in imports:
-        a, b = top_package(imp.module), top_package(imp.target)
+        a, b = node_of(imp.module), node_of(imp.target)
         if a != b:
             graph[a].add(b)
             witness.setdefault((a, b), imp)
@@ -283,6 +286,46 @@ def package_cycles(imports: list[Import]) -> list[str]:
     return list(cycles.values())
 
 
+def package_cycles(imports: list[Import]) -> list[str]:
+    """Each cycle among the top-level packages, as `a -> b -> a` with one import per edge."""
+    return _cycles(imports, top_package)
+
+
+def _registration(imp: Import, hubs: tuple[str, ...], direct: set[tuple[str, str]]) -> bool:
+    """Whether `imp` is a hub importing a module that registers into it: a hub package importing one of its own
+    submodules, or a hub module importing a module that imports the hub."""
+    if imp.module not in hubs:
+        return False
+    is_package = (PACKAGE.joinpath(*imp.module.split(".")[1:]) / "__init__.py").exists()
+    return (is_package and imp.target.startswith(imp.module + ".")) or (imp.target, imp.module) in direct
+
+
+def module_cycles(imports: list[Import], hubs: tuple[str, ...] = ()) -> list[str]:
+    """Each cycle among the modules, as `a -> b -> a` with one import per edge, leaving out only the registration
+    imports of `hubs` (KNOWN_CYCLE_HUBS: a registry that imports the modules that register into it): any other
+    import of a hub still counts, so a loop through a hub by another way is still reported."""
+    direct = {(imp.module, imp.target) for imp in imports}
+    return _cycles([imp for imp in imports if not _registration(imp, hubs, direct)], lambda m: m)
+
+
+# Registries whose module imports, at its end (or lazily), the modules that register into it, while those import the
+# registry back: `import posttrain.objectives` then registers every part. Only those registration imports are left
+# out of the module cycle check (a test below checks that each hub still closes a cycle: delete it here once not).
+# Breaking them means moving each registry into a small module of its own (e.g. objectives/registries.py) that the
+# package's __init__ and its parts both import: left to the recipes move, which relocates most of those parts.
+KNOWN_CYCLE_HUBS = (
+    "posttrain.objectives",  # objectives/__init__ imports every estimator/loss module; they import its registries
+    "posttrain.objectives.off_policy",  # the corrections registry; icepop, m2po, opsm, rejection, sampler_is register
+    "posttrain.objectives.preference",  # the preference losses registry; abc_align, gm_dpo register
+    "posttrain.objectives.editing",  # glime registers into editing's registry
+    "posttrain.rewards",
+    "posttrain.tasks",
+    "posttrain.stages",
+    "posttrain.models.flow",  # flow_backends; models/flux.py registers the `flux` kind
+    "posttrain.rollout.samplers",  # rollout/beam.py registers the `beam` sampler
+)
+
+
 def test_cycle_report_names_each_edge():
     imports = [Import("posttrain.tasks.x", "posttrain/tasks/x.py", 3, "posttrain.envs.y"),
                Import("posttrain.envs.y", "posttrain/envs/y.py", 7, "posttrain.tasks"),
@@ -296,3 +339,33 @@ def test_cycle_report_names_each_edge():
 def test_packages_form_no_cycle():
     cycles = package_cycles(all_imports())
     assert not cycles, _report("cycles among the top-level packages", cycles)
+
+
+def test_module_cycle_report_names_each_edge():
+    imports = [Import("posttrain.trainers.a", "posttrain/trainers/a.py", 3, "posttrain.trainers.b"),
+               Import("posttrain.trainers.b", "posttrain/trainers/b.py", 9, "posttrain.trainers.a"),
+               Import("posttrain.trainers.b", "posttrain/trainers/b.py", 10, "posttrain.errors")]
+    assert module_cycles(imports) == [
+        "posttrain.trainers.a -> posttrain.trainers.b -> posttrain.trainers.a"
+        "\n      posttrain.trainers.a -> posttrain.trainers.b: posttrain/trainers/a.py:3 imports posttrain.trainers.b"
+        "\n      posttrain.trainers.b -> posttrain.trainers.a: posttrain/trainers/b.py:9 imports posttrain.trainers.a"]
+    assert module_cycles(imports, hubs=("posttrain.trainers.a",)) == []  # b imports a: a's import of b registers b
+    # a hub's other imports still count: a -> b -> c -> a is a cycle although a is a hub
+    chain = [Import("posttrain.trainers.a", "posttrain/trainers/a.py", 3, "posttrain.trainers.b"),
+             Import("posttrain.trainers.b", "posttrain/trainers/b.py", 9, "posttrain.trainers.c"),
+             Import("posttrain.trainers.c", "posttrain/trainers/c.py", 2, "posttrain.trainers.a")]
+    assert len(module_cycles(chain, hubs=("posttrain.trainers.a",))) == 1
+
+
+def test_modules_form_no_cycle():
+    """Every import counts, lazy ones too (the module docstring says why), but the registration imports of
+    KNOWN_CYCLE_HUBS: every other loop among the modules fails, with its edges."""
+    cycles = module_cycles(all_imports(), KNOWN_CYCLE_HUBS)
+    assert not cycles, _report("cycles among the modules", cycles)
+
+
+def test_each_known_cycle_hub_still_closes_a_cycle():
+    imports = all_imports()
+    for hub in KNOWN_CYCLE_HUBS:
+        others = tuple(h for h in KNOWN_CYCLE_HUBS if h != hub)
+        assert module_cycles(imports, others), f"{hub} closes no cycle now: remove it from KNOWN_CYCLE_HUBS"

@@ -61,7 +61,7 @@ def test_mean_score_is_directional_accuracy_times_conditional_magnitude_agreemen
         conditional = sum(right) / len(right) if right else 0.0
         assert sum(scores) / len(scores) == pytest.approx(directional * conditional, abs=1e-12)
         assert all(0.0 <= s <= 1.0 for s in scores)
-        for (f, r), s, (d, m) in zip(pairs, scores, parts):
+        for (f, _r), s, (d, m) in zip(pairs, scores, parts):
             if f is None or not d:  # wrong direction or unparseable: 0 whatever the magnitude
                 assert s == 0.0 and math.isnan(m)
 

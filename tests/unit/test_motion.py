@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from posttrain.data.motion_videos import CAUSES, DIMENSIONS, annotate, make_video, make_videos, motion_representation, object_tracks, \
+from posttrain.data.motion_videos import CAUSES, DIMENSIONS, annotate, make_videos, motion_representation, object_tracks, \
     optical_flow, rgb_representation
 from posttrain.rewards.motion import WORDS, cause_f1, motion_reward, parse, render
 

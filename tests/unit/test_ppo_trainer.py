@@ -135,7 +135,7 @@ def test_a_ppo_run_resumed_from_a_checkpoint_ends_as_the_uninterrupted_run(micro
 
     from safetensors.torch import load_file
 
-    from posttrain.trainers.online_rl import train_online_rl
+    from posttrain.trainers.rl import train_online_rl
 
     cfg, task, examples, tokenizer, state, model = micro
     rl = resolve.updated(cfg.rl, "rl", steps=3, checkpoint_every=1, critic=CriticConfig(path=None, lr=5e-3, warmup_steps=1))

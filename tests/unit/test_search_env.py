@@ -13,7 +13,6 @@ from torch import nn
 
 from posttrain import resolve
 from posttrain.envs.retrievers import RetrievalPolicy, build_retriever, plackett_luce_logp, retrievers
-from posttrain.envs.rollout import multi_turn_sample
 from posttrain.envs.search import RESULT_OPEN, SearchEpisode, build_corpus, exact_match, parse_answer, strip_observations, token_f1
 from posttrain.models.sampling import decode_completions
 from posttrain.models.tokenizer import train_char_tokenizer

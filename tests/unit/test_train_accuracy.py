@@ -8,7 +8,6 @@ import math
 import torch
 
 from helpers import REPO, micro_rl_parts
-from posttrain import resolve
 from posttrain.rollout import RolloutBatch
 from posttrain.stages.rl import history_accuracy
 from posttrain.trainers.online_rl import OnlineRL, PromptStream, RLRun, train_accuracy

@@ -24,7 +24,7 @@ from posttrain.objectives.aggregation import aggregate
 from posttrain.objectives.kl import k3_kl
 from posttrain.rollout import RolloutBatch
 
-import trl  # noqa: E402  (a dev dependency: parity must fail loudly, never skip, without it)
+import trl  # noqa: E402, F401  (a dev dependency: parity must fail loudly, never skip, without it)
 B, G, P, T, L_MAX = 6, 3, 4, 5, 7
 
 

@@ -60,7 +60,7 @@ def load_verl():
     try:
         tf = from_file("verl.utils.torch_functional", root / "utils" / "torch_functional.py")
     except ImportError as e:  # it imports optional kernels at module level in some versions
-        raise SystemExit(f"torch_functional.py did not load: {e}")
+        raise SystemExit(f"torch_functional.py did not load: {e}") from e
     sys.modules["verl.utils"].torch_functional = tf
     core = from_file("verl.trainer.ppo.core_algos", root / "trainer" / "ppo" / "core_algos.py")
     rc = from_file("verl.trainer.ppo.rollout_corr_helper", root / "trainer" / "ppo" / "rollout_corr_helper.py")

@@ -15,7 +15,6 @@ reads the advantages (registry meta `advantages=True`). Settings: rl.options.ops
 from __future__ import annotations
 
 import torch
-from pydantic import Field
 from torch import Tensor
 
 from posttrain.config import Section

@@ -107,7 +107,8 @@ def train_and_save(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker,
     `hash_sections`: further config sections a resumed run must match."""
     from posttrain.models import load_pretrained, prepare_model, save_pretrained, select_device
     from posttrain.runtime import seed_everything
-    from posttrain.trainers.online_rl import RLRun, train_online_rl
+    from posttrain.trainers.online_rl import RLRun
+    from posttrain.trainers.rl import train_online_rl
 
     train = inputs["data"] / "train.jsonl"
     examples = read_examples(train)

@@ -124,7 +124,7 @@ def asct_credit(episodes: Sequence[Episode], frozen: Actor, env: RecoverableEnv,
         rows = []
         for v in episode.visits:
             actions = env.legal_actions(v.state)
-            tree = search(len(actions), lambda a: simulate(frozen, env, v.state, generator, cfg.max_steps, actions[a]), cfg.n_sim,
+            tree = search(len(actions), lambda a: simulate(frozen, env, v.state, generator, cfg.max_steps, actions[a]), cfg.n_sim,  # noqa: B023  (search calls it now, inside this iteration)
                           cfg.tree_policy, cfg.uct_c, cfg.cost_weight, first=v.taken, generator=generator)
             tokens += tree.tokens
             credit = local_credit(tree.q[None], v.pi0[None].double(), tree.evaluated[None], torch.tensor([v.taken]))

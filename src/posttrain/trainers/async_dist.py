@@ -1,6 +1,6 @@
 """`rl.mode: async` under torchrun: rank 0 trains, every other rank is a rollout rank (docs/async.md says why).
 
-The roles are those of trainers/async_rl.py, and so is the rollout loop (`decode_jobs`); only the transport differs:
+The roles are those of trainers/async_rl.py, and the rollout loop is the same (`decode_jobs`, trainers/async_decode.py); only the transport differs:
 
 - weights: after each update the trainer broadcasts the policy (`dist.broadcast`, gloo on CPU, nccl on GPU) to a
   process group of all ranks. The state dict travels as one byte buffer (`Layout`) with its version in its last 8
@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from posttrain.errors import UserError
 from posttrain.trainers import distributed
-from posttrain.trainers.async_rl import NEWEST, Stopped, decode_jobs, worker_settings
+from posttrain.trainers.async_decode import NEWEST, Stopped, decode_jobs, worker_settings
 
 POLL_S = 0.002  # between two looks at the store or a pending broadcast
 BEAT_S = 0.2  # a rollout rank's heartbeat period

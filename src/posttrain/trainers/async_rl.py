@@ -1,7 +1,7 @@
 """Asynchronous online RL (`rl.mode: async`): rollout worker processes generate whole groups while the trainer updates.
 
 The roles on one machine (docs/async.md says why processes here, and torch.distributed under torchrun beyond it:
-trainers/async_dist.py, where rank 0 is this trainer and the other ranks run the same decode loop, `decode_jobs`):
+trainers/async_dist.py, where rank 0 is this trainer and the other ranks run the same decode loop, `decode_jobs` of trainers/async_decode.py):
 
 - the trainer (this process) owns the policy, the optimiser and the pool (rollout/pool.py). It hands prompts out as
   jobs, pools the completed groups, draws whole groups under `rl.pool_policy`, scores them, takes one `OnlineRL`
@@ -42,7 +42,7 @@ import queue
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -50,22 +50,14 @@ import torch.multiprocessing as mp
 
 from posttrain.config import RLConfig
 from posttrain.errors import UserError
-from posttrain.models.sampling import Samples, StopStrings, concat_samples, encode_prompts, sample
+from posttrain.models.sampling import Samples, StopStrings, concat_samples, encode_prompts
 from posttrain.rollout.pool import Group, TrajectoryPool, pool_policies
 from posttrain.runtime import progress
 from posttrain.trainers import distributed
 from posttrain.trainers.loop import TrainLoop
 from posttrain.trainers.online_rl import OnlineRL, PromptStream, RLRun, StepResult, train_accuracy
 
-NEWEST = -1  # a job's version when the worker takes whatever the trainer published last
-
-
-@dataclass(frozen=True)
-class Job:
-    number: int  # the n-th prompt handed out in this run (0-based)
-    example: int  # its index in the run's training examples
-    start: int  # the version its first tokens decode under (NEWEST: free-running)
-    refresh: int  # the version from decode step `refresh_every_tokens` on (NEWEST: free-running)
+from posttrain.trainers.async_decode import NEWEST, Job, Stopped, decode_jobs, worker_settings
 
 
 class SharedWeights:
@@ -112,82 +104,6 @@ class SharedWeights:
                     tensor.copy_(self.slots[version % 2][key])
         return version
 
-
-class Stopped(Exception):
-    """The trainer is stopping the workers."""
-
-
-def job_generator(seed: int, number: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed * 1_000_003 + number)
-
-
-def worker_settings(run: RLRun, count: int, device: torch.device) -> dict[str, Any]:
-    """What the decode loop reads, for `count` workers (or rollout ranks) decoding on `device`."""
-    cfg, w = run.cfg, run.cfg.workers
-    return {"stop": tuple(cfg.stop), "timeout": w.timeout_s, "refresh_every_tokens": w.refresh_every_tokens, "group_size": cfg.group_size,
-            "max_new_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "seed": run.seed,
-            "jobs_per_worker": -(-w.queued_groups // count), "device": str(device)}
-
-
-def decode_jobs(rank: int, model, tokenizer, examples, settings: dict, weights, jobs, results, beat: Callable[[], None],
-                stopping: Callable[[], bool]) -> None:
-    """The rollout loop of a worker process and of a rollout rank (trainers/async_dist.py): decode each job's group,
-    loading weights between decode steps, and send it back. `weights` has `newest()` and `load(model, version,
-    timeout, beat)`; `jobs` and `results` are queues (`get(timeout)`, `get_nowait()`, `put`); None is the stop signal."""
-    torch.set_num_threads(1)
-    model.to(settings["device"]).eval().requires_grad_(False)
-    stop = StopStrings(tokenizer, settings["stop"])
-    held = [-2]  # the version in the model
-
-    def hold(version: int) -> None:
-        if version == NEWEST and weights.newest() == held[0]:
-            return
-        if version != held[0]:
-            held[0] = weights.load(model, version, settings["timeout"], beat)
-
-    while True:
-        try:
-            job = jobs.get(timeout=1.0)
-        except queue.Empty:
-            # the trainer was killed (kill -9 leaves no one to stop us), or is stopping while a killed worker
-            # still holds the queue's lock (get() times out instead of seeing the stop signal)
-            if stopping():
-                return
-            continue
-        if job is None:
-            return
-        batch = [job]  # free-running, a worker decodes the jobs waiting in the queue together (one forward per step)
-        while job.start == NEWEST and len(batch) < settings["jobs_per_worker"]:
-            try:
-                more = jobs.get_nowait()
-            except queue.Empty:
-                break
-            if more is None:
-                jobs.put(None)  # the stop signal is another worker's too, or ours after this batch
-                break
-            batch.append(more)
-        beat()
-        hold(job.start)
-        versions = [held[0]]
-
-        def between(t: int) -> None:  # before the forward that gives token t
-            if job.refresh == NEWEST or t == settings["refresh_every_tokens"]:
-                hold(job.refresh)
-            versions.append(held[0])
-            beat()
-
-        # deterministic: one job, its own generator, so a group does not depend on its worker or its neighbours
-        ids, mask = encode_prompts(tokenizer, [examples[j.example] for j in batch], settings["device"])
-        samples = sample(model, ids, mask, group_size=settings["group_size"], max_new_tokens=settings["max_new_tokens"],
-                         eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, temperature=settings["temperature"],
-                         generator=job_generator(settings["seed"], job.number), stop=stop or None, between_steps=between)
-        g = settings["group_size"]
-        for i, done in enumerate(batch):
-            rows = slice(i * g, (i + 1) * g)
-            results.put(("done", rank, done.number, {
-                "ids": samples.completion_ids[rows].tolist(), "mask": samples.completion_mask[rows].tolist(),
-                "logp": samples.logp[rows].tolist(), "finished": samples.finished[rows].tolist(), "versions": versions,
-            }))
 
 
 def worker_main(rank: int, model, tokenizer, examples, settings: dict, shared: SharedWeights, jobs, results, alive) -> None:

@@ -430,18 +430,12 @@ class OnlineRL:
         return StepResult(batch, texts, prompts, metrics)
 
 
-def train_online_rl(
+def train_sync(
     run: RLRun, resume: bool, on_log: Callable[[int, dict[str, float]], None],
     on_step: Callable[[int, StepResult], None] | None = None,
 ) -> tuple[list[dict[str, float]], list[dict[str, object]]]:
-    """Run `cfg.steps` policy updates; return the per-step metric history (restored on resume) and a
-    table of the last step's completions. `on_log` sees every `log_every`-th step's metrics; `on_step`, when
-    given, every step's whole result (batch, texts, prompts, metrics), for experiments that inspect batches."""
+    """`train_online_rl` (trainers/rl.py) for `rl.mode: sync`: sample, then update, in turn."""
     cfg, policy = run.cfg, run.policy
-    if cfg.mode == "async":  # rollout worker processes and the trajectory pool
-        from posttrain.trainers.async_rl import train_async
-
-        return train_async(run, resume, on_log, on_step)
     ctx = distributed.current()
     if ctx.active and (cfg.prompts_per_step % ctx.world_size or cfg.dynamic_sampling):
         raise UserError(f"under torchrun rl.prompts_per_step ({cfg.prompts_per_step}) must be a multiple of the {ctx.world_size} processes and rl.dynamic_sampling off")

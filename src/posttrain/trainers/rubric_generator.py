@@ -30,7 +30,8 @@ def train_rubric_generator(
     <directory>/rl. `nonfinite_steps` counts the skipped steps of both phases."""
     from posttrain.models import build_tiny, save_pretrained, select_device, train_char_tokenizer
     from posttrain.runtime import seed_everything
-    from posttrain.trainers.online_rl import RLRun, train_online_rl
+    from posttrain.trainers.online_rl import RLRun
+    from posttrain.trainers.rl import train_online_rl
     from posttrain.trainers.sft import train_sft
 
     c, seed, loop = cfg.care, cfg.pipeline.seed, loop or TrainLoop()
