@@ -6,6 +6,7 @@ end-of-pipeline report). Mistakes a user can make end with one line on stderr an
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -289,10 +290,28 @@ def submit(
     typer.echo(submit_run(host, params, overrides, package, experiment, image, run_name))
 
 
+@contextlib.contextmanager
+def _warnings_held():
+    """Library warnings raised during a command (PyTorch's lr_scheduler order, a deprecation, ...) wait for its end:
+    shown after a run that ends any other way, dropped with a user error, whose stderr is its one line (issue 38)."""
+    import warnings
+
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            yield
+    except (UserError, ClickException):
+        caught.clear()
+        raise
+    finally:
+        for w in caught:  # to stderr, as Python shows a warning
+            sys.stderr.write(warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line))
+
+
 def main() -> None:
     global _early_locked
     try:
-        with _early_lock(sys.argv):
+        with _early_lock(sys.argv), _warnings_held():
             _register_stage_commands()
             app(standalone_mode=False)
     except UserError as e:
