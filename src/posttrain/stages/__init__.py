@@ -127,7 +127,7 @@ def _run_locked(entry: Entry, cfg: Config, inputs: dict[str, Path], out_dir: Pat
     """The stage into its staging directory, then swapped into place. A run id left in the staging directory is
     that of a writer that is gone (we hold the lock): reopened by `--resume`, otherwise marked KILLED (it was
     killed, or it would have ended its run) before the directory is cleared."""
-    from posttrain.tracking import PENDING, mark_killed, stage_run
+    from posttrain.tracking import PENDING, drop_empty_run, mark_killed, stage_run
 
     staging = staging_dir(out_dir)
     run_id_file = staging / "mlflow_run_id"
@@ -138,6 +138,7 @@ def _run_locked(entry: Entry, cfg: Config, inputs: dict[str, Path], out_dir: Pat
         shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(staging / PENDING, ignore_errors=True)  # an earlier attempt's unsent log: its redone steps log again
+    tracker = None
     try:
         with stage_run(cfg, entry.name, launcher, recorded if resume else None, _lineage_tags(inputs), root=staging,
                        rl_objective=entry.meta.get("rl_objective", False)) as tracker:
@@ -146,9 +147,11 @@ def _run_locked(entry: Entry, cfg: Config, inputs: dict[str, Path], out_dir: Pat
             metrics = entry.obj(cfg, inputs, staging, tracker=tracker, resume=resume)
             write_json_atomic(staging / "metrics.json", metrics)
             write_json_atomic(staging / RUN_FILE, {"stage": entry.name, "run_id": tracker.run_id})
-    except BaseException:
+    except BaseException as e:
         if not (entry.meta.get("resumable", False) and any((staging / "checkpoints").rglob("step-*"))):
             shutil.rmtree(staging, ignore_errors=True)
+            if isinstance(e, UserError) and tracker is not None and not (resume and recorded):  # stopped before any work: no empty run left
+                drop_empty_run(cfg, tracker)
         raise
     run_id_file.unlink(missing_ok=True)
     _swap_into_place(staging, out_dir)
