@@ -14,10 +14,10 @@ GOOD = [{"prompt": "What is 2+2?", "answer": "4"}, {"prompt": "What is 3+3?", "a
 DATASET = ["data", "--set", "task.name=dataset", "--set", "task.options.dataset.path=problems.jsonl", "--out", "outputs/data"]
 
 
-def stop(monkeypatch, capfd, tmp_path, lines: list[str]) -> tuple[int, str]:
+def stop(monkeypatch, capfd, tmp_path, lines: list[str], tracking: bool = False) -> tuple[int, str]:
     from posttrain.cli import main
 
-    micro_params(tmp_path, tracking={"enabled": False})
+    micro_params(tmp_path, tracking={"enabled": tracking})
     (tmp_path / "problems.jsonl").write_text("".join(f"{line}\n" for line in lines))
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["posttrain", *DATASET])
@@ -48,3 +48,22 @@ def test_more_bad_rows_than_the_line_shows_are_all_in_the_report(tmp_path, monke
     report = (tmp_path / "outputs" / "data.bad_rows.txt").read_text().splitlines()
     assert [line.split(": ")[0].rsplit(":", 1)[1] for line in report] == ["2", "3", "5", "6", "7"]
     assert report[-1] == "problems.jsonl:7: field 'answer' is empty"
+
+
+def test_a_bad_data_stop_leaves_no_mlflow_run(tmp_path, monkeypatch, capfd):
+    """Issue 38, item 6: the stop happens inside the stage, after its MLflow run opened; the run is deleted."""
+    import os
+
+    from mlflow.tracking import MlflowClient
+
+    saved = os.environ.get("MLFLOW_TRACKING_URI")
+    try:
+        code, err = stop(monkeypatch, capfd, tmp_path, [json.dumps(GOOD[0]), "not json", "{}"], tracking=True)
+    finally:  # MLflow's set_tracking_uri exports it; later tests in this worker must not log into this store
+        os.environ.pop("MLFLOW_TRACKING_URI", None) if saved is None else os.environ.update(MLFLOW_TRACKING_URI=saved)
+    assert code == 2 and "2 bad rows" in err, err
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiments = client.search_experiments()
+    assert [run for e in experiments for run in client.search_runs([e.experiment_id])] == []
+    deleted = [run for e in experiments for run in client.search_runs([e.experiment_id], run_view_type=2)]
+    assert len(deleted) == 1 and deleted[0].info.lifecycle_stage == "deleted"

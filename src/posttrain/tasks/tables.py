@@ -217,17 +217,17 @@ def source_rows(table: Table, columns: dict[str, str], allowed: dict[str, tuple[
 
 def bad_rows(rows: SourceRows) -> list[tuple[str, str]]:
     """Every bad row in file order as (where, problem): lines that are no row (bad JSON, not an object) and values
-    of a kind their field does not allow (one entry per bad field)."""
+    of a kind their field does not allow (one entry per row, its bad fields joined)."""
     out = []
     unreadable = sorted(rows.unreadable, key=lambda u: u[0])
     for i, where in enumerate([*rows.frame["where"], None]):
         out += [(w, problem) for before, w, problem in unreadable if before == i]
         if where is None:
             break
-        for key, column in rows.columns.items():
-            kind = rows.frame[key].iat[i]
-            if kind not in rows.allowed[key]:
-                out.append((where, bad_row_problem(key, column, kind, rows.allowed[key])))
+        problems = [bad_row_problem(key, column, rows.frame[key].iat[i], rows.allowed[key]) for key, column in rows.columns.items()
+                    if rows.frame[key].iat[i] not in rows.allowed[key]]
+        if problems:
+            out.append((where, ", ".join(problems)))
     return out
 
 
