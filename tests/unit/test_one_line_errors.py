@@ -28,7 +28,7 @@ def command(monkeypatch):
 
 def test_a_library_warning_before_a_user_error_is_dropped(command, monkeypatch, capsys):
     def body():
-        warnings.warn("Detected call of `lr_scheduler.step()` before `optimizer.step()`", UserWarning)
+        warnings.warn("Detected call of `lr_scheduler.step()` before `optimizer.step()`", UserWarning, stacklevel=1)
         raise UserError("step 1: the loss was not finite")
 
     command(body)
@@ -39,7 +39,7 @@ def test_a_library_warning_before_a_user_error_is_dropped(command, monkeypatch, 
 
 
 def test_a_library_warning_of_a_run_that_succeeds_is_shown_at_its_end(command, monkeypatch, capsys):
-    command(lambda: warnings.warn("something a library says", UserWarning))
+    command(lambda: warnings.warn("something a library says", UserWarning, stacklevel=1))
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         code, _, err = posttrain_main(monkeypatch, capsys, "rl")
