@@ -54,3 +54,19 @@ def test_some_unscored_completions_warn_once_with_their_share(tmp_path, user_mod
     assert len(history) == 6
     warnings = [line for line in capsys.readouterr().err.splitlines() if "got no score" in line]
     assert len(warnings) == 1 and "50% of the completions" in warnings[0], warnings
+
+
+@pytest.mark.slow
+def test_the_rl_stage_stops_with_one_line_when_its_only_reward_scores_nothing(tmp_path, monkeypatch, capsys, user_module):
+    """The installed CLI on the micro config: training.max_unscored_steps reaches the trainer; exit 2, one line."""
+    from helpers import micro_params, posttrain, posttrain_main
+
+    micro_params(tmp_path, tracking={"enabled": False})
+    for stage in ("data", "sft"):
+        assert posttrain_main(monkeypatch, capsys, stage)[0] == 0
+    result = posttrain("rl", "--set", f"rl.rewards=[{{name: '{user_module}:nothing'}}]", "--set", "rl.steps=4",
+                       "--set", "training.max_unscored_steps=1", cwd=tmp_path, check=False)
+    lines = result.stderr.splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr[-3000:]
+    assert lines[0].startswith("posttrain: error: step 2: no completion was scored on 2 consecutive steps"), lines[0]
+    assert f"reward '{user_module}:nothing' returned nothing" in lines[0]
