@@ -108,3 +108,14 @@ def test_a_crash_inside_the_staging_swap_loses_no_output(point, again, work, str
     assert after.returncode == 0, after.stderr[-3000:]
     assert same(weights(outputs / "sft" / "model"), straight) and not (outputs / "sft" / "previous.txt").exists()
     assert not list(outputs.glob(".sft.*"))
+
+
+@pytest.mark.parametrize("point", ["swap:checkpoints-dropped", "swap:old-moved"])
+def test_the_next_start_finishes_an_interrupted_swap_even_when_that_run_fails(point, work, straight):
+    """The completed output a crashed swap left in staging is put in place by the next start of that output (before
+    its staging directory is cleared), so a next run that then fails (here: it diverges) still leaves it in place."""
+    assert sft(work, fault=point).returncode == 137
+    failed = sft(work, "--set", "sft.lr=1e12", "--set", "training.max_nonfinite_steps=0")
+    assert failed.returncode == 2 and "not finite" in failed.stderr, failed.stderr[-3000:]
+    outputs = work / "outputs"
+    assert same(weights(outputs / "sft" / "model"), straight) and not (outputs / ".sft.old").exists()
