@@ -6,6 +6,7 @@ end-of-pipeline report). Mistakes a user can make end with one line on stderr an
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -19,7 +20,7 @@ try:  # typer vendors its own click since 0.2x
 except ImportError:  # pragma: no cover
     from click.exceptions import ClickException
 
-from posttrain.errors import UserError
+from posttrain.errors import Terminated, UserError
 from posttrain.uris import redact_uri
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, help=__doc__)
@@ -283,10 +284,55 @@ def submit(
     typer.echo(submit_run(host, params, overrides, package, experiment, image, run_name))
 
 
+@contextlib.contextmanager
+def _warnings_held():
+    """Library warnings raised during a command (PyTorch's lr_scheduler order, a deprecation, ...) wait for its end:
+    shown after a run that ends any other way, dropped with a user error, whose stderr is its one line (issue 38)."""
+    import warnings
+
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            yield
+    except (UserError, ClickException):
+        caught.clear()
+        raise
+    finally:
+        for w in caught:  # to stderr, as Python shows a warning
+            sys.stderr.write(warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line))
+
+
+@contextlib.contextmanager
+def sigterm_raises():
+    """SIGTERM raises `Terminated` in this process's main thread, so a stage unwinds as from Ctrl-C: its MLflow run
+    ends KILLED (not left RUNNING), its lock is released, a resumable stage keeps its checkpoints. A forked child
+    (a rollout worker) that inherits the handler dies of the signal as before. The old handler is restored after."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    owner = os.getpid()
+
+    def terminate(signum, frame):
+        if os.getpid() != owner:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        raise Terminated("terminated by SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main() -> None:
     global _early_locked
     try:
-        with _early_lock(sys.argv):
+        with sigterm_raises(), _early_lock(sys.argv), _warnings_held():
             _register_stage_commands()
             app(standalone_mode=False)
     except UserError as e:
@@ -297,6 +343,9 @@ def main() -> None:
         sys.exit(2)
     except typer.Abort:
         sys.exit(130)
+    except Terminated as e:
+        typer.echo(f"posttrain: error: {e} (its MLflow run ends KILLED; a resumable stage goes on from its last checkpoint with --resume)", err=True)
+        sys.exit(e.exit_code)
     except Exception:  # a bug: keep its traceback, but not a credential a URI in it may carry
         import traceback
 

@@ -18,6 +18,14 @@ class TrackingIncomplete(UserError):
     exit_code = 3
 
 
+class Terminated(BaseException):
+    """SIGTERM (a scheduler or `kill`), raised in the main thread by the CLI's handler so the stage unwinds: its
+    MLflow run ends KILLED and a resumable stage keeps its checkpoints. A BaseException, like KeyboardInterrupt,
+    so no `except Exception` of a stage swallows it."""
+
+    exit_code = 143  # 128 + SIGTERM, what a shell reports for a process SIGTERM ended
+
+
 def assert_no_grad(**tensors) -> None:
     """Teacher, reference, base and critic tensors are constants to the policy: fail loudly if one carries gradient."""
     for name, tensor in tensors.items():

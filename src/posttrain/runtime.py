@@ -1,15 +1,35 @@
-"""Process-level helpers every layer may use: seeding the global RNGs, a progress bar on stderr, strict JSON."""
+"""Process-level helpers every layer may use: seeding the global RNGs, a progress bar on stderr, strict JSON, and the
+fault-injection points of the crash tests."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import sys
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
+
+
+_FAULT_HITS: dict[str, int] = {}
+
+
+def fault_point(name: str) -> None:
+    """A crash-test hook at a point of a durable write: with `POSTTRAIN_FAULT=<name>` (or `<name>@<n>`: the n-th time
+    this point is reached) the process ends here at once, as `kill -9` would end it (`os._exit(137)`: no cleanup, no
+    flush). Without the variable it costs one dict lookup."""
+    wanted = os.environ.get("POSTTRAIN_FAULT")
+    if not wanted:
+        return
+    point, _, nth = wanted.partition("@")
+    if point != name:
+        return
+    _FAULT_HITS[name] = _FAULT_HITS.get(name, 0) + 1
+    if _FAULT_HITS[name] == int(nth or 1):
+        os._exit(137)
 
 
 def seed_everything(seed: int) -> None:

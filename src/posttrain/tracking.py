@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.config import Config
-from posttrain.errors import UserError
+from posttrain.errors import Terminated, UserError
 from posttrain.storage import bound_default_clients, check_s3, split_s3, timeout_s
 from posttrain.uris import error_line, redact_uri, split_credentials
 
@@ -134,12 +134,19 @@ class Tracker:
         self._pending: list[dict[str, Any]] = []
         self._points: list[dict[str, Any]] = []  # metric points not sent yet
         self._flushed_at = time.monotonic()
+        self._worked = False
 
     @property
     def spool(self) -> Path | None:
         return None if self.root is None else self.root / PENDING
 
+    @property
+    def worked(self) -> bool:
+        """Whether the stage logged anything (a metric, a table, a figure, a text, an artifact) beyond the params."""
+        return self._worked
+
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
+        self._worked = self._worked or bool(metrics)
         fresh = {k: float(v) for k, v in metrics.items() if step is None or step > self._logged_steps.get(k, -1)}
         if self._mlflow and fresh:
             self._points.append({"metrics": fresh, "step": step or 0, "timestamp": int(time.time() * 1000)})
@@ -217,6 +224,7 @@ class Tracker:
     def _send(self, what: str, call: Callable[[], Any], keep: Callable[[], dict[str, Any]]) -> None:
         """`call()`, until one call has failed; from then on (and for that call) `keep()` the call for relog instead,
         so a dead store costs one bounded wait, not one per call."""
+        self._worked = self._worked or what != "set_tags"
         if self.failure is None:
             try:
                 call()
@@ -282,8 +290,8 @@ def _open_run(cfg: Config, start: Callable[[Any, str], Any], root: Path | None) 
     tracker = Tracker(mlflow, run.info.run_id, logged, root)
     try:
         yield tracker
-    except BaseException:
-        tracker.close("FAILED")
+    except BaseException as e:
+        tracker.close("KILLED" if isinstance(e, (Terminated, KeyboardInterrupt)) else "FAILED")
         raise
     tracker.close("FINISHED")
     if tracker.failure and tracker.spool is None:  # nowhere to keep the rest: say so
@@ -484,6 +492,20 @@ def relog(cfg: Config, out_dir: Path) -> str:
         raise UserError(f"re-logging {out_dir} failed again: {tracker.failure}; the rest is kept in {spool}, try again later")
     shutil.rmtree(spool)
     return record["run_id"]
+
+
+def drop_empty_run(cfg: Config, tracker: Tracker) -> bool:
+    """Delete the run of a stage that stopped before any work (a data file's bad rows, a setting refused inside the
+    stage): only its params, so an empty FAILED run would be left behind. Best effort: False if nothing was deleted."""
+    if not cfg.tracking.enabled or tracker.run_id is None or tracker.worked:
+        return False
+    from mlflow.tracking import MlflowClient
+
+    try:
+        MlflowClient(connect(cfg)[0]).delete_run(tracker.run_id)
+    except Exception:  # the store is failing: the run stays, FAILED
+        return False
+    return True
 
 
 def mark_killed(cfg: Config, run_id: str) -> bool:

@@ -116,3 +116,85 @@ def test_a_new_artifact_root_for_an_existing_experiment_is_one_line_not_silently
     with pytest.raises(UserError, match="keeps its artifacts in .*, not tracking.artifact_root .*elsewhere") as error:
         stages.execute("probe", moved, {}, tmp_path / "out2")
     assert len(str(error.value).splitlines()) == 1 and ran == [1] and not (tmp_path / "out2").exists()
+
+
+def test_a_stop_before_any_work_leaves_no_run_and_one_after_work_stays_failed(tmp_path, stand_in_stage):
+    """Issue 38, item 6: a user error raised before the stage logged anything (bad rows, a refused setting) deletes
+    its run, which would hold the params and nothing else; one raised after a metric keeps its FAILED run."""
+    from posttrain import stages
+    from posttrain.errors import UserError
+
+    def refuse(cfg, inputs, out_dir, tracker, resume=False):
+        raise UserError("train.jsonl: 3 bad rows")
+
+    cfg = stand_in_stage(refuse)
+    with pytest.raises(UserError):
+        stages.execute("probe", cfg, {}, tmp_path / "out")
+    client = client_for(cfg)
+    experiment = client.get_experiment_by_name(cfg.pipeline.name).experiment_id
+    assert client.search_runs([experiment]) == []
+
+    def diverge(cfg, inputs, out_dir, tracker, resume=False):
+        tracker.log_metrics({"loss": 1.0}, step=1)
+        raise UserError("step 2: the loss was not finite")
+
+    stand_in_stage(diverge)
+    with pytest.raises(UserError):
+        stages.execute("probe", cfg, {}, tmp_path / "out")
+    (run,) = client.search_runs([experiment])
+    assert run.info.status == "FAILED" and run.data.metrics == {"loss": 1.0}
+
+
+def test_sigterm_ends_the_run_killed(tmp_path, stand_in_stage):
+    """Issue 38, item 6: SIGTERM (the CLI's handler, `sigterm_raises`) unwinds the stage; its run ends KILLED, not
+    RUNNING until the next start of that output."""
+    import os
+    import time
+
+    from posttrain import stages
+    from posttrain.cli import sigterm_raises
+    from posttrain.errors import Terminated
+
+    def terminated(cfg, inputs, out_dir, tracker, resume=False):
+        tracker.log_metrics({"loss": 1.0}, step=1)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)  # the handler raises before this ends
+        return {}
+
+    cfg = stand_in_stage(terminated)
+    before = signal.getsignal(signal.SIGTERM)
+    started = time.monotonic()
+    with sigterm_raises(), pytest.raises(Terminated):
+        stages.execute("probe", cfg, {}, tmp_path / "out")
+    assert time.monotonic() - started < 20
+    client = client_for(cfg)
+    (run,) = client.search_runs([client.get_experiment_by_name(cfg.pipeline.name).experiment_id])
+    assert run.info.status == "KILLED"
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is the CLI's for its run only
+
+
+@pytest.mark.slow
+def test_sigterm_of_the_cli_ends_its_run_killed_and_keeps_its_checkpoints(sft_workdir):
+    """The installed CLI, SIGTERMed mid-run (as a scheduler stops a job): exit 143 with one line, the MLflow run
+    KILLED, the checkpoints kept for `--resume`, the output lock released."""
+    import time
+
+    from mlflow.tracking import MlflowClient
+
+    from helpers import POSTTRAIN
+
+    proc = subprocess.Popen([POSTTRAIN, "sft", "--set", "sft.steps=100000", "--set", "sft.checkpoint_every=1"], cwd=sft_workdir,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    staging = sft_workdir / "outputs" / ".sft.partial"
+    deadline = time.time() + 120
+    while not any((staging / "checkpoints").glob("step-*")) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err[-3000:]
+    assert err.splitlines()[-1].startswith("posttrain: error: terminated by SIGTERM"), err[-3000:]
+    assert "Traceback" not in err
+    run_id = (staging / "mlflow_run_id").read_text().strip()
+    client = MlflowClient(f"sqlite:///{sft_workdir / 'mlflow.db'}")
+    assert client.get_run(run_id).info.status == "KILLED"
+    assert any((staging / "checkpoints").glob("step-*")) and not (sft_workdir / "outputs" / ".sft.lock").exists()

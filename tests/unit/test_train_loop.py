@@ -102,9 +102,10 @@ def test_a_checkpoint_is_fsynced_before_it_is_renamed_into_place_and_pruned_to_k
         if index == 2:
             tmp = tmp_path / ".step-000002.tmp"
             # the files and their directory are durable before the rename; the parent (the rename itself) after it
-            assert synced == [(tmp / "model.safetensors", False), (tmp / "trainer.pt", False), (tmp, False), (tmp_path, True)]
+            assert synced == [(tmp / "model.safetensors", False), (tmp / "trainer.pt", False), (tmp / "manifest.json", False), (tmp, False),
+                              (tmp_path, True)]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000004", "step-000006"]  # none at the last step; no .tmp left
-    assert sorted(p.name for p in (tmp_path / "step-000006").iterdir()) == ["model.safetensors", "trainer.pt"]
+    assert sorted(p.name for p in (tmp_path / "step-000006").iterdir()) == ["manifest.json", "model.safetensors", "trainer.pt"]
     assert loop.last_checkpoint == tmp_path / "step-000006"
 
 
@@ -166,3 +167,38 @@ def test_restore_falls_back_to_the_older_checkpoint_when_the_newest_is_truncated
     with pytest.raises(UserError) as refused:
         TrainLoop(tmp_path, "h", every=1, resume=True).restore(fresh, {"optimizer": fresh_optimizer})
     assert "\n" not in str(refused.value) and f"no checkpoint in {tmp_path} can be read" in str(refused.value)
+
+
+@pytest.mark.parametrize("damaged", ["model.safetensors", "trainer.pt"])
+def test_a_flipped_byte_in_the_newest_checkpoint_falls_back_to_the_older_one(tmp_path, capsys, damaged):
+    """Issue 38, item 7: a flipped bit inside the tensor data still parses; the manifest's sha256 refuses it, and the
+    loader falls back as for a truncated file. The byte is flipped in the last quarter of the file (the tensor data of
+    a safetensors file, past its header)."""
+    model, optimizer = model_and_optimizer()
+    loop = TrainLoop(tmp_path, "h", every=1)
+    for index in (1, 2):
+        step(loop, index, model, optimizer)
+        loop.checkpoint(index, 10, model, {"optimizer": optimizer})
+        if index == 1:
+            at_one = copy.deepcopy(model.state_dict())
+    newest = tmp_path / "step-000002" / damaged
+    data = bytearray(newest.read_bytes())
+    data[len(data) * 3 // 4] ^= 0x01
+    newest.write_bytes(bytes(data))
+
+    fresh, fresh_optimizer = model_and_optimizer(seed=3)
+    start, _ = TrainLoop(tmp_path, "h", every=1, resume=True).restore(fresh, {"optimizer": fresh_optimizer})
+    assert start == 1 and all(torch.equal(v, at_one[k]) for k, v in fresh.state_dict().items())
+    err = capsys.readouterr().err
+    assert "step-000002 cannot be read" in err and f"{damaged} does not match its checksum" in err, err
+
+
+def test_a_checkpoint_without_a_manifest_still_loads(tmp_path):
+    """Checkpoints written before manifests existed are read as they are."""
+    model, optimizer = model_and_optimizer()
+    loop = TrainLoop(tmp_path, "h", every=1)
+    step(loop, 1, model, optimizer)
+    loop.checkpoint(1, 10, model, {"optimizer": optimizer})
+    (tmp_path / "step-000001" / "manifest.json").unlink()
+    fresh, fresh_optimizer = model_and_optimizer(seed=3)
+    assert TrainLoop(tmp_path, "h", every=1, resume=True).restore(fresh, {"optimizer": fresh_optimizer})[0] == 1

@@ -5,13 +5,14 @@ the splits a task made of them."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from posttrain.tasks import Example, Task
 from posttrain.tasks.base import prompt_key
-from posttrain.tasks.tables import SourceRows, bad_row_line
+from posttrain.tasks.tables import SourceRows, bad_rows
 
 
 def _batch(frame: pd.DataFrame, name: str):
@@ -27,30 +28,49 @@ def _batch(frame: pd.DataFrame, name: str):
 
 def validate_rows(rows: SourceRows) -> dict[str, Any]:
     """The row suite: every mapped field of every row of one file has a kind its field allows (present, of its
-    type, not empty). A JSON-able report with `success`; `first_bad` is the first bad row as one line."""
+    type, not empty), and every line is a row. A JSON-able report with `success`; `bad_rows` lists every bad row
+    in file order as `where: problem`, `first_bad` is the first of them (None when the file is good)."""
     gx, batch = _batch(rows.frame, "rows")
     suite = gx.ExpectationSuite(name="source_rows")
     for key in rows.columns:
         suite.add_expectation(gx.expectations.ExpectColumnValuesToBeInSet(column=key, value_set=list(rows.allowed[key])))
-    result = batch.validate(suite, result_format={"result_format": "COMPLETE", "unexpected_index_column_names": ["where"]})
-    report = suite_report(result)
-    position = {where: i for i, where in enumerate(rows.frame["where"])}
-    bad = []  # (position, line) of each failed field's first bad row
-    for r in result.results:
-        if not r.success:
-            key = r.expectation_config.kwargs["column"]
-            first = min(r.result["unexpected_index_list"], key=lambda hit: position[hit["where"]])
-            bad.append((position[first["where"]], bad_row_line(first["where"], key, rows.columns[key], first[key], rows.allowed[key])))
-    report["first_bad"] = min(bad)[1] if bad else None
+    report = suite_report(batch.validate(suite, result_format="SUMMARY"))
+    found = [f"{where}: {problem}" for where, problem in bad_rows(rows)]  # the suite's verdict, row by row in file order
+    report["success"] = report["success"] and not found
+    report["bad_rows"] = found
+    report["first_bad"] = found[0] if found else None
     return report
 
 
-def raise_if_bad_row(report: dict[str, Any]) -> None:
-    """A failed row suite stops the stage with one line: the first bad row, its field and what is wrong."""
-    if not report["success"]:
-        from posttrain.errors import UserError
+SHOWN_BAD_ROWS = 3  # bad rows named in the error line; the report file holds them all
 
-        raise UserError(report["first_bad"])
+
+def raise_if_bad_row(report: dict[str, Any], source: str, report_file: Path | None = None) -> None:
+    """A failed row suite stops the stage with one line: how many rows of `source` are bad and the first few (in
+    file order), each with its field and what is wrong; every one of them is written to `report_file`."""
+    if report["success"]:
+        return
+    from posttrain.errors import UserError
+
+    found = report["bad_rows"]
+    if len(found) == 1:
+        raise UserError(found[0])
+    short = [_place(line, source) for line in found[:SHOWN_BAD_ROWS]]
+    more = f"; and {len(found) - SHOWN_BAD_ROWS} more" if len(found) > SHOWN_BAD_ROWS else ""
+    listed = ""
+    if report_file is not None:
+        report_file.parent.mkdir(parents=True, exist_ok=True)
+        report_file.write_text("".join(f"{line}\n" for line in found))
+        listed = f" (all of them in {report_file})"
+    raise UserError(f"{source}: {len(found)} bad rows{listed}: {'; '.join(short)}{more}")
+
+
+def _place(line: str, source: str) -> str:
+    """`src:4: problem` -> `line 4 problem`; `src row 4: problem` -> `row 4 problem` (the source is named once)."""
+    rest = line.removeprefix(source)
+    where, _, problem = rest.partition(": ")
+    where = where.strip()
+    return f"line {where[1:]} {problem}" if where.startswith(":") else f"{where} {problem}"
 
 
 def examples_frame(task: Task, splits: dict[str, list[Example]]) -> pd.DataFrame:

@@ -18,7 +18,7 @@ import json
 import shutil
 from pathlib import Path
 
-from posttrain.runtime import strict_json
+from posttrain.runtime import fault_point, strict_json
 from posttrain.config import Config
 from posttrain.errors import TrackingIncomplete, UserError
 from posttrain.locks import OutputLock
@@ -127,10 +127,11 @@ def _run_locked(entry: Entry, cfg: Config, inputs: dict[str, Path], out_dir: Pat
     """The stage into its staging directory, then swapped into place. A run id left in the staging directory is
     that of a writer that is gone (we hold the lock): reopened by `--resume`, otherwise marked KILLED (it was
     killed, or it would have ended its run) before the directory is cleared."""
-    from posttrain.tracking import PENDING, mark_killed, stage_run
+    from posttrain.tracking import PENDING, drop_empty_run, mark_killed, stage_run
 
     staging = staging_dir(out_dir)
     run_id_file = staging / "mlflow_run_id"
+    _finish_interrupted_swap(staging, out_dir)
     recorded = run_id_file.read_text().strip() if run_id_file.is_file() else None
     if not resume:
         if recorded:
@@ -138,6 +139,7 @@ def _run_locked(entry: Entry, cfg: Config, inputs: dict[str, Path], out_dir: Pat
         shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(staging / PENDING, ignore_errors=True)  # an earlier attempt's unsent log: its redone steps log again
+    tracker = None
     try:
         with stage_run(cfg, entry.name, launcher, recorded if resume else None, _lineage_tags(inputs), root=staging,
                        rl_objective=entry.meta.get("rl_objective", False)) as tracker:
@@ -146,9 +148,11 @@ def _run_locked(entry: Entry, cfg: Config, inputs: dict[str, Path], out_dir: Pat
             metrics = entry.obj(cfg, inputs, staging, tracker=tracker, resume=resume)
             write_json_atomic(staging / "metrics.json", metrics)
             write_json_atomic(staging / RUN_FILE, {"stage": entry.name, "run_id": tracker.run_id})
-    except BaseException:
+    except BaseException as e:
         if not (entry.meta.get("resumable", False) and any((staging / "checkpoints").rglob("step-*"))):
             shutil.rmtree(staging, ignore_errors=True)
+            if isinstance(e, UserError) and tracker is not None and not (resume and recorded):  # stopped before any work: no empty run left
+                drop_empty_run(cfg, tracker)
         raise
     run_id_file.unlink(missing_ok=True)
     _swap_into_place(staging, out_dir)
@@ -185,9 +189,25 @@ def _lineage_tags(inputs: dict[str, Path]) -> dict[str, str]:
 
 def _swap_into_place(staging: Path, out_dir: Path) -> None:
     shutil.rmtree(staging / "checkpoints", ignore_errors=True)
+    fault_point("swap:checkpoints-dropped")
     old = out_dir.parent / f".{out_dir.name}.old"
     shutil.rmtree(old, ignore_errors=True)
     if out_dir.exists():
         out_dir.rename(old)
+    fault_point("swap:old-moved")
     staging.rename(out_dir)
+    fault_point("swap:new-in-place")
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _finish_interrupted_swap(staging: Path, out_dir: Path) -> None:
+    """A writer killed inside `_swap_into_place` (we hold the lock now: it is gone) left either a complete output in
+    the staging directory (its RUN_FILE written, its run id file removed: nothing of the stage is left to do) or the
+    previous output moved aside as `.old`: finish its swap, or put the previous output back, so that no completed
+    output is lost to the directory cleanup that follows."""
+    old = out_dir.parent / f".{out_dir.name}.old"
+    if (staging / RUN_FILE).is_file() and not (staging / "mlflow_run_id").exists():
+        _swap_into_place(staging, out_dir)
+    elif old.is_dir() and not out_dir.exists():
+        old.rename(out_dir)
     shutil.rmtree(old, ignore_errors=True)

@@ -26,9 +26,11 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     from posttrain.data.validation import examples_frame, raise_if_bad_row, raise_if_failed, validate_examples, validate_rows
 
     task = build_task(cfg.task)
+    bad_rows_file = out_dir.parent / f"{out_dir.name.removeprefix('.').removesuffix('.partial')}.bad_rows.txt"
+    bad_rows_file.unlink(missing_ok=True)  # an earlier run's list
     row_reports = {rows.source: validate_rows(rows) for rows in task.source_rows()}
-    for row_report in row_reports.values():
-        raise_if_bad_row(row_report)
+    for source, row_report in row_reports.items():  # every bad row at once, in file order; the full list next to the output
+        raise_if_bad_row(row_report, source, bad_rows_file)
     splits = task.splits(cfg.pipeline.seed)
     report = validate_examples(examples_frame(task, splits), task, task.expected_sizes())
     if row_reports:

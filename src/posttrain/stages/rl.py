@@ -123,7 +123,8 @@ def train_and_save(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker,
         policy=policy, tokenizer=tokenizer, task=build_task(cfg.task), examples=examples, cfg=cfg.rl, seed=cfg.pipeline.seed,
         checkpoint_dir=out_dir / "checkpoints", config_hash=cfg.section_hash("pipeline", "task", "model", "rl", *hash_sections),
         models=load_models(tokenizer, device) if load_models else {},
-        max_nonfinite_steps=cfg.training.max_nonfinite_steps, keep_checkpoints=cfg.training.keep_checkpoints,
+        max_nonfinite_steps=cfg.training.max_nonfinite_steps, max_unscored_steps=cfg.training.max_unscored_steps,
+        keep_checkpoints=cfg.training.keep_checkpoints,
         critic_out=out_dir / "critic",  # written only when the objective trains a critic (rl.preset: ppo)
     )
     check = heldout_check(cfg, inputs["data"], policy, tokenizer, rl_run.task)

@@ -185,9 +185,9 @@ class DatasetTask(Task):
     @cached_property
     def tables(self) -> dict[str, list[Table]]:
         """role -> tables: `data` (from path) and, with heldout: file, `heldout` (from heldout_path)."""
-        found = {"data": read_tables(self.opts.path, "dataset")}
+        found = {"data": read_tables(self.opts.path, "dataset", every_bad_line=True)}
         if self.opts.heldout == "file":
-            found["heldout"] = read_tables(self.opts.heldout_path, "held-out dataset")
+            found["heldout"] = read_tables(self.opts.heldout_path, "held-out dataset", every_bad_line=True)
         for role, tables in found.items():
             found[role] = self._chosen_splits(tables, role)
             for table in found[role]:

@@ -29,6 +29,7 @@ class Table:
     columns: tuple[str, ...]
     rows: list[dict[str, Any]]
     wheres: list[str]  # each row's place, for messages
+    unreadable: tuple[tuple[int, str, str], ...] = ()  # (rows read before it, where, problem): JSON lines that are no row
 
 
 @dataclass(frozen=True)
@@ -40,12 +41,15 @@ class SourceRows:
     frame: Any  # pandas DataFrame: `where`, then one column per field key holding value kinds
     columns: dict[str, str]  # field key -> the column it maps to (for messages)
     allowed: dict[str, tuple[str, ...]]  # field key -> accepted kinds
+    unreadable: tuple[tuple[int, str, str], ...] = ()  # Table.unreadable: lines that are no row at all
 
 
-def json_lines(path: Path, what: str, label: str | None = None) -> Iterator[tuple[str, object]]:
+def json_lines(path: Path, what: str, label: str | None = None, unreadable: list[tuple[str, str]] | None = None
+               ) -> Iterator[tuple[str, object]]:
     """(`file:line`, parsed record) for each non-blank line; a missing file, bytes that are not UTF-8 or bad JSON
     is a `UserError` naming the line (lines are split as bytes and decoded one by one, so the line is exact).
-    `label` names the file in messages (default: the path)."""
+    `label` names the file in messages (default: the path). Given an `unreadable` list, a bad line is appended to
+    it as (`file:line`, problem) and skipped instead, so a caller can report every bad line at once."""
     label = str(path) if label is None else label
     if not path.is_file():
         raise UserError(f"{what} file not found: {label}")
@@ -55,17 +59,27 @@ def json_lines(path: Path, what: str, label: str | None = None) -> Iterator[tupl
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
                 bad = raw[e.start : e.start + 1]
-                raise UserError(f"{label}:{number}: not UTF-8 text (byte {e.start + 1} of the line is {bad!r})") from None
+                problem = f"not UTF-8 text (byte {e.start + 1} of the line is {bad!r})"
+                if unreadable is None:
+                    raise UserError(f"{label}:{number}: {problem}") from None
+                unreadable.append((f"{label}:{number}", problem))
+                continue
             if not line.strip():
                 continue
             try:
-                yield f"{label}:{number}", json.loads(line)
+                record = json.loads(line)
             except json.JSONDecodeError as e:
-                raise UserError(f"{label}:{number}: not valid JSON ({e.msg})") from None
+                if unreadable is None:
+                    raise UserError(f"{label}:{number}: not valid JSON ({e.msg})") from None
+                unreadable.append((f"{label}:{number}", f"not valid JSON ({e.msg})"))
+                continue
+            yield f"{label}:{number}", record
 
 
-def read_tables(location: str | Path, what: str) -> list[Table]:
-    """The table(s) at `location`: one for a file or a Dataset, one per split for a DatasetDict."""
+def read_tables(location: str | Path, what: str, every_bad_line: bool = False) -> list[Table]:
+    """The table(s) at `location`: one for a file or a Dataset, one per split for a DatasetDict. With
+    `every_bad_line`, JSON lines that are no row are kept in `Table.unreadable` (reported with the bad rows by
+    `bad_rows`) instead of stopping at the first."""
     location = str(location)
     path = local_data(location)
     if path.is_dir():
@@ -74,7 +88,7 @@ def read_tables(location: str | Path, what: str) -> list[Table]:
         raise UserError(f"{what} file not found: {location}")
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".ndjson", ".json"):
-        return [_json_lines_table(path, location, what)]
+        return [_json_lines_table(path, location, what, every_bad_line)]
     if suffix in (".parquet", ".pq"):
         return [_parquet(path, location, what)]
     if suffix == ".csv":
@@ -82,22 +96,31 @@ def read_tables(location: str | Path, what: str) -> list[Table]:
     raise UserError(f"{what} {location}: unknown format {suffix or '(no suffix)'}; use {FORMATS}")
 
 
-def _table(source: str, split: str | None, rows: list[dict], wheres: list[str], what: str, columns=None) -> Table:
-    if not rows:
+def _table(source: str, split: str | None, rows: list[dict], wheres: list[str], what: str, columns=None, unreadable=()) -> Table:
+    if not rows and not unreadable:
         raise UserError(f"{source}: no rows in the {what} file")
     if columns is None:
         columns = list(dict.fromkeys(key for row in rows for key in row))
-    return Table(source, split, tuple(columns), rows, wheres)
+    return Table(source, split, tuple(columns), rows, wheres, tuple(unreadable))
 
 
-def _json_lines_table(path: Path, location: str, what: str) -> Table:
-    rows, wheres = [], []
-    for where, record in json_lines(path, what, location):
+def _json_lines_table(path: Path, location: str, what: str, every_bad_line: bool = False) -> Table:
+    rows, wheres, unreadable = [], [], []
+    lines: list[tuple[str, str]] | None = [] if every_bad_line else None
+    for where, record in json_lines(path, what, location, lines):
+        unreadable += [(len(rows), w, problem) for w, problem in lines or ()]
+        if lines:
+            lines.clear()
         if not isinstance(record, dict):
-            raise UserError(f"{where}: expected an object (one row), got {type(record).__name__}")
+            problem = f"expected an object (one row), got {type(record).__name__}"
+            if not every_bad_line:
+                raise UserError(f"{where}: {problem}")
+            unreadable.append((len(rows), where, problem))
+            continue
         rows.append(record)
         wheres.append(where)
-    return _table(location, None, rows, wheres, what)
+    unreadable += [(len(rows), w, problem) for w, problem in lines or ()]
+    return _table(location, None, rows, wheres, what, unreadable=unreadable)
 
 
 def _numbered(location: str, n: int) -> list[str]:
@@ -189,19 +212,35 @@ def source_rows(table: Table, columns: dict[str, str], allowed: dict[str, tuple[
 
     frame = pd.DataFrame({"where": table.wheres, **{key: [value_kind(row.get(column)) for row in table.rows]
                                                      for key, column in columns.items()}})
-    return SourceRows(table.source, frame, dict(columns), {key: allowed[key] for key in columns})
+    return SourceRows(table.source, frame, dict(columns), {key: allowed[key] for key in columns}, table.unreadable)
+
+
+def bad_rows(rows: SourceRows) -> list[tuple[str, str]]:
+    """Every bad row in file order as (where, problem): lines that are no row (bad JSON, not an object) and values
+    of a kind their field does not allow (one entry per row, its bad fields joined)."""
+    out = []
+    unreadable = sorted(rows.unreadable, key=lambda u: u[0])
+    for i, where in enumerate([*rows.frame["where"], None]):
+        out += [(w, problem) for before, w, problem in unreadable if before == i]
+        if where is None:
+            break
+        problems = [bad_row_problem(key, column, rows.frame[key].iat[i], rows.allowed[key]) for key, column in rows.columns.items()
+                    if rows.frame[key].iat[i] not in rows.allowed[key]]
+        if problems:
+            out.append((where, ", ".join(problems)))
+    return out
 
 
 def first_bad_row(rows: SourceRows) -> str | None:
-    """The first row (in file order) with a value of a kind its field does not allow, as one line; None if none."""
-    for i, where in enumerate(rows.frame["where"]):
-        for key, column in rows.columns.items():
-            kind = rows.frame[key].iat[i]
-            if kind not in rows.allowed[key]:
-                return bad_row_line(where, key, column, kind, rows.allowed[key])
-    return None
+    """The first row (in file order) that is bad, as one line; None if none."""
+    found = bad_rows(rows)
+    return f"{found[0][0]}: {found[0][1]}" if found else None
+
+
+def bad_row_problem(key: str, column: str, kind: str, allowed: tuple[str, ...]) -> str:
+    named = f"field {key!r}" if key == column else f"field {key!r} (column {column!r})"
+    return f"{named} {kind_problem(kind, allowed)}"
 
 
 def bad_row_line(where: str, key: str, column: str, kind: str, allowed: tuple[str, ...]) -> str:
-    named = f"field {key!r}" if key == column else f"field {key!r} (column {column!r})"
-    return f"{where}: {named} {kind_problem(kind, allowed)}"
+    return f"{where}: {bad_row_problem(key, column, kind, allowed)}"

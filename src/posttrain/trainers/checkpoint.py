@@ -3,12 +3,15 @@ state, so a resumed run continues bit-for-bit where it stopped.
 
 A checkpoint is written to a hidden temporary directory, every file and the directory are fsynced, and only then
 is it renamed to `step-NNNNNN` (and the parent fsynced): a crash or power loss leaves either the whole checkpoint
-or none. The newest `keep` are kept; when the newest cannot be read (a torn disk, a truncated file) `load_latest`
-falls back to the one before it.
+or none. `manifest.json` holds the sha256 of every file, checked before a checkpoint is loaded. The newest `keep` are
+kept; when the newest cannot be read (a torn disk, a truncated file, a flipped bit) `load_latest` falls back to the one
+before it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import pickle
 import random
@@ -23,6 +26,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from posttrain.errors import UserError
+from posttrain.runtime import fault_point
+
+MANIFEST = "manifest.json"  # {"sha256": {file name: hex digest}} of the checkpoint's other files
 
 
 def _rng_state() -> dict[str, Any]:
@@ -65,14 +71,46 @@ def save_checkpoint(directory: Path, step: int, model: torch.nn.Module, trainer_
     else:
         save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"))
     torch.save({**trainer_state, "step": step, "rng": _rng_state()}, tmp / "trainer.pt")
-    for written in (tmp / "model.safetensors", tmp / "trainer.pt", tmp):
+    files = ("model.safetensors", "trainer.pt")
+    (tmp / MANIFEST).write_text(json.dumps({"sha256": {name: _sha256(tmp / name) for name in files}}, indent=1) + "\n")
+    fault_point("checkpoint:written")
+    for written in (*(tmp / name for name in (*files, MANIFEST)), tmp):
         _fsync(written)
+    fault_point("checkpoint:fsynced")
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
+    fault_point("checkpoint:renamed")
     _fsync(directory)
     for old in checkpoints(directory)[:-keep]:
         shutil.rmtree(old)
     return final
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_checksums(path: Path) -> None:
+    """Every file the checkpoint's manifest lists has its recorded sha256 (raises `Unreadable`). A checkpoint
+    written before manifests existed has none and is read as it is."""
+    manifest = path / MANIFEST
+    if not manifest.is_file():
+        return
+    try:
+        recorded = json.loads(manifest.read_text())["sha256"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise Unreadable(f"{path.name}: {MANIFEST} cannot be read ({_first_line(e)})") from None
+    for name, digest in recorded.items():
+        try:
+            found = _sha256(path / name)
+        except OSError as e:
+            raise Unreadable(f"{path.name}: {_first_line(e)}") from None
+        if found != digest:
+            raise Unreadable(f"{path.name}: {name} does not match its checksum (sha256 {found[:12]}..., recorded {digest[:12]}...)")
 
 
 def checkpoints(directory: Path) -> list[Path]:
@@ -88,6 +126,7 @@ def latest_checkpoint(directory: Path) -> Path | None:
 def load_checkpoint(path: Path, model: torch.nn.Module, config_hash: str) -> dict[str, Any]:
     """Restore weights and RNG state from `path`; return the trainer state (optimizer, schedule, ...).
     A checkpoint made under other settings is refused (UserError); one that cannot be read raises `Unreadable`."""
+    verify_checksums(path)  # before anything is loaded: a flipped bit is no checkpoint, however well it parses
     try:
         state = torch.load(path / "trainer.pt", weights_only=True)
         if state.get("config_hash") != config_hash:

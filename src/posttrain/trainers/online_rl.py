@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 import math
 import random
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
@@ -122,6 +123,7 @@ class RLRun:
     config_hash: str
     models: dict[str, PreTrainedModel] = field(default_factory=dict)  # frozen models by role: teacher, base (distill), reference
     max_nonfinite_steps: int = 3  # training.max_nonfinite_steps (trainers/loop.py)
+    max_unscored_steps: int = 3  # training.max_unscored_steps: consecutive steps in which no completion got a score
     keep_checkpoints: int = 2  # training.keep_checkpoints
     checkpoint_section: str = "rl"  # the section whose checkpoint_every set cfg.checkpoint_every (named in the divergence line)
     critic_out: Path | None = None  # where a trained critic is saved at the end (models/value.save_critic)
@@ -203,6 +205,8 @@ class OnlineRL:
         self.optimizer, self.schedule = optimizer_and_schedule(self._param_groups(), cfg.lr, 0.0, cfg.warmup_steps, total_steps or cfg.steps)
         self.generator = torch.Generator(device=self.device).manual_seed(run.seed)
         self.step_index = 0
+        self.unscored_steps = 0  # consecutive steps in which no completion was scored (training.max_unscored_steps)
+        self.warned_unscored = False  # a step with some unscored completions is said once per run
 
     def _param_groups(self) -> list[dict[str, Any]]:
         groups = [{"params": [p for p in self.run.policy.parameters() if p.requires_grad]}]
@@ -217,7 +221,7 @@ class OnlineRL:
     def state_dict(self) -> dict[str, Any]:
         return {
             "optimizer": self.optimizer.state_dict(), "schedule": self.schedule.state_dict(), "generator": self.generator.get_state(),
-            "step_index": self.step_index, "states": {n: s.state_dict() for n, s in self.states.items()},
+            "step_index": self.step_index, "unscored_steps": self.unscored_steps, "states": {n: s.state_dict() for n, s in self.states.items()},
             "modules": {n: m.state_dict() for n, m in self.modules.items()},
             **({"critic": self.critic.state_dict()} if self.critic is not None else {}),
         }
@@ -227,6 +231,7 @@ class OnlineRL:
         self.schedule.load_state_dict(state["schedule"])
         self.generator.set_state(state["generator"])
         self.step_index = state["step_index"]
+        self.unscored_steps = state.get("unscored_steps", 0)  # absent from checkpoints written before the guard
         for name, saved in state["states"].items():
             self.states[name].load_state_dict(saved)
         for name, saved in state["modules"].items():
@@ -371,6 +376,25 @@ class OnlineRL:
             return PolicyOutputs(logp=None, scored=scored)
         return PolicyOutputs(logp=out.logp, entropy=out.entropy, logprobs=out.logprobs, hidden=out.hidden, scored=scored)
 
+    def check_scored(self, batch: RolloutBatch) -> None:
+        """A completion every reward left unscored (NaN: the function returned None or NaN) gets no advantage, so a
+        step in which no completion was scored trains nothing: more than `max_unscored_steps` such steps in a row
+        stop the run with one line naming the rewards that returned nothing; some unscored completions warn once."""
+        unscored = torch.isnan(batch.rewards).all(dim=1) if batch.rewards.numel() else torch.zeros(0, dtype=torch.bool)
+        if unscored.numel() and bool(unscored.all()):
+            self.unscored_steps += 1
+        else:
+            self.unscored_steps = 0
+            if bool(unscored.any()) and not self.warned_unscored:
+                self.warned_unscored = True
+                print(f"posttrain: warning: step {self.step_index}: {float(unscored.float().mean()):.0%} of the completions got no "
+                      f"score from any reward ({', '.join(batch.reward_names)}): they train nothing (shown once)", file=sys.stderr)
+        if self.unscored_steps > self.run.max_unscored_steps:
+            silent = [n for k, n in enumerate(batch.reward_names) if bool(torch.isnan(batch.rewards[:, k]).all())]
+            raise UserError(f"step {self.step_index}: no completion was scored on {self.unscored_steps} consecutive steps: "
+                            f"reward{'s' if len(silent) > 1 else ''} {', '.join(repr(n) for n in silent)} returned nothing (None or NaN) for every completion, so nothing "
+                            f"trains (training.max_unscored_steps is {self.run.max_unscored_steps})")
+
     def step(self, prompts: list[Example], more_prompts: Callable[[int], list[Example]] | None = None,
              collected: tuple[RolloutBatch, list[str], list[Example], dict[str, float]] | None = None) -> StepResult:
         """One update on `prompts`: rollout, rewards, extras, advantages, `epochs_per_batch` policy passes (an
@@ -380,6 +404,7 @@ class OnlineRL:
         estimate, policy_loss = advantages.get(cfg.advantage), losses.get(cfg.loss)
         self.step_index += 1
         batch, texts, prompts, metrics = collected or self.collect(prompts, more_prompts)
+        self.check_scored(batch)
         batch = provide(self.needs, self.context, prompts, batch)
         adv = estimate(batch, cfg)
         warmup = self.critic_warmup()
