@@ -184,7 +184,7 @@ def parse_options(model: BaseModel, prefix: str, registries: Mapping[str, Regist
         value = getattr(model, name)
         marker = config._marker(info.metadata)
         if isinstance(marker, OptionsOf):
-            defaults = field.get_default(call_default_factory=True) or {}  # a section's own defaults for some components (eval's power)
+            defaults = info.get_default(call_default_factory=True) or {}  # a section's own defaults for some components (eval's power)
             merged = {**defaults, **{k: {**_raw(defaults.get(k)), **_raw(v)} for k, v in value.items()}}
             update[name] = _parsed_block(model, merged, marker.registries, f"{prefix}{name}", registries)
         elif isinstance(value, BaseModel):

@@ -134,7 +134,6 @@ def test_values_are_section_keys_or_whole_sections():
 
 
 def test_nulls_dropped_for_kubeflow_read_back_as_null_at_any_depth():
-    import yaml
 
     from posttrain.orchestration.preflight import _absent_optional_is_null, without_nulls
 

@@ -9,7 +9,6 @@ import shlex
 import yaml
 
 from helpers import repo_params, REPO
-from posttrain.config import read_params
 from test_dvc_yaml import checked_side_pipeline
 
 SEARCH = REPO / "search" / "dvc.yaml"

@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import json
 
-import yaml
 
 from helpers import repo_params, REPO, claim_in_process, fork_safe_params, kill_resume_and_compare, micro_params
 

@@ -8,9 +8,8 @@ import copy
 import json
 
 import pytest
-import yaml
 
-from helpers import repo_params, REPO, fork_safe_params, kill_resume_and_compare, micro_params
+from helpers import repo_params, fork_safe_params, kill_resume_and_compare, micro_params
 
 
 def micro_sections(**bridge) -> dict:

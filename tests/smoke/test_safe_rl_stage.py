@@ -8,7 +8,6 @@ import copy
 import json
 
 import pytest
-import yaml
 
 from helpers import repo_params, REPO, fork_safe_params, is_verdict, kill_resume_and_compare, micro_params
 

@@ -146,9 +146,7 @@ def test_inner_epochs_move_the_ratio_off_one_and_the_clip_binds():
     """Flow-GRPO's num_inner_epochs: the first pass over a sampled batch is on-policy (ratio 1, nothing clipped);
     the later passes re-score the same transitions under the updated model, so the ratio leaves 1 and the clip
     (Flow-GRPO's clip_range 1e-4) zeroes part of the gradient."""
-    import yaml
 
-    from helpers import REPO
     from posttrain.config import FlowModelConfig, FlowRLConfig
     from posttrain.data.vigor.edits import Edits
     from posttrain.models.flow import build_flow_model

@@ -4,9 +4,8 @@ instruction encoder, and the samplers on a tiny model (ratio = 1 on the first up
 from __future__ import annotations
 
 import torch
-import yaml
 
-from helpers import repo_params, REPO
+from helpers import repo_params
 from posttrain.config import FlowModelConfig, LoraConfig
 from posttrain.models.flow import build_flow_model, instruction_features, load_flow_model, maybe_flow_lora, save_flow_model
 from posttrain.objectives.flow_grpo import sde_step

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-import yaml
 
-from helpers import repo_params, REPO
+from helpers import repo_params
 from posttrain.config import FlowModelConfig, FlowRLConfig
 from posttrain.data.vigor.edits import Edits
 from posttrain.errors import UserError

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import yaml
 
 from helpers import repo_params, REPO
 from posttrain.config import FlowModelConfig, FlowRLConfig, FlowSFTConfig

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import yaml
 from helpers import repo_params
 
 from posttrain.resolve import load

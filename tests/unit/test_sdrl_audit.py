@@ -192,7 +192,6 @@ def test_registered_audit_reward_matches_the_formula():
 
 def test_defaults_validate_and_live_in_params_yaml():
     assert isinstance(SDRL, SDRLOptions) and isinstance(RL.options_for("audit_correction"), AuditOptions)
-    import yaml
 
     written = repo_params(PARAMS)["rl"]["options"]
     for field in SDRLOptions.model_fields:
