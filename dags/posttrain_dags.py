@@ -6,7 +6,7 @@ as a Bash task in the environment Airflow runs in (the default: a laptop running
 as a Kubernetes pod on a GPU node pool when `orchestration.airflow.executor` is `kubernetes`.
 
 Each DAG's trigger form holds the sections its stages read (their dvc.yaml `params:`) and the run-wide ones
-(pipeline, tracking, training), each key described by its params.yaml comment. Every key has a default, so none is
+(pipeline, tracking, training), each key described by the comment on its line in its settings model. Every key has a default, so none is
 required: a field left empty is its params.yaml value. Params are validated against the generated JSON Schema when a run is triggered; the `preflight` task then
 validates them with the config models (the trigger's `conf` too: a key that is no setting, `rl.stepz`, is refused
 by name) and checks MLflow, S3 and credentials before any training starts. The `finalize` teardown and every
