@@ -13,6 +13,7 @@ import json
 import shutil
 
 import pytest
+import yaml
 
 from helpers import REPO, dvc, git, micro_params, ran_stages
 
@@ -48,6 +49,9 @@ def test_the_side_pipeline_runs_through_dvc_repro_and_logs_media_and_tables(side
     (tmp_path / side).mkdir()
     shutil.copy(REPO / side / "dvc.yaml", tmp_path / side / "dvc.yaml")
     micro_params(tmp_path, **{side: section})
+    own = yaml.safe_load((REPO / side / "params.yaml").read_text())  # the keys its dvc.yaml tracks, set to the micro values
+    own[side] = {**own[side], **section}
+    (tmp_path / side / "params.yaml").write_text(yaml.safe_dump(own, sort_keys=False))
     git("init", "-q", cwd=tmp_path)
     dvc("init", "-q", cwd=tmp_path)
     dvc("config", "core.analytics", "false", cwd=tmp_path)

@@ -75,7 +75,9 @@ def test_the_example_runs_through_dvc_from_its_own_params_file(tmp_path):
     # the RL model is dvc's own behaviour, checked on the main pipeline by test_dvc_pipeline)
     assert json.loads(dvc("status", "--json", str(EXAMPLE / "dvc.yaml"), cwd=root)) == {}
     base = root / "params.yaml"
-    base.write_text(base.read_text().replace("  std_eps: 0.0001\n", "  std_eps: 0.01\n", 1))
+    text = base.read_text()
+    base.write_text(text.replace("\nrl:\n", "\nrl:\n  std_eps: 0.01\n", 1))  # a key params.yaml leaves on its default
+    assert base.read_text() != text
     changed = json.loads(dvc("status", "--json", str(EXAMPLE / "dvc.yaml"), cwd=root))
     assert example_stages(set(changed)) == {"rl"}, changed
     assert "params.yaml" in json.dumps(changed["examples/word_problems/dvc.yaml:rl"]), changed

@@ -67,5 +67,5 @@ def test_kill_9_of_the_warm_cli_ends_its_stage_and_a_term_reaches_it(tmp_path):
     process = _start_sft(tmp_path / "term")
     process.send_signal(signal.SIGTERM)
     process.wait(timeout=30)
-    assert process.returncode == -signal.SIGTERM, process.stderr.read()[-2000:]  # the stage died of the TERM, as the script would
+    assert process.returncode in (-signal.SIGTERM, 143), process.stderr.read()[-2000:]  # the TERM ended the stage (the CLI exits 143, its run KILLED)
     assert not _running_in(tmp_path / "term")

@@ -11,7 +11,8 @@ import pytest
 from helpers import micro_rl_parts
 from posttrain.errors import UserError
 from posttrain.rewards import rewards
-from posttrain.trainers.online_rl import RLRun, train_online_rl
+from posttrain.trainers.online_rl import RLRun
+from posttrain.trainers.rl import train_online_rl
 
 USER_MODULE = '''
 def nothing(prompts, completions, **metadata):
