@@ -36,7 +36,9 @@ def _inline_refs(node: Any, defs: dict[str, Any]) -> Any:
 def _with_enum(schema: dict[str, Any], registry: Registry, marker: Registered) -> dict[str, Any]:
     """`schema` restricted to the names `marker` admits; a registry that imports `module:attr` names (rewards)
     also takes any such name."""
-    schema, names = copy.deepcopy(schema), admitted(registry, marker)
+    # a `module:attr` a run imported this process is no registered name (the pattern branch admits it), so the
+    # schema is the same whatever ran before it
+    schema, names = copy.deepcopy(schema), [n for n in admitted(registry, marker) if not IMPORT_PATH.fullmatch(n)]
     if "anyOf" in schema:  # `str | None`: the enum goes on the string branch
         schema["anyOf"] = [{**s, "enum": names} if s.get("type") == "string" else s for s in schema["anyOf"]]
     elif registry.importer is not None:
