@@ -145,8 +145,8 @@ def test_restore_puts_back_the_weights_parts_values_and_counts(tmp_path, capsys)
     assert capsys.readouterr().err == ""
 
 
-@pytest.mark.parametrize("damaged", ["model.safetensors", "trainer.pt"])
-def test_restore_falls_back_to_the_older_checkpoint_when_the_newest_is_truncated(tmp_path, capsys, damaged):
+def two_checkpoints(tmp_path):
+    """Checkpoints at steps 1 and 2 of a short run in `tmp_path`; the weights at step 1."""
     model, optimizer = model_and_optimizer()
     loop = TrainLoop(tmp_path, "h", every=1)
     for index in (1, 2):
@@ -154,6 +154,12 @@ def test_restore_falls_back_to_the_older_checkpoint_when_the_newest_is_truncated
         loop.checkpoint(index, 10, model, {"optimizer": optimizer})
         if index == 1:
             at_one = copy.deepcopy(model.state_dict())
+    return at_one
+
+
+@pytest.mark.parametrize("damaged", ["model.safetensors", "trainer.pt"])
+def test_restore_falls_back_to_the_older_checkpoint_when_the_newest_is_truncated(tmp_path, capsys, damaged):
+    at_one = two_checkpoints(tmp_path)
     newest = tmp_path / "step-000002" / damaged
     newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])
 
@@ -174,13 +180,7 @@ def test_a_flipped_byte_in_the_newest_checkpoint_falls_back_to_the_older_one(tmp
     """Issue 38, item 7: a flipped bit inside the tensor data still parses; the manifest's sha256 refuses it, and the
     loader falls back as for a truncated file. The byte is flipped in the last quarter of the file (the tensor data of
     a safetensors file, past its header)."""
-    model, optimizer = model_and_optimizer()
-    loop = TrainLoop(tmp_path, "h", every=1)
-    for index in (1, 2):
-        step(loop, index, model, optimizer)
-        loop.checkpoint(index, 10, model, {"optimizer": optimizer})
-        if index == 1:
-            at_one = copy.deepcopy(model.state_dict())
+    at_one = two_checkpoints(tmp_path)
     newest = tmp_path / "step-000002" / damaged
     data = bytearray(newest.read_bytes())
     data[len(data) * 3 // 4] ^= 0x01
