@@ -96,8 +96,8 @@ def render(registry) -> str:
         "|---|---|---|---|---|",
     ]
     for entry in registry:
-        if "source" in entry.meta:  # a plugin's or the user's own (`module:attr`): not this project's to document
-            continue
+        if not str(entry.meta.get("source", "recipe")).startswith("recipe"):  # a plugin's or the user's own (`module:attr`)
+            continue  # not this project's to document (posttrain's recipes load as plugins, and are)
         options = entry.meta.get("options")
         keys = list(options.model_fields) if options is not None else []
         needs = codes(entry.meta.get("needs", ()))

@@ -4,7 +4,7 @@ held-out goals than flat goal-conditioned behaviour cloning and than value-guide
 guidance above 1 beats the plain conditional flow (omega 1), which beats the unconditional one (omega 0).
 
 Per seed (its own maze layout: dsp.maze.layout + seed, its own data and held-out pairs), the networks are trained
-once (trainers/dsp.py `train_dsp`, the dsp stage's loop: subgoal flow with goal dropout, low-level policy, flat BC,
+once (recipes/dsp/trainer.py `train_dsp`, the dsp stage's loop: subgoal flow with goal dropout, low-level policy, flat BC,
 expectile value, all on the same batches) and every arm runs greedily on the same held-out start/goal pairs:
 
     flat_bc        pi_flat(a | s, g)
@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 
 import _common as C
-from posttrain.trainers.dsp import load_data, train_dsp
+from posttrain.recipes.dsp.trainer import load_data, train_dsp
 
 MICRO = ["dsp.maze.cells=3", "dsp.data.trajectories=30", "dsp.data.length=20", "dsp.eval.pairs=4", "dsp.eval.min_distance=3",
          "dsp.eval.max_steps=10", "dsp.hidden_size=16", "dsp.layers=1", "dsp.batch_size=32", "dsp.candidates=2", "dsp.sampling_steps=2",

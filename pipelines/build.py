@@ -22,8 +22,16 @@ from posttrain.errors import UserError
 from posttrain.orchestration.graph import Pipeline, Task, check_overrides, load_pipelines
 from posttrain.orchestration.preflight import without_nulls
 from posttrain.orchestration.sweep import check_arms
+from posttrain.resolve import settings_model
 
-SECTIONS = list(Config.model_fields)
+CORE_SECTIONS = list(Config.model_fields)
+
+
+def pipeline_sections(tasks: list[Task]) -> list[str]:
+    """A pipeline's parameters: the core sections, and a section a recipe or plugin adds only when one of its tasks
+    reads it (its dvc.yaml `params:`), so adding a recipe changes no other pipeline's compiled file."""
+    read = {s for task in tasks for s in task.sections}
+    return CORE_SECTIONS + sorted(s for s in settings_model().model_fields if s not in CORE_SECTIONS and s in read)
 
 
 def _configure(task: dsl.PipelineTask, image, orch: OrchestrationConfig, gpu: bool, cache: bool) -> None:
@@ -44,9 +52,9 @@ def _configure(task: dsl.PipelineTask, image, orch: OrchestrationConfig, gpu: bo
             kubernetes.add_toleration(task, **toleration)
 
 
-def _signature(cfg: Config) -> inspect.Signature:
+def _signature(cfg: Config, sections: list[str]) -> inspect.Signature:
     defaults = {s: without_nulls(v) for s, v in cfg.model_dump(mode="json").items()}
-    params = [inspect.Parameter(s, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=dict, default=defaults[s]) for s in SECTIONS]
+    params = [inspect.Parameter(s, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=dict, default=defaults[s]) for s in sections]
     params.append(inspect.Parameter("image", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str, default=cfg.orchestration.image))
     return inspect.Signature(params)
 
@@ -77,12 +85,13 @@ def _run_stages(tasks: list[Task], config_channel, image, orch: OrchestrationCon
 def build_pipeline(pipeline: Pipeline, cfg: Config):
     """The kfp pipeline running `pipeline.tasks` (topologically ordered) with `cfg` as the parameter defaults."""
     orch, name, tasks = cfg.orchestration, pipeline.name, pipeline.tasks
-    preflight = preflight_component(SECTIONS, overrides=pipeline.overrides)
-    finalize = finalize_component(SECTIONS, overrides=pipeline.overrides)
+    names = pipeline_sections(tasks)
+    preflight = preflight_component(names, overrides=pipeline.overrides)
+    finalize = finalize_component(names, overrides=pipeline.overrides)
 
     def body(*args):
-        values = dict(zip(SECTIONS + ["image"], args))
-        sections = {s: values[s] for s in SECTIONS}
+        values = dict(zip(names + ["image"], args))
+        sections = {s: values[s] for s in names}
         exit_task = finalize(**sections, pipeline_run=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
         _configure(exit_task, values["image"], orch, gpu=False, cache=False)
         with dsl.ExitHandler(exit_task, name="stages"):
@@ -90,7 +99,7 @@ def build_pipeline(pipeline: Pipeline, cfg: Config):
             _configure(check, values["image"], orch, gpu=False, cache=False)
             _run_stages(tasks, check.outputs["config"], values["image"], orch, {})
 
-    body.__signature__ = _signature(cfg)
+    body.__signature__ = _signature(cfg, names)
     body.__name__ = f"posttrain_{name}"
     return dsl.pipeline(name=f"posttrain-{name}", description=f"posttrain {name} pipeline: {' -> '.join(t.id for t in tasks)}")(body)
 
@@ -100,12 +109,13 @@ def build_sweep(tasks: list[Task], cfg: Config):
     orch = cfg.orchestration
     per_objective = _downstream_of("rl", tasks)
     shared = [t for t in tasks if t.id not in {p.id for p in per_objective}]
-    preflight, finalize = preflight_component(SECTIONS, with_arms=True), finalize_component(SECTIONS)
-    objective_preflight = preflight_component(SECTIONS, with_objective=True)
+    names = pipeline_sections(tasks)
+    preflight, finalize = preflight_component(names, with_arms=True), finalize_component(names)
+    objective_preflight = preflight_component(names, with_objective=True)
 
     def body(*args):
-        values = dict(zip(SECTIONS + ["image", "objectives"], args))
-        sections = {s: values[s] for s in SECTIONS}
+        values = dict(zip(names + ["image", "objectives"], args))
+        sections = {s: values[s] for s in names}
         exit_task = finalize(**sections, pipeline_run=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
         _configure(exit_task, values["image"], orch, gpu=False, cache=False)
         with dsl.ExitHandler(exit_task, name="sweep"):
@@ -121,7 +131,7 @@ def build_sweep(tasks: list[Task], cfg: Config):
             _configure(compare, values["image"], orch, gpu=False, cache=False)
             compare.after(item_check)
 
-    signature = _signature(cfg)
+    signature = _signature(cfg, names)
     objectives = inspect.Parameter("objectives", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=list, default=list(orch.sweep.objectives))
     body.__signature__ = signature.replace(parameters=[*signature.parameters.values(), objectives])
     body.__name__ = "posttrain_sweep"
@@ -137,7 +147,7 @@ def _downstream_of(task_id: str, tasks: list[Task]) -> list[Task]:
 
 
 def build_all(params: Path, repo: Path) -> dict[str, object]:
-    cfg = config.load(params)
+    cfg = config.load(params, model=settings_model())
     found = load_pipelines(repo)
     for pipeline in found.values():
         check_overrides(pipeline, params)

@@ -95,8 +95,9 @@ def _early_lock(argv: list[str]):
 
 def _register_stage_commands() -> None:
     """Once per process: `main` may run several times in one (the bad-input tests call it in-process)."""
-    from posttrain.stages import stages
+    from posttrain.resolve import all_registries
 
+    stages = all_registries()["stages"]  # the recipes' and plugins' stages too
     registered = {command.name for command in app.registered_commands}
     for entry in stages:
         if entry.name in registered:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from posttrain.errors import UserError
 
@@ -865,56 +865,6 @@ class VisKGConfig(Section):  # stages viskg_sft + viskg_rl: VisKG (specs §29)
     eval: VisKGEvalConfig = VisKGEvalConfig()  # after each stage: greedy decoding of the held-out questions
 
 
-class MazeConfig(Section):  # dsp.maze: the maze family (envs/maze.py)
-    cells: int = Field(5, ge=2)  # a cells x cells maze on a (2 cells + 1)-square grid
-    loops: float = Field(0.15, ge=0, le=1)  # share of the perfect maze's remaining inner walls knocked down (several routes)
-    layout: int = Field(0, ge=0)  # the layout is make_maze(seed = layout + pipeline.seed): each seed its own maze
-
-
-class MazeDataConfig(Section):  # dsp.data: stage maze_data, reward-free trajectories of the noisy exploration policy
-    trajectories: int = Field(400, gt=0)
-    length: int = Field(100, ge=2)  # moves per trajectory
-    noise: float = Field(0.3, ge=0, le=1)  # probability of redrawing the direction at a move (else the previous one is kept)
-
-
-class MazeEvalConfig(Section):  # dsp.eval: held-out start/goal pairs
-    pairs: int = Field(100, gt=0)
-    min_distance: int = Field(12, ge=1)  # shortest-path moves between a pair's start and goal, at least
-    max_steps: int = Field(100, gt=0)  # moves before an episode counts as a failure
-    renders: int = Field(4, ge=0)  # episodes per arm rendered (PNG of path + subgoals; GIF of the first DSP episode)
-
-
-class DSPConfig(Section):  # stages maze_data + dsp: Diffusion Subgoal Planning (specs §20) against flat BC and value guidance
-    maze: MazeConfig = MazeConfig()  # envs/maze.py: a depth-first-carved grid maze with some walls knocked down
-    data: MazeDataConfig = MazeDataConfig()  # stage maze_data: reward-free trajectories of a persistent random walk (no goal, no reward)
-    eval: MazeEvalConfig = MazeEvalConfig()  # held-out start/goal pairs (their own seed), success rate per arm
-    subgoal_horizon: int = Field(8, ge=1)  # k: the subgoal is the state k moves ahead; replan every k moves
-    p_uncond: float = Field(0.15, ge=0, le=1)  # goal dropout: share of flow-training goals replaced by the null goal
-    goal_p_current: float = Field(0.2, ge=0, le=1)  # hindsight goals (flow and value): the state itself
-    goal_p_trajectory: float = Field(0.5, ge=0, le=1)  # a uniform future state of the same trajectory; the rest: a random dataset state
-    guidance_weights: tuple[float, ...] = Field((0.0, 1.0, 2.0, 3.0), min_length=1)  # omega of each evaluated DSP arm (the sweep)
-    sampling_steps: int = Field(10, ge=1)  # Euler steps of the subgoal flow
-    candidates: int = Field(16, ge=1)  # value-guided arm: unconditional proposals per plan, the best V(w, g) kept
-    gamma: float = Field(0.95, gt=0, lt=1)  # the value's discount
-    expectile: float = Field(0.9, gt=0, lt=1)  # IQL expectile of the value's TD loss
-    target_update: float = Field(0.005, gt=0, le=1)  # Polyak rate of the value's target network
-    hidden_size: int = Field(128, gt=0)  # every network: an MLP over Fourier features of the states
-    layers: int = Field(3, gt=0)
-    fourier_bands: int = Field(4, ge=0)
-    steps: int = Field(3000, gt=0)  # updates (flow, low-level policy, flat BC and value together)
-    batch_size: int = Field(256, gt=0)
-    lr: float = Field(0.001, gt=0)  # Adam
-    max_grad_norm: float = Field(1.0, gt=0)
-    log_every: int = Field(50, gt=0)
-    checkpoint_every: int = Field(500, ge=0)  # updates between checkpoints: `posttrain dsp --resume`; 0: none
-
-    @model_validator(mode="after")
-    def _goal_shares(self) -> "DSPConfig":
-        if self.goal_p_current + self.goal_p_trajectory > 1:
-            raise ValueError("needs goal_p_current + goal_p_trajectory <= 1 (the rest are random dataset states)")
-        return self
-
-
 class Config(Section):
     pipeline: PipelineConfig = PipelineConfig()
     tracking: TrackingConfig = TrackingConfig()
@@ -943,7 +893,6 @@ class Config(Section):
     bridge: BridgeConfig = BridgeConfig()  # stage bridge (trainers/bridge.py, objectives/bridge.py) on task.name: search
     asct: AsctConfig = AsctConfig()  # stage asct (trainers/asct.py); the environment: task search (task.options.search; its cost_per_call is the utility's)
     viskg: VisKGConfig = VisKGConfig()  # stages viskg_sft -> viskg_rl (viskg/dvc.yaml; docs/viskg.md): VisKG (specs §29), knowledge-graph VQA
-    dsp: DSPConfig = DSPConfig()  # stages maze_data + dsp (dsp/dvc.yaml): Diffusion Subgoal Planning (specs §20; docs/dsp.md)
 
     def section_hash(self, *sections: str) -> str:
         """A stable digest of the named sections (used to refuse resuming under changed settings)."""
@@ -951,22 +900,57 @@ class Config(Section):
         return hashlib.sha256(json.dumps(dump, sort_keys=True).encode()).hexdigest()[:16]
 
 
+# --- sections a recipe or plugin adds -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AddedSection:
+    """A settings section a recipe or an installed plugin registers (`posttrain.stages.sections`): its name in the
+    params file, its model, its default (the model's own defaults unless given) and the one line the forms show."""
+
+    name: str
+    model: type[Section]
+    default: Section | None = None
+    help: str = ""
+
+
+_settings_models: dict[tuple[tuple[str, type[Section]], ...], type[Config]] = {}
+
+
+def settings_model(added: typing.Iterable[AddedSection] = ()) -> type[Config]:
+    """`Config` with the `added` sections as fields: the settings of a run in a process where recipes and plugins
+    registered them (`posttrain.resolve.settings_model()` passes every registered one). One class per set of
+    sections, so the models compare equal across calls."""
+    added = sorted(added, key=lambda a: a.name)
+    key = tuple((a.name, a.model) for a in added)
+    if key not in _settings_models:
+        taken = [a.name for a in added if a.name in Config.model_fields]
+        if taken:
+            raise UserError(f"settings section {taken[0]!r} is a core section; a recipe or plugin must choose another name")
+        fields: dict[str, Any] = {a.name: (a.model, Field(a.default if a.default is not None else a.model(), description=a.help or None))
+                                  for a in added}
+        _settings_models[key] = create_model("Config", __base__=Config, __module__=__name__, **fields)
+    return _settings_models[key]
+
+
 PresetExpander = Callable[[str, dict[str, Any]], dict[str, Any]]  # (preset name, rl section so far) -> the rl keys it sets
 
 
-def load(params: Path | str, overrides: list[str] | tuple[str, ...] = (), expand_preset: PresetExpander | None = None) -> Config:
+def load(params: Path | str, overrides: list[str] | tuple[str, ...] = (), expand_preset: PresetExpander | None = None,
+         model: type[Config] = Config) -> Config:
     """Read `params` (YAML), apply `section.key=value` overrides (values parsed as YAML), validate the structure.
     A params file may start from another one (`extends: path`, relative to the file; see `read_params`).
     `expand_preset` turns `rl.preset` into its keys (below explicit overrides, above params.yaml); without it a
-    preset is refused. Registry names are not checked here: `posttrain.resolve.load` does both."""
+    preset is refused. Registry names are not checked here: `posttrain.resolve.load` does both. `model` is the
+    settings class (`settings_model(...)` with the sections recipes and plugins add; the core sections alone by
+    default): a section no registered model takes is refused with its name."""
     raw = read_params(Path(params))
-    _apply_preset(raw, overrides, expand_preset)
+    _apply_preset(raw, overrides, expand_preset, model)
     for item in overrides:
-        _apply_override(raw, item)
+        _apply_override(raw, item, model)
     try:
-        return Config.model_validate(raw)
+        return model.model_validate(raw)
     except ValidationError as e:
-        raise UserError(one_line(e)) from None
+        raise UserError(one_line(e, model)) from None
 
 
 EXTENDS = "extends"
@@ -1002,12 +986,13 @@ def _merged(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _apply_preset(raw: dict[str, Any], overrides: list[str] | tuple[str, ...], expand: PresetExpander | None) -> None:
+def _apply_preset(raw: dict[str, Any], overrides: list[str] | tuple[str, ...], expand: PresetExpander | None,
+                  root: type[BaseModel] = Config) -> None:
     """Expand `rl.preset` (from params.yaml or an override) into its rl keys, in place, so that the explicit
     overrides applied afterwards win over the preset, and the preset wins over params.yaml."""
     probe = copy.deepcopy(raw)
     for item in overrides:
-        _apply_override(probe, item)
+        _apply_override(probe, item, root)
     rl = probe.get("rl")
     name = rl.get("preset") if isinstance(rl, dict) else None
     if name is None:
@@ -1154,13 +1139,13 @@ def override_value(key: str, value: str) -> Any:
     return parsed
 
 
-def _apply_override(raw: dict[str, Any], item: str) -> None:
+def _apply_override(raw: dict[str, Any], item: str, root: type[BaseModel] = Config) -> None:
     key, sep, value = item.partition("=")
     if not sep or not key:
         raise UserError(f"--set expects section.key=value, got {item!r}")
     parts = key.strip().split(".")
     node: dict[str, Any] = raw
-    model: type[BaseModel] | None = Config  # None below a free-form mapping (rl.options), checked on validation
+    model: type[BaseModel] | None = root  # None below a free-form mapping (rl.options), checked on validation
     for i, part in enumerate(parts):
         fields = model.model_fields if model is not None else {part: None}
         if part not in fields:

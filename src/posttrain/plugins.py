@@ -1,4 +1,4 @@
-"""Plugins: rewards, tasks, advantage estimators, losses (any registry's parts) from other installed packages.
+"""Plugins: stages, settings sections, rewards, tasks, estimators, losses (any registry's parts) from installed packages.
 
 A package declares entry points in the group `posttrain.plugins`:
 
@@ -11,7 +11,13 @@ A package declares entry points in the group `posttrain.plugins`:
 process, lazily, when the registries are first gathered at the boundary (`resolve`, `posttrain registry`); no
 low layer imports this module. Every entry a plugin adds gets meta `source` ("plugin <entry point> (<dist>)"),
 which `posttrain registry` prints. A plugin that fails to load, or registers a name already taken, stops the run
-with one line naming it. Stages cannot come from plugins (the CLI's commands exist before plugins load).
+with one line naming it.
+
+A plugin adds a stage through `registries["stages"]` (the CLI loads the plugins before it builds its commands, and
+the launchers read the same registry) and a settings section through `registries["sections"]`
+(`.register("my_section", help=..., default=...)(MySettings)`, a `config.Section` model): `params.yaml` and
+`--set my_section.key=...` then take it, and its stages read `cfg.my_section`. posttrain's own recipes
+(`posttrain.recipes.<name>`) are entry points of this group too.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ def load(registries: Mapping[str, Registry]) -> None:
 
 def source_of(point: EntryPoint) -> str:
     dist = getattr(point, "dist", None)
+    if point.value.startswith("posttrain.recipes."):  # posttrain's own recipes load the way a plugin does
+        return f"recipe {point.name}"
     return f"plugin {point.name} ({dist.name} {dist.version})" if dist is not None else f"plugin {point.name}"
 
 

@@ -70,6 +70,7 @@ def all_registries() -> dict[str, Registry]:
         "edit_methods": edit_methods,
         "tasks": tasks.tasks,
         "stages": stages.stages,
+        "sections": stages.sections,
         "image_rewards": image_rewards,
         "embedders": embedders,
         "geometric_checks": geometric_checks,
@@ -92,9 +93,15 @@ def load(params: Path | str, overrides: list[str] | tuple[str, ...] = ()) -> Con
     """`config.load` with presets expanded from the registry, then `check`: the settings a run uses."""
     from posttrain.objectives.presets import expand
 
-    cfg = check(config.load(params, overrides, expand_preset=expand))
+    cfg = check(config.load(params, overrides, expand_preset=expand, model=settings_model()))
     _warn_credentials(overrides)
     return cfg
+
+
+def settings_model() -> type[Config]:
+    """The settings of a run: `Config`'s core sections and every section a recipe or plugin registered."""
+    added = all_registries()["sections"]
+    return config.settings_model(config.AddedSection(e.name, e.obj, e.meta.get("default"), e.meta.get("help", "")) for e in added)
 
 
 _CREDENTIAL_KEY = re.compile(r"(password|passwd|secret|token|api_?key|access_?key|credential)", re.IGNORECASE)

@@ -24,7 +24,7 @@ PIPELINES = {
     "motion": ("smoke.test_motion_stages:micro_motion", {"motion_data": {"gifs/heldout_00.gif", "annotations.json"},
                                                          "motion_sft": {"predictions.json"},
                                                          "motion_grpo": {"gifs/heldout_00.gif", "predictions.json"}}),
-    "dsp": ("smoke.test_dsp_stage:micro_dsp", {"maze_data": {"render/maze.png"}, "dsp": {"results_table.json", "plans/dsp.gif"}}),
+    "dsp": ("recipes.dsp.test_dsp_stage:micro_dsp", {"maze_data": {"render/maze.png"}, "dsp": {"results_table.json", "plans/dsp.gif"}}),
 }
 
 
@@ -46,19 +46,20 @@ def test_the_side_pipeline_runs_through_dvc_repro_and_logs_media_and_tables(side
     module, function = target.split(":")
     section = getattr(importlib.import_module(module), function)()
     shutil.copytree(REPO / "src", tmp_path / "src", ignore=shutil.ignore_patterns("__pycache__"))
-    (tmp_path / side).mkdir()
-    shutil.copy(REPO / side / "dvc.yaml", tmp_path / side / "dvc.yaml")
+    folder = side if (REPO / side).is_dir() else f"recipes/{side}"  # a recipe's pipeline files: recipes/<name>/
+    (tmp_path / folder).mkdir(parents=True)
+    shutil.copy(REPO / folder / "dvc.yaml", tmp_path / folder / "dvc.yaml")
     micro_params(tmp_path, **{side: section})
-    own = yaml.safe_load((REPO / side / "params.yaml").read_text())  # the keys its dvc.yaml tracks, set to the micro values
+    own = yaml.safe_load((REPO / folder / "params.yaml").read_text())  # the keys its dvc.yaml tracks, set to the micro values
     own[side] = {**own[side], **section}
-    (tmp_path / side / "params.yaml").write_text(yaml.safe_dump(own, sort_keys=False))
+    (tmp_path / folder / "params.yaml").write_text(yaml.safe_dump(own, sort_keys=False))
     git("init", "-q", cwd=tmp_path)
     dvc("init", "-q", cwd=tmp_path)
     dvc("config", "core.analytics", "false", cwd=tmp_path)
     git("add", "-A", cwd=tmp_path)
     git("commit", "-qm", f"micro {side}", cwd=tmp_path)
 
-    ran = ran_stages(dvc("repro", f"{side}/dvc.yaml", cwd=tmp_path))
+    ran = ran_stages(dvc("repro", f"{folder}/dvc.yaml", cwd=tmp_path))
     assert {name.split(":")[-1] for name in ran} == set(logged)
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
     client = mlflow.MlflowClient()
@@ -67,4 +68,4 @@ def test_the_side_pipeline_runs_through_dvc_repro_and_logs_media_and_tables(side
         assert json.loads((out / "metrics.json").read_text()), stage
         run_id = json.loads((out / "mlflow_run.json").read_text())["run_id"]
         assert expected <= artifacts(client, run_id), (stage, artifacts(client, run_id))
-    assert "up to date" in dvc("repro", f"{side}/dvc.yaml", cwd=tmp_path).lower()  # nothing changed: nothing reruns
+    assert "up to date" in dvc("repro", f"{folder}/dvc.yaml", cwd=tmp_path).lower()  # nothing changed: nothing reruns

@@ -7,7 +7,7 @@ import shlex
 
 from helpers import REPO
 from posttrain.stages import stages
-from test_dvc_yaml import checked_side_pipeline
+from helpers import checked_side_pipeline
 
 MOTION = REPO / "motion" / "dvc.yaml"
 

@@ -9,7 +9,7 @@ import shlex
 import yaml
 
 from helpers import repo_params, REPO
-from test_dvc_yaml import checked_side_pipeline
+from helpers import checked_side_pipeline
 
 SEARCH = REPO / "search" / "dvc.yaml"
 

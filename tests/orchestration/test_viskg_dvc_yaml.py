@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 
 from helpers import REPO
-from test_dvc_yaml import checked_side_pipeline
+from helpers import checked_side_pipeline
 
 VISKG = REPO / "viskg" / "dvc.yaml"
 

@@ -8,7 +8,7 @@ import json
 import os
 import subprocess
 
-from helpers import POSTTRAIN, copy_outputs, micro_params
+from helpers import POSTTRAIN, copy_outputs, install_plugin, micro_params
 
 PLUGIN = '''
 import torch
@@ -33,20 +33,11 @@ def first_digit_odd(prompts, completions, answer, **metadata):
 '''
 
 
-def install_plugin(site):
-    """The plugin as pip would install it: a module plus a .dist-info with entry_points.txt, on PYTHONPATH."""
-    info = site / "demo_posttrain_plugin-0.1.dist-info"
-    info.mkdir(parents=True)
-    (site / "demo_posttrain_plugin.py").write_text(PLUGIN)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: demo-posttrain-plugin\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[posttrain.plugins]\ndemo = demo_posttrain_plugin:register\n")
-
-
 def test_rl_with_a_plugin_reward_and_estimator_and_a_module_attr_reward(pipeline_outputs, tmp_path):
     copy_outputs(pipeline_outputs, tmp_path)
     # no MLflow: a fresh store costs seconds (a reward's `module:attr` name is a valid MLflow metric key: colons pass)
     micro_params(tmp_path, rl={"steps": 2, "checkpoint_every": 0, "prompts_per_step": 4, "group_size": 4}, tracking={"enabled": False})
-    install_plugin(tmp_path / "site")
+    install_plugin(tmp_path / "site", "demo_posttrain_plugin", PLUGIN, "demo = demo_posttrain_plugin:register")
     (tmp_path / "my_rewards.py").write_text(USER_REWARDS)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path / "site"), os.environ.get("PYTHONPATH")]))}
     rewards = "[{name: completion_length, weight: 0.1}, {name: 'my_rewards:first_digit_odd'}, {name: math_verify}, {name: correctness}]"

@@ -23,9 +23,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "posttrain.data", "posttrain.eval"),
     ("posttrain.trainers",),
     ("posttrain.stages",),
+    ("posttrain.recipes",),
     ("posttrain.cli", "posttrain.api", "posttrain.orchestration", "posttrain.resolve", "posttrain.plugins"),
 )
-LAYER_NAMES = ("leaves", "models/registry/tracking/storage/runtime/locks", "parts", "trainers", "stages", "launchers and the config boundary")
+LAYER_NAMES = ("leaves", "models/registry/tracking/storage/runtime/locks", "parts", "trainers", "stages", "recipes",
+               "launchers and the config boundary")
 LEAVES = LAYERS[0]
 # posttrain/__init__.py's `__getattr__` hands out posttrain.run_stage / load_settings (api.py) on first use: the one
 # import a leaf may make upward. The cycle checks still count it, so nothing below may import the package to reach it.
@@ -181,6 +183,21 @@ def test_no_module_imports_a_higher_layer():
         if mine is not None and theirs is not None and theirs > mine and (imp.module, imp.target) != FRONT_DOOR:
             violations.append(f"{imp} (layer {theirs} {LAYER_NAMES[theirs]} > layer {mine} {LAYER_NAMES[mine]})")
     assert not violations, _report("imports of a higher layer", violations)
+
+
+def recipe_of(module: str) -> str | None:
+    """`posttrain.recipes.dsp.trainer` -> `posttrain.recipes.dsp`; None outside a recipe."""
+    parts = module.split(".")
+    return ".".join(parts[:3]) if parts[:2] == ["posttrain", "recipes"] and len(parts) > 2 else None
+
+
+def test_nothing_outside_a_recipe_imports_it():
+    """The core (launchers included) imports no recipe, and no recipe imports another: a recipe reaches the CLI,
+    the launchers and the registries only as a plugin entry point (pyproject.toml)."""
+    violations = [str(imp) for imp in all_imports()
+                  if recipe_of(imp.target) is not None and recipe_of(imp.target) != recipe_of(imp.module)]
+    assert not violations, _report("imports of a recipe from outside it", violations)
+    assert recipe_of("posttrain.recipes.dsp.trainer") == "posttrain.recipes.dsp" and recipe_of("posttrain.stages.rl") is None
 
 
 def test_objectives_import_only_tensors_and_leaf_types():

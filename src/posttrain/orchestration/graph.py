@@ -104,7 +104,9 @@ def _owner(path: str, outs: dict[str, str]) -> str | None:
 
 def _read(dvc_yaml: Path, repo: Path, pipeline: str) -> dict[str, tuple[list[str], dict, str]]:
     """task id -> (argv, stage, pipeline), with `--in`/`--out`/deps paths relative to the repository root."""
-    from posttrain.stages import stages
+    from posttrain.resolve import all_registries
+
+    stages = all_registries()["stages"]  # the recipes' and plugins' stages too
 
     where = str(Path(os.path.relpath(dvc_yaml, repo)))
     spec = yaml.safe_load(Path(dvc_yaml).read_text()) or {}
@@ -148,7 +150,9 @@ def _rebased(args: list[str], from_root) -> list[str]:
 def load_tasks(dvc_yaml: Path, repo: Path | None = None, upstream: tuple[Path, ...] = (), pipeline: str = "text") -> list[Task]:
     """The `posttrain` stages of `dvc_yaml` and those of the `upstream` files they read from, in a topological
     order (file order among ready tasks). Paths are relative to `repo` (default: the folder of `dvc_yaml`)."""
-    from posttrain.stages import stages
+    from posttrain.resolve import all_registries
+
+    stages = all_registries()["stages"]  # the recipes' and plugins' stages too
 
     repo = Path(repo or Path(dvc_yaml).parent)
     parsed = _read(Path(dvc_yaml), repo, pipeline)

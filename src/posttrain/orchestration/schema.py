@@ -1,7 +1,7 @@
 """One schema for every entry point, generated from the pydantic config and the registries.
 
-`param_specs` turns `Config` into one JSON Schema per `section.key` (what an Airflow `Param` takes), with
-registry-backed keys as enums of the registered names, the run's values as defaults and the settings models'
+`param_specs` turns the settings (`Config` and the sections recipes and plugins add) into one JSON Schema per
+`section.key` (what an Airflow `Param` takes), with registry-backed keys as enums of the registered names, the run's values as defaults and the settings models'
 comments as descriptions.
 `pipeline_spec` bundles those with the task graph of every pipeline into the JSON the DAG files read,
 so that the DAGs import neither posttrain nor torch. `values_to_raw` maps such values back to sections.
@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from posttrain.config import Config, Registered, field_comments, registered_keys
+from posttrain.config import Registered, field_comments, registered_keys
 from posttrain.registry import IMPORT_PATH, Registry, admitted
 from posttrain.errors import UserError
 from posttrain.orchestration.graph import Task, check_overrides, load_pipelines
@@ -50,24 +50,24 @@ def _with_enum(schema: dict[str, Any], registry: Registry, marker: Registered) -
 
 
 def param_specs(params_yaml: Path) -> dict[str, dict[str, Any]]:
-    """`section.key` -> {"default", "schema", "section", "description"} for every run setting in `Config`. The
+    """`section.key` -> {"default", "schema", "section", "description"} for every run setting (`resolve.settings_model()`). The
     default is the value a run of `params_yaml` gets (the file over the settings models' defaults); the description
     the comment on the setting's line in its settings model (`config.field_comments`). Keys marked `Registered` in
     config.py (the same markers `posttrain.resolve` checks) are enums of the registered names: a key itself, each
     item of a tuple (`rl.aux[]`), a field of each item (`rl.rewards[].name`), or a field of a nested settings
     object (`motion.rl.advantage`)."""
-    from posttrain.resolve import all_registries
+    from posttrain.resolve import all_registries, settings_model
 
-    registries = all_registries()
-    marked = registered_keys(Config)
-    full = Config.model_json_schema()
+    registries, model = all_registries(), settings_model()
+    marked = registered_keys(model)
+    full = model.model_json_schema()
     root = _inline_refs(full, full.get("$defs", {}))
     defaults = run_values(params_yaml)
     specs: dict[str, dict[str, Any]] = {}
     for section, section_schema in root["properties"].items():
         if section == ORCHESTRATION_SECTION:
             continue
-        descriptions = field_comments(Config.model_fields[section].annotation)
+        descriptions = field_comments(model.model_fields[section].annotation)
         for key, schema in section_schema["properties"].items():
             name = f"{section}.{key}"
             schema = {k: v for k, v in schema.items() if k not in ("title", "default", "description")}  # the default is the run's, beside the schema
@@ -93,8 +93,9 @@ def run_values(params_yaml: Path) -> dict[str, dict[str, Any]]:
     """Every setting of a run of `params_yaml` as JSON values: the file over the models' defaults (an `options`
     mapping as the file or the section's default gives it, not every component's parsed block)."""
     from posttrain import config as settings
+    from posttrain.resolve import settings_model
 
-    return settings.Config.model_validate(settings.read_params(Path(params_yaml))).model_dump(mode="json")
+    return settings_model().model_validate(settings.read_params(Path(params_yaml))).model_dump(mode="json")
 
 
 def values_to_raw(values: dict[str, Any]) -> dict[str, Any]:

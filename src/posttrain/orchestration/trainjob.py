@@ -122,7 +122,9 @@ def launch(
     """What the launcher task does: inputs onto the shared volume, render + save + submit the TrainJob, wait,
     then the output back into the task's artifact."""
     from posttrain import resolve
-    from posttrain.stages import stages
+    from posttrain.resolve import all_registries
+
+    stages = all_registries()["stages"]  # the recipes' and plugins' stages too
 
     cfg = resolve.load(params)
     orch = cfg.orchestration

@@ -25,6 +25,9 @@ from posttrain.locks import OutputLock
 from posttrain.registry import Entry, Registry
 
 stages: Registry = Registry("stage")
+# the settings sections recipes and plugins add (`sections.register("dsp", help=..., default=...)(DSPConfig)`): with the
+# core sections of `config.Config` they make the settings of a run (`posttrain.resolve.settings_model`)
+sections: Registry = Registry("settings section")
 # registry meta of a stage: inputs {name: default dir}, requires {name: [files]}, resumable; for the launchers
 # (orchestration/graph.py): gpu (default True), deterministic (default True: cacheable); for tracking: rl_objective (default
 # False: whether the stage trains with the rl section's objective, so its run is tagged with the objective and arm)
@@ -56,7 +59,6 @@ from posttrain.stages import motion  # noqa: E402,F401  (registers: MotionInsigh
 from posttrain.stages import asct  # noqa: E402,F401  (registers: ASCT in the search environment)
 from posttrain.stages import bridge  # noqa: E402,F401  (registers: BRIDGE, the retriever as the upper level, on the search task)
 from posttrain.stages import viskg  # noqa: E402,F401  (registers: VisKG, viskg_sft and viskg_rl)
-from posttrain.stages import dsp  # noqa: E402,F401  (registers: DSP, maze_data and dsp)
 from posttrain.stages import import_model  # noqa: E402,F401  (registers: import, a GGUF file or checkpoint into the pipeline)
 
 RUN_FILE = "mlflow_run.json"  # in every stage output: which stage and MLflow run made it (lineage for `compare`)

@@ -1,5 +1,5 @@
 """DSP, Diffusion Subgoal Planning (specs §20, derived from the 2026 abstract): a flow model proposes subgoals, the
-high level needs no value function. Pure tensor functions; the loop is trainers/dsp.py.
+high level needs no value function. Pure tensor functions; the loop is recipes/dsp/trainer.py.
 
 Rectified-flow convention (Liu et al. 2023, "Flow Straight and Fast", eq. 1; Lipman et al. 2023, flow matching):
 noise at tau = 0, data at tau = 1,

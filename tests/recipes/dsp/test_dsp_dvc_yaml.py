@@ -1,4 +1,4 @@
-"""dsp/dvc.yaml (DSP outside the default `dvc repro`) maps paths and params onto real CLI stages, runs them from the
+"""recipes/dsp/dvc.yaml (DSP outside the default `dvc repro`) maps paths and params onto real CLI stages, runs them from the
 repository root, consumes only what its own stages produce, and feeds the maze data to dsp."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import shlex
 
 from helpers import REPO
-from test_dvc_yaml import checked_side_pipeline
+from helpers import checked_side_pipeline
 
-DSP = REPO / "dsp" / "dvc.yaml"
+DSP = REPO / "recipes" / "dsp" / "dvc.yaml"
 
 
 def test_dsp_commands_inputs_outputs_and_params():

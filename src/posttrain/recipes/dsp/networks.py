@@ -1,4 +1,4 @@
-"""The small networks of DSP (specs §20) over 2-D maze states (envs/maze.py): the subgoal flow model, the
+"""The small networks of DSP (specs §20) over 2-D maze states (recipes/dsp/maze.py): the subgoal flow model, the
 goal-conditioned policies (low level and flat) and the HIQL-style goal-conditioned value.
 
 Every network reads states through fixed Fourier features [x, sin(2^j pi x), cos(2^j pi x)] (Tancik et al. 2020):

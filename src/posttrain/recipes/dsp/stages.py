@@ -1,10 +1,10 @@
-"""Stages `maze_data` and `dsp`: Diffusion Subgoal Planning (specs §20) in a seeded maze (envs/maze.py).
+"""Stages `maze_data` and `dsp`: Diffusion Subgoal Planning (specs §20) in a seeded maze (recipes/dsp/maze.py).
 
 `maze_data` draws the layout of (dsp.maze.layout + pipeline.seed) and the reward-free trajectories of the noisy
 exploration policy; it writes `dataset.npz` (squares [N, T + 1, 2], actions [N, T], walls), `render/maze.png` (the
 layout and the first trajectory, also an MLflow artifact); metrics: trajectories, moves, free squares, the share of free squares
 the data visits. `dsp` reads it (`--in data=outputs/maze_data`), trains the subgoal flow (goal dropout), the
-low-level policy, flat goal-conditioned BC and the HIQL-style value together (trainers/dsp.py) and runs every arm on
+low-level policy, flat goal-conditioned BC and the HIQL-style value together (recipes/dsp/trainer.py) and runs every arm on
 the held-out start/goal pairs: flat BC, value-guided subgoals, DSP at each guidance weight of dsp.guidance_weights.
 It writes `model/` (the networks' weights), `history.json`, `results.json` (one row per arm), `plans/` (per arm PNGs
 of the maze with the path and the proposed subgoals, `dsp.gif` one guided episode move by move; all MLflow artifacts,
@@ -27,8 +27,8 @@ from posttrain.stages import stages
 @stages.register("maze_data", inputs={}, resumable=False, gpu=False)
 def run_data(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     """Stage `maze_data`: a seeded maze and reward-free noisy-exploration trajectories in it (DSP's offline data)."""
-    from posttrain.envs.maze import render
-    from posttrain.trainers.dsp import load_data
+    from posttrain.recipes.dsp.maze import render
+    from posttrain.recipes.dsp.trainer import load_data
 
     data = load_data(cfg.dsp, cfg.pipeline.seed)
     np.savez_compressed(out_dir / "dataset.npz", cells=data.cells, actions=data.actions, walls=data.maze.walls)
@@ -44,7 +44,7 @@ def run_data(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resum
 
 
 def read_data(cfg: Config, directory: Path):
-    from posttrain.trainers.dsp import load_data
+    from posttrain.recipes.dsp.trainer import load_data
 
     path = directory / "dataset.npz"
     if not path.is_file():
@@ -61,7 +61,7 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     """Stage `dsp`: the subgoal flow with classifier-free guidance, the low-level policy and the baselines (DSP)."""
     from safetensors.torch import save_model
 
-    from posttrain.trainers.dsp import train_dsp
+    from posttrain.recipes.dsp.trainer import train_dsp
     from posttrain.trainers.loop import TrainLoop
 
     data = read_data(cfg, inputs["data"])
@@ -81,7 +81,7 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
 
 def write_plans(maze, episodes: dict, renders: int, out: Path) -> None:
     """Per arm, `renders` PNGs (path, subgoals, goal); a GIF of the first episode of the highest-omega DSP arm."""
-    from posttrain.envs.maze import render
+    from posttrain.recipes.dsp.maze import render
 
     out.mkdir(parents=True, exist_ok=True)
     for label, (ep, goals) in episodes.items():

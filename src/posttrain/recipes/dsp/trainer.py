@@ -1,5 +1,5 @@
-"""DSP's offline loop and its hierarchical execution (specs §20; the formulas: objectives/dsp.py; the maze family:
-envs/maze.py; the networks: models/subgoal.py).
+"""DSP's offline loop and its hierarchical execution (specs §20; the formulas: recipes/dsp/objective.py; the maze family:
+recipes/dsp/maze.py; the networks: recipes/dsp/networks.py).
 
 Training (`train_dsp`), one minibatch of dataset steps (trajectory i, time t) per update, all networks together:
 
@@ -34,10 +34,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posttrain.envs.maze import Maze, heldout_pairs, make_maze
+from posttrain.recipes.dsp.maze import Maze, heldout_pairs, make_maze
 from posttrain.errors import UserError
-from posttrain.models.subgoal import GoalPolicy, GoalValue, SubgoalFlow
-from posttrain.objectives.dsp import (expectile_loss, flow_matching_loss, goal_dropout, guided_sampler, interpolate)
+from posttrain.recipes.dsp.networks import GoalPolicy, GoalValue, SubgoalFlow
+from posttrain.recipes.dsp.objective import (expectile_loss, flow_matching_loss, goal_dropout, guided_sampler, interpolate)
 from posttrain.trainers.loop import NumpyDraws, TrainLoop
 
 EVAL_SEED = 10**6  # held-out pairs and execution noise are drawn apart from training's
@@ -219,7 +219,7 @@ def arms(cfg) -> list[tuple[str, str, float]]:
 
 def load_data(cfg, seed: int, cells: np.ndarray | None = None, actions: np.ndarray | None = None) -> MazeData:
     """The maze of (layout, seed) and its dataset (the maze_data stage's arrays, or explored here)."""
-    from posttrain.envs.maze import explore
+    from posttrain.recipes.dsp.maze import explore
 
     maze = make_maze(cfg.maze.cells, cfg.maze.loops, cfg.maze.layout + seed)
     if cells is None:

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from posttrain.envs.maze import explore, heldout_pairs, make_maze
-from posttrain.models.subgoal import SubgoalFlow
-from posttrain.objectives.dsp import (euler_sample, expectile_loss, flow_matching_loss, goal_dropout, guided_sampler, guided_velocity,
+from posttrain.recipes.dsp.maze import explore, heldout_pairs, make_maze
+from posttrain.recipes.dsp.networks import SubgoalFlow
+from posttrain.recipes.dsp.objective import (euler_sample, expectile_loss, flow_matching_loss, goal_dropout, guided_sampler, guided_velocity,
                                       interpolate, target_velocity)
 
 
@@ -74,8 +74,8 @@ def test_the_unconditional_fraction_matches_the_dropout_rate(p):
 
 
 def test_the_trainer_drops_goals_at_p_uncond():
-    from posttrain.config import load
-    from posttrain.trainers.dsp import DSPTrainer, load_data
+    from posttrain.resolve import load
+    from posttrain.recipes.dsp.trainer import DSPTrainer, load_data
     from helpers import REPO
 
     cfg = load(REPO / "params.yaml", ["dsp.maze.cells=3", "dsp.data.trajectories=20", "dsp.data.length=10", "dsp.hidden_size=8",
@@ -120,7 +120,7 @@ def test_exploration_moves_and_held_out_pairs_are_far_apart():
 
 
 def test_hindsight_goals_take_the_configured_shares():
-    from posttrain.trainers.dsp import relabel_goals
+    from posttrain.recipes.dsp.trainer import relabel_goals
 
     rng = np.random.default_rng(0)
     n, length = 20_000, 50
