@@ -22,7 +22,7 @@ the launchers read the same registry) and a settings section through `registries
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, MutableMapping
 from importlib.metadata import EntryPoint, entry_points
 from types import ModuleType
 
@@ -33,12 +33,19 @@ GROUP = "posttrain.plugins"
 _loaded = False
 
 
-def load(registries: Mapping[str, Registry]) -> None:
-    """Register every installed plugin's parts into `registries`, the first time only."""
+_brought: dict[str, Registry] = {}  # the registries plugins brought (recipes' own kinds), kept for every later call
+
+
+def load(registries: MutableMapping[str, Registry]) -> None:
+    """Register every installed plugin's parts into `registries`, the first time only; add the registries plugins
+    brought, every time."""
     global _loaded
     if not _loaded:
         _loaded = True  # set first: a plugin that gathers the registries itself must not load the plugins again
+        core = set(registries)
         register_plugins(registries, entry_points(group=GROUP))
+        _brought.update({key: registry for key, registry in registries.items() if key not in core})
+    registries.update(_brought)
 
 
 def source_of(point: EntryPoint) -> str:
@@ -48,8 +55,10 @@ def source_of(point: EntryPoint) -> str:
     return f"plugin {point.name} ({dist.name} {dist.version})" if dist is not None else f"plugin {point.name}"
 
 
-def register_plugins(registries: Mapping[str, Registry], points: Iterable[EntryPoint]) -> None:
-    """Load each entry point (sorted by name, so the order is the same everywhere) into `registries`."""
+def register_plugins(registries: MutableMapping[str, Registry], points: Iterable[EntryPoint]) -> None:
+    """Load each entry point (sorted by name, so the order is the same everywhere) into `registries`. A plugin may
+    also bring a registry of its own (`registries["asct_credits"] = Registry(...)`, for the names its settings
+    section marks `Registered("asct_credits")`); a name already taken is refused."""
     for point in sorted(points, key=lambda p: p.name):
         source = source_of(point)
         before = {key: set(registry.names()) for key, registry in registries.items()}
@@ -62,5 +71,5 @@ def register_plugins(registries: Mapping[str, Registry], points: Iterable[EntryP
         except Exception as e:
             raise UserError(f"{source} ({point.value}) failed: {type(e).__name__}: {e}") from None
         for key, registry in registries.items():
-            for name in set(registry.names()) - before[key]:
+            for name in set(registry.names()) - before.get(key, set()):
                 registry.entry(name).meta.setdefault("source", source)

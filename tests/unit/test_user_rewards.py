@@ -150,6 +150,12 @@ def fails(registries):
 
 def clashes(registries):
     registries["rewards"].register("correctness")(lambda *a: None)
+
+def brings_a_registry(registries):
+    from posttrain.registry import Registry
+
+    registries["greetings"] = Registry("greeting")
+    registries["greetings"].register("hello")(str)
 '''
 
 
@@ -167,6 +173,12 @@ def test_a_plugin_function_and_a_plugin_module_register_their_parts_with_a_sourc
     assert advantages.entry("plugin_constant").meta == {"needs": (), "source": "plugin demo"}
     assert rewards.entry("plugin_by_import").meta == {"source": "plugin by_module"}  # entry points load sorted by name
     assert rewards.get("plugin_length")(None, [], ["ab", "c"], [True, True]).tolist() == [2.0, 1.0]
+
+
+def test_a_plugin_may_bring_a_registry_of_its_own(tmp_path, monkeypatch):
+    registries = {"rewards": rewards}
+    register_plugins(registries, plugin_points(tmp_path, monkeypatch, ("own", "{m}:brings_a_registry")))
+    assert registries["greetings"].entry("hello").meta == {"source": "plugin own"}  # every entry of it is the plugin's
 
 
 @pytest.mark.parametrize("value, message", [
