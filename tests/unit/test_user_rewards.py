@@ -175,7 +175,7 @@ def test_a_plugin_function_and_a_plugin_module_register_their_parts_with_a_sourc
     assert rewards.get("plugin_length")(None, [], ["ab", "c"], [True, True]).tolist() == [2.0, 1.0]
 
 
-def test_a_plugin_may_bring_a_registry_of_its_own(tmp_path, monkeypatch):
+def test_a_plugin_may_bring_a_registry_of_its_own(tmp_path, monkeypatch, registries_restored):
     registries = {"rewards": rewards}
     register_plugins(registries, plugin_points(tmp_path, monkeypatch, ("own", "{m}:brings_a_registry")))
     assert registries["greetings"].entry("hello").meta == {"source": "plugin own"}  # every entry of it is the plugin's
