@@ -53,8 +53,9 @@ def stage_component(stage: str, extra_args: tuple[str, ...] = (), by_uri: frozen
     """`posttrain <stage>` with one input artifact per input the stage's registry entry declares;
     `extra_args` are this task's own `--set` overrides from dvc.yaml (validated when the pipeline is built);
     the inputs in `by_uri` (imported datasets and models) are passed as their URI, which the stage reads itself."""
-    from posttrain.stages import stages
+    from posttrain.resolve import all_registries
 
+    stages = all_registries()["stages"]  # the recipes' and plugins' stages too
     entry = stages.entry(stage)
     inputs = list(entry.meta.get("inputs", {}))
     parameters = [_param("config", str), _param("pipeline_run", str)]
@@ -79,7 +80,9 @@ def stage_component(stage: str, extra_args: tuple[str, ...] = (), by_uri: frozen
 def trainjob_component(stage: str, task_id: str, extra_args: tuple[str, ...] = ()) -> dsl.ContainerComponent:
     """The launcher of a multi-node training task: `posttrain trainjob` submits a Kubeflow Trainer TrainJob that runs
     `posttrain <stage>` under torchrun on every node, waits for it, and saves the rendered spec as `trainjob`."""
-    from posttrain.stages import stages
+    from posttrain.resolve import all_registries
+
+    stages = all_registries()["stages"]  # the recipes' and plugins' stages too
 
     if extra_args:  # the TrainJob's nodes read the resolved settings file alone
         raise UserError(f"task {task_id!r}: per-task --set overrides cannot reach a TrainJob; set them for the pipeline")

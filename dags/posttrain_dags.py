@@ -40,7 +40,12 @@ RUN_ENV = {
     "POSTTRAIN_VALUES": "{{ params | config_values | tojson }}", "POSTTRAIN_CONF": "{{ dag_run.conf | conf_settings | tojson }}",
     "POSTTRAIN_PIPELINE_RUN": "{{ run_id }}", **ORCH["env"],
 }
-CHECK = ["--params", str(REPO / "params.yaml"), "--values-json", VALUES]
+PARAMS_FILES = SPEC.get("params_files", {})  # a recipe's pipeline reads its own params file (which extends params.yaml)
+
+
+def params_file(dag_id: str) -> str:
+    """The params file under a DAG's run: params.yaml, or the recipe's own (recipes/<name>/params.yaml)."""
+    return str(REPO / PARAMS_FILES.get(dag_id.removeprefix("posttrain_"), "params.yaml"))
 FAILED_STATES = {"failed", "upstream_failed", "skipped", "removed"}  # no task of these DAGs skips unless the run was stopped
 
 
@@ -99,10 +104,11 @@ def form_sections(tasks: list[dict]) -> set[str]:
     return {*SPEC["form_sections"], *(section for t in tasks for section in t["sections"])}
 
 
-def run_params(sections: set[str], sweep: bool) -> dict[str, Param]:
+def run_params(sections: set[str], sweep: bool, defaults: dict | None = None) -> dict[str, Param]:
     """The trigger form: a Param per setting of `sections` (a key of another section can still be set through the
-    run's conf: preflight validates every key)."""
-    made = {name: Param(p["default"], description=p["description"], section=p["section"], **optional(name))
+    run's conf: preflight validates every key), with `defaults` (a recipe's own params file) over params.yaml's."""
+    defaults = defaults or {}
+    made = {name: Param(defaults.get(name, p["default"]), description=p["description"], section=p["section"], **optional(name))
             for name, p in SPEC["params"].items() if p["section"] in sections}
     if sweep:
         arms = SPEC["sweep_arms"]
@@ -140,7 +146,7 @@ def overrides_of(dag_id: str) -> list[str]:
 
 def mark_failed(context) -> None:
     """Failure callback: a killed stage cannot close its own MLflow run."""
-    argv = ["finalize", "--params", str(REPO / "params.yaml"), "--values-json", json.dumps(config_values(context["params"])), *overrides_of(context["dag"].dag_id)]
+    argv = ["finalize", "--params", params_file(context["dag"].dag_id), "--values-json", json.dumps(config_values(context["params"])), *overrides_of(context["dag"].dag_id)]
     argv += ["--pipeline-run", context["run_id"], "--state", "failed"]
     subprocess.run([POSTTRAIN, *argv], cwd=REPO, timeout=300, check=False)
 
@@ -209,7 +215,8 @@ launch, launch_mapped = (pod_task, pod_mapped) if IN_PODS else (bash_task, bash_
 def build(dag_id: str, tasks: list[dict], sweep: bool = False) -> DAG:
     sections = form_sections(SPEC["pipelines"]["text"] if sweep else tasks)  # a sweep runs every text task (per arm)
     with DAG(
-        dag_id, schedule=None, catchup=False, params=run_params(sections, sweep), tags=["posttrain"], doc_md=__doc__,
+        dag_id, schedule=None, catchup=False, params=run_params(sections, sweep, SPEC.get("defaults", {}).get(dag_id.removeprefix("posttrain_"))),
+        tags=["posttrain"], doc_md=__doc__,
         user_defined_filters={"config_values": config_values, "conf_settings": conf_settings, "objectives_of": objectives_of, "pipeline_state": pipeline_state},
         default_args={
             "retries": int(os.environ.get("POSTTRAIN_AIRFLOW_RETRIES", ORCH["retries"])),
@@ -219,7 +226,7 @@ def build(dag_id: str, tasks: list[dict], sweep: bool = False) -> DAG:
         },
         description=" -> ".join(t["id"] for t in tasks) + (" -> objectives -> compare" if sweep else ""),
     ) as dag:
-        check = [*CHECK, *overrides_of(dag_id)]  # preflight writes them into the run's params.yaml
+        check = ["--params", params_file(dag_id), "--values-json", VALUES, *overrides_of(dag_id)]  # preflight writes them into the run's params.yaml
         arms = ["--sweep-arms", "{{ params | objectives_of | tojson }}"] if sweep else []
         preflight = launch("preflight", ["preflight", *check, "--values-json", CONF, *arms, "--write-config", f"{RUN_DIR}/params.yaml"], gpu=False, retries=0)
         # no retries: a failed run makes it fail on purpose (its MLflow call has its own retries)

@@ -19,7 +19,7 @@ from components.stages import finalize_component, preflight_component, stage_com
 from posttrain import config
 from posttrain.config import Config, OrchestrationConfig
 from posttrain.errors import UserError
-from posttrain.orchestration.graph import Pipeline, Task, check_overrides, load_pipelines
+from posttrain.orchestration.graph import PARAMS, Pipeline, Task, check_overrides, load_pipelines, params_of
 from posttrain.orchestration.preflight import without_nulls
 from posttrain.orchestration.sweep import check_arms
 from posttrain.resolve import settings_model
@@ -150,13 +150,15 @@ def build_all(params: Path, repo: Path) -> dict[str, object]:
     cfg = config.load(params, model=settings_model())
     found = load_pipelines(repo)
     for pipeline in found.values():
-        check_overrides(pipeline, params)
+        check_overrides(pipeline, params_of(pipeline, params, repo))
     known = {t.id for p in found.values() for t in p.tasks}
     unknown = sorted(set(cfg.orchestration.imports) - known)
     if unknown:
         raise UserError(f"orchestration.imports names no task: {unknown} (tasks: {', '.join(sorted(known))})")
     check_arms(cfg.orchestration.sweep.objectives, "orchestration.sweep.objectives")
-    built = {name: build_pipeline(pipeline, cfg) for name, pipeline in found.items()}
+    # a recipe's pipeline takes its defaults from its own params file (which extends params.yaml)
+    built = {name: build_pipeline(pipeline, cfg if pipeline.params == PARAMS else config.load(params_of(pipeline, params, repo), model=settings_model()))
+             for name, pipeline in found.items()}
     text = found.get("text")
     if text is not None and any(t.id == "rl" for t in text.tasks):
         if text.overrides:  # the sweep's preflight resolves the plain params.yaml settings

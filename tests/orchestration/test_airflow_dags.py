@@ -80,7 +80,8 @@ def test_dagbag_loads_without_torch_or_posttrain_and_params_match_the_config(dag
     run_wide = {"pipeline", "tracking", "training"}
     read = {"posttrain_text": {"task", "model", "sft", "rl", "distill", "eval"}, "posttrain_sweep": {"task", "model", "sft", "rl", "distill", "eval"},
             "posttrain_image": {"city", "curate", "flow", "flow_sft", "flow_rl", "flow_eval"},
-            "posttrain_rlhf": {"task", "model", "sft", "rl", "eval", "reward_model", "preference", "care", "edit"}}
+            "posttrain_rlhf": {"task", "model", "sft", "rl", "eval", "reward_model", "preference", "care", "edit"},
+            "posttrain_dsp": {"dsp"}}
     for dag, sections in read.items():
         shown = {name for name in found["params"][dag] if name != "objectives"}
         assert shown == {name for name, spec in everything.items() if spec["section"] in sections | run_wide}, dag
@@ -94,6 +95,10 @@ def test_dagbag_loads_without_torch_or_posttrain_and_params_match_the_config(dag
         assert schema == {**spec["schema"], "section": spec["section"], **({} if kind is None else {"type": [kind, "null"]}),
                           **({"enum": [*spec["schema"]["enum"], None], "values_display": {"null": f"default: {json.dumps(default)}"}} if "enum" in spec["schema"] else {})}, name
     assert "gdpo" in text_params["rl.advantage"][1]["enum"]
+    # a recipe's pipeline (recipes/dsp/dvc.yaml) is a DAG of its own, run on the recipe's own params file
+    assert {"preflight", "maze_data", "dsp", "finalize"} == set(found["tasks"]["posttrain_dsp"])
+    assert all("/recipes/dsp/params.yaml" in found["commands"]["posttrain_dsp"][t] for t in ("preflight", "finalize"))
+    assert "dsp.steps" in found["params"]["posttrain_dsp"] and not any(name.startswith("dsp.") for name in text_params)
     # the form's help text is the comment on the setting's line in its settings model (continued by aligned comment
     # lines, or the comment lines right above it), else the key and its default
     assert text_params["rl.preset"][2].startswith("a named method (objectives/presets.py)")

@@ -294,3 +294,24 @@ def test_the_rlhf_pipeline_triggered_like_the_ui_runs_every_task_and_logs_to_mlf
         assert {r.info.status for r in runs} == {"FINISHED"} and {r.data.tags["launcher"] for r in runs} == {"airflow"}
         for task in ("reward_model", "rl_rm", "preference"):
             assert (airflow.home / "runs" / run_id / "outputs" / task / "metrics.json").is_file(), task
+
+
+@pytest.mark.heavy
+def test_a_recipe_pipeline_triggered_like_the_ui_runs_on_its_own_params_file(tmp_path):
+    """posttrain_dsp, the DSP recipe's pipeline (recipes/dsp/dvc.yaml), on its own servers with a micro dsp section in
+    the conf: preflight reads recipes/dsp/params.yaml, both stages run and log to MLflow under Airflow."""
+    from recipes.dsp.test_dsp_stage import micro_dsp
+
+    with airflow_servers(tmp_path / "airflow", ("posttrain_dsp",)) as airflow:
+        conf = _conf(tmp_path, **{f"dsp.{key}": value for key, value in micro_dsp().items()})
+        status, run = airflow.trigger("posttrain_dsp", conf)
+        assert status == 200, run
+        run_id = run["dag_run_id"]
+        assert airflow.wait("posttrain_dsp", run_id, RUN_TIMEOUT) == "success", airflow.task_states("posttrain_dsp", run_id)
+        assert set(airflow.task_states("posttrain_dsp", run_id).values()) == {"success"}
+        runs = _runs(tmp_path, run_id)
+        assert sorted(r.data.tags["stage"] for r in runs) == ["dsp", "maze_data"]
+        assert {r.info.status for r in runs} == {"FINISHED"} and {r.data.tags["launcher"] for r in runs} == {"airflow"}
+        results = json.loads((airflow.home / "runs" / run_id / "outputs" / "dsp" / "results.json").read_text())
+        assert {row["arm"] for row in results} >= {"flat_bc"}, results
+

@@ -99,6 +99,18 @@ def test_image_and_rlhf_pipelines_run_their_stages_with_their_overrides():
     assert "pipeline.name=posttrain-images" in image["preflight"]["args"] and "accelerator" not in image["curate"].get("resources", {})
 
 
+def test_a_recipe_pipeline_takes_its_section_and_no_other_pipeline_does():
+    """recipes/dsp/dvc.yaml compiles to its own pipeline, whose parameters are the core sections and `dsp` (defaults
+    from recipes/dsp/params.yaml); the core pipelines have no `dsp` parameter, so adding a recipe changes none of them."""
+    def parameters(name):
+        spec = next(yaml.safe_load_all((REPO / "pipelines" / "compiled" / f"{name}.yaml").read_text()))
+        return spec["root"]["inputDefinitions"]["parameters"]
+
+    dsp = parameters("dsp")
+    assert "dsp" in dsp and {"pipeline", "model", "rl"} <= set(dsp) and dsp["dsp"]["defaultValue"]["steps"] == 3000
+    assert not any("dsp" in parameters(name) for name in ("text", "image", "rlhf", "sweep"))
+
+
 def test_gpu_retries_caching_secrets_and_exit_handler_are_in_the_yaml():
     spec, platform = compiled()
     executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]

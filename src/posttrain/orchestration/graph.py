@@ -3,8 +3,9 @@
 Every launcher runs the same tasks: a task is one expanded `dvc.yaml` stage (`eval@rl` for a matrix item,
 `${var}` filled from `vars`), its command is `posttrain <stage> --in name=outputs/X --out outputs/Y`, and its
 upstream tasks are the ones whose outputs it depends on. Kubeflow and Airflow map those paths onto artifacts
-or a run directory. A pipeline is one `dvc.yaml` file (`PIPELINE_FILES`) plus the stages of the other files it
-reads from (`rlhf/dvc.yaml` starts from the root file's data and sft, as `dvc repro rlhf/dvc.yaml` does).
+or a run directory. A pipeline is one `dvc.yaml` file (`PIPELINE_FILES`, and each recipe's `recipes/<name>/dvc.yaml`,
+which reads the recipe's own params file) plus the stages of the other files it reads from (`rlhf/dvc.yaml` starts
+from the root file's data and sft, as `dvc repro rlhf/dvc.yaml` does).
 `--set` overrides that every task of a pipeline passes are the pipeline's (`Pipeline.overrides`, applied once
 when the launcher resolves the settings); any others stay with their task. Whether a stage wants a GPU comes
 from its registry entry (`gpu=`), so a newly registered stage needs no edits here.
@@ -26,6 +27,18 @@ from posttrain.errors import UserError
 OUTPUTS = "outputs/"
 # pipeline name -> its dvc.yaml, relative to the repository root (the root file is the embedded default)
 PIPELINE_FILES = {"text": "dvc.yaml", "image": "images/dvc.yaml", "rlhf": "rlhf/dvc.yaml"}
+RECIPES = "recipes"  # recipes/<name>/dvc.yaml: the pipeline of recipe <name>, found without an entry here
+PARAMS = "params.yaml"  # the params file a task reads when its command names none (`--params`)
+
+
+def pipeline_files(repo: Path) -> dict[str, str]:
+    """Pipeline name -> its dvc.yaml relative to `repo`: `PIPELINE_FILES` and every recipe's `recipes/<name>/dvc.yaml`."""
+    found = {name: path for name, path in PIPELINE_FILES.items() if (Path(repo) / path).is_file()}
+    for path in sorted((Path(repo) / RECIPES).glob("*/dvc.yaml")):
+        if path.parent.name in found:
+            raise UserError(f"{RECIPES}/{path.parent.name}/dvc.yaml: pipeline {path.parent.name!r} exists already")
+        found[path.parent.name] = f"{RECIPES}/{path.parent.name}/dvc.yaml"
+    return found
 _VARIABLE = re.compile(r"\$\{([^}]*)\}")
 
 
@@ -42,6 +55,7 @@ class Task:
     deterministic: bool
     extra_args: tuple[str, ...] = field(default=())  # --set overrides of this task alone (not the pipeline's)
     sections: tuple[str, ...] = field(default=())  # the settings sections its dvc.yaml `params:` lists (what it reads)
+    params: str = PARAMS  # the params file its command reads (`--params`), relative to the repository root
 
 
 @dataclass(frozen=True)
@@ -49,6 +63,7 @@ class Pipeline:
     name: str
     tasks: list[Task]  # topological order
     overrides: tuple[str, ...]  # section.key=value that every task passes in dvc.yaml: applied with the settings
+    params: str = PARAMS  # the params file its own tasks read (a recipe's `recipes/<name>/params.yaml`): the defaults
 
 
 def _variables(spec: dict, where: str) -> dict[str, str]:
@@ -129,12 +144,14 @@ def _read(dvc_yaml: Path, repo: Path, pipeline: str) -> dict[str, tuple[list[str
 
 
 def _rebased(args: list[str], from_root) -> list[str]:
-    """`--out P`, `--in k=P` (either spelling) with P relative to the repository root."""
+    """`--out P`, `--in k=P`, `--params P` (either spelling) with P relative to the repository root."""
     rebased = []
     for i, arg in enumerate(args):
         flag = args[i - 1] if i else ""
-        if flag == "--out":
+        if flag in ("--out", "--params"):
             arg = from_root(arg)
+        elif arg.startswith("--params="):
+            arg = "--params=" + from_root(arg[9:])
         elif flag == "--in":
             key, _, path = arg.partition("=")
             arg = f"{key}={from_root(path)}"
@@ -189,6 +206,7 @@ def load_tasks(dvc_yaml: Path, repo: Path | None = None, upstream: tuple[Path, .
             deterministic=entry.meta.get("deterministic", True),
             extra_args=tuple(f"--set={v}" for v in _values(argv, "--set")),
             sections=_param_sections(stage.get("params")),
+            params=_value(argv, "--params") or PARAMS,
         )
     return [t for t in _topological(tasks) if t.id in _with_ancestors(own, tasks)]
 
@@ -206,7 +224,7 @@ def _param_sections(params) -> tuple[str, ...]:
 
 def _pipeline_of(dvc_yaml: Path, repo: Path) -> str:
     relative = Path(os.path.relpath(dvc_yaml, repo)).as_posix()
-    return next((name for name, path in PIPELINE_FILES.items() if path == relative), relative)
+    return next((name for name, path in pipeline_files(repo).items() if path == relative), relative)
 
 
 def _with_ancestors(ids: set[str], tasks: dict[str, Task]) -> set[str]:
@@ -220,15 +238,19 @@ def _with_ancestors(ids: set[str], tasks: dict[str, Task]) -> set[str]:
 
 
 def load_pipelines(repo: Path) -> dict[str, Pipeline]:
-    """Every pipeline of `PIPELINE_FILES` present in `repo`: its tasks (with the stages of the other files it
-    reads from) and the `--set` overrides all of them pass, which move from the tasks to the pipeline."""
-    files = {name: Path(repo) / path for name, path in PIPELINE_FILES.items() if (Path(repo) / path).is_file()}
+    """Every pipeline present in `repo` (`pipeline_files`): its tasks (with the stages of the other files it reads
+    from), the `--set` overrides all of them pass, which move from the tasks to the pipeline, and the params file
+    its own tasks read (one per pipeline)."""
+    files = {name: Path(repo) / path for name, path in pipeline_files(repo).items()}
     found = {}
     for name, path in files.items():
         tasks = load_tasks(path, repo, tuple(f for n, f in files.items() if n != name), name)
         shared = [a for a in tasks[0].extra_args if all(a in t.extra_args for t in tasks)] if tasks else []
         tasks = [replace(t, extra_args=tuple(a for a in t.extra_args if a not in shared)) for t in tasks]
-        found[name] = Pipeline(name, tasks, tuple(a.removeprefix("--set=") for a in shared))
+        params = {t.params for t in tasks if t.pipeline == name}
+        if len(params) > 1:
+            raise UserError(f"{pipeline_files(repo)[name]}: its stages read different params files {sorted(params)}; a pipeline reads one")
+        found[name] = Pipeline(name, tasks, tuple(a.removeprefix("--set=") for a in shared), params.pop() if params else PARAMS)
     return found
 
 
@@ -253,6 +275,12 @@ def _topological(tasks: dict[str, Task]) -> list[Task]:
         order.append(ready[0])
         done.add(ready[0].id)
     return order
+
+
+def params_of(pipeline: Pipeline, params: Path, repo: Path) -> Path:
+    """The params file of `pipeline`'s settings: `params` (the launchers' params.yaml) unless the pipeline's tasks
+    read their own (a recipe's `recipes/<name>/params.yaml`, relative to `repo`)."""
+    return Path(params) if pipeline.params == PARAMS else Path(repo) / pipeline.params
 
 
 def check_overrides(pipeline: Pipeline, params: Path) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 from posttrain.config import Registered, field_comments, registered_keys
 from posttrain.registry import IMPORT_PATH, Registry, admitted
 from posttrain.errors import UserError
-from posttrain.orchestration.graph import Task, check_overrides, load_pipelines
+from posttrain.orchestration.graph import PARAMS, Task, check_overrides, load_pipelines, params_of
 from posttrain.orchestration.sweep import arm_names
 
 ORCHESTRATION_SECTION = "orchestration"  # launcher settings: compile-time, not a run parameter
@@ -132,18 +132,30 @@ def task_spec(task: Task) -> dict[str, Any]:
 
 
 def pipeline_spec(params_yaml: Path, repo: Path) -> dict[str, Any]:
-    """Everything a DAG file needs, as plain JSON: the Params, each pipeline's tasks and its `--set` overrides."""
+    """Everything a DAG file needs, as plain JSON: the Params, each pipeline's tasks, its `--set` overrides, its
+    params file and the defaults in which that file differs from `params_yaml` (a recipe's own settings)."""
     found = load_pipelines(repo)
     for pipeline in found.values():
-        check_overrides(pipeline, params_yaml)
+        check_overrides(pipeline, params_of(pipeline, params_yaml, repo))
+    params = param_specs(params_yaml)
+    own = {name: p for name, p in found.items() if p.params != PARAMS}
     return {
         "orchestration": run_values(params_yaml)[ORCHESTRATION_SECTION],
-        "params": param_specs(params_yaml),
+        "params": params,
         "pipelines": {name: [task_spec(t) for t in p.tasks] for name, p in found.items()},
         "overrides": {name: list(p.overrides) for name, p in found.items()},
+        "params_files": {name: p.params for name, p in own.items()},
+        "defaults": {name: _differing(params, params_of(p, params_yaml, repo)) for name, p in own.items()},
         "sweep_arms": arm_names(),  # the sweep DAG's multi-select: presets and advantage estimators
         "form_sections": list(FORM_SECTIONS),  # in every DAG's form, beside the sections its tasks read
     }
+
+
+def _differing(params: dict[str, dict[str, Any]], own_file: Path) -> dict[str, Any]:
+    """`section.key` -> value where a run of `own_file` differs from the defaults in `params` (`param_specs`)."""
+    values = run_values(own_file)
+    return {name: values[p["section"]][name.split(".", 1)[1]] for name, p in params.items()
+            if values[p["section"]][name.split(".", 1)[1]] != p["default"]}
 
 
 def render(spec: dict[str, Any]) -> str:
