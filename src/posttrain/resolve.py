@@ -123,6 +123,9 @@ def check(cfg: Config) -> Config:
     registries = all_registries()
     cfg = resolve_section(cfg, "", registries)
     _check_meta(cfg, registries)
+    for added in registries["sections"]:  # a recipe's own rules across its settings and the registries (meta `check`)
+        if "check" in added.meta and hasattr(cfg, added.name):
+            added.meta["check"](getattr(cfg, added.name), registries)
     return cfg
 
 

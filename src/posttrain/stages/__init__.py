@@ -26,7 +26,8 @@ from posttrain.registry import Entry, Registry
 
 stages: Registry = Registry("stage")
 # the settings sections recipes and plugins add (`sections.register("dsp", help=..., default=...)(DSPConfig)`): with the
-# core sections of `config.Config` they make the settings of a run (`posttrain.resolve.settings_model`)
+# core sections of `config.Config` they make the settings of a run (`posttrain.resolve.settings_model`); meta `check`:
+# check(section, registries) raises UserError (one line) on a rule across the section and the registries (resolve.check)
 sections: Registry = Registry("settings section")
 # registry meta of a stage: inputs {name: default dir}, requires {name: [files]}, resumable; for the launchers
 # (orchestration/graph.py): gpu (default True), deterministic (default True: cacheable); for tracking: rl_objective (default
