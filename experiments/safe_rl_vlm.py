@@ -1,10 +1,10 @@
-"""Claim (VLM-Safe-RL, specs §16): in the driving environment (envs/driving.py), PPO-Lagrangian lowers the catastrophe
+"""Claim (VLM-Safe-RL, specs §16): in the driving environment (recipes/safe_rl/driving.py), PPO-Lagrangian lowers the catastrophe
 rate (share of episodes with a collision or a road exit) and the cost of plain PPO, at a cost in progress; the VLM
 terms (frozen-CLIP reward shaping alpha_clip and the risk term kappa of the multiplier update) are claimed to lower
 catastrophes further, and the risk term to raise the multiplier (the abstract reports catastrophe reduction but
 that the VLM term barely moves the multiplier: the last two are expected inconclusive).
 
-Per seed: the tiny CLIP is trained once (trainers/safe_rl.py `train_encoder`, the drive_encoder stage's loop), then
+Per seed: the tiny CLIP is trained once (recipes/safe_rl/trainer.py `train_encoder`, the drive_encoder stage's loop), then
 each arm trains the agent over the same frozen encoder, seed and traffic, and is scored on `eval_episodes` greedy
 held-out episodes. Arms (the safe_rl section otherwise as in params.yaml):
 
@@ -24,7 +24,7 @@ import time
 
 import _common as C
 from posttrain.models.image_text import ImageTextEncoder, save_image_text
-from posttrain.trainers.safe_rl import train_encoder, train_safe_rl
+from posttrain.recipes.safe_rl.trainer import train_encoder, train_safe_rl
 
 ARMS = {
     "ppo": {"lagrangian": False, "alpha_clip": 0.0, "kappa": 0.0},

@@ -18,7 +18,7 @@ PACKAGE = SRC / "posttrain"
 # lowest first; a module belongs to the longest prefix listed
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("posttrain.config", "posttrain.errors", "posttrain.state", "posttrain.uris", "posttrain"),
-    ("posttrain.models", "posttrain.registry", "posttrain.tracking", "posttrain.storage", "posttrain.runtime", "posttrain.locks"),
+    ("posttrain.models", "posttrain.registry", "posttrain.tracking", "posttrain.media", "posttrain.storage", "posttrain.runtime", "posttrain.locks"),
     ("posttrain.rollout", "posttrain.objectives", "posttrain.rewards", "posttrain.tasks", "posttrain.envs",
      "posttrain.data", "posttrain.eval"),
     ("posttrain.trainers",),
@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("posttrain.recipes",),
     ("posttrain.cli", "posttrain.api", "posttrain.orchestration", "posttrain.resolve", "posttrain.plugins"),
 )
-LAYER_NAMES = ("leaves", "models/registry/tracking/storage/runtime/locks", "parts", "trainers", "stages", "recipes",
+LAYER_NAMES = ("leaves", "models/registry/tracking/media/storage/runtime/locks", "parts", "trainers", "stages", "recipes",
                "launchers and the config boundary")
 LEAVES = LAYERS[0]
 # posttrain/__init__.py's `__getattr__` hands out posttrain.run_stage / load_settings (api.py) on first use: the one

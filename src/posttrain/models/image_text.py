@@ -1,5 +1,5 @@
 """A frozen image-text encoder: a transformers `CLIPModel` (Radford et al. 2021, arXiv 2103.00020) with its
-tokenizer, behind one small interface, so a tiny CLIP trained in the repo (trainers/safe_rl.py) and a real CLIP
+tokenizer, behind one small interface, so a tiny CLIP trained in the repo (recipes/safe_rl/trainer.py) and a real CLIP
 checkpoint (e.g. openai/clip-vit-base-patch32, downloaded by the user) load the same way, by path:
 
     encoder = ImageTextEncoder.load(path)         # CLIPModel.from_pretrained + AutoTokenizer (+ the image processor's mean / std)

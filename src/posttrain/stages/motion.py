@@ -22,7 +22,7 @@ import numpy as np
 from posttrain.config import Config
 from posttrain.runtime import strict_json
 from posttrain.stages import stages
-from posttrain.stages.safe_rl import write_gif
+from posttrain.media import write_gif
 
 DATA = "outputs/motion_data"
 

@@ -25,8 +25,7 @@ from posttrain.data import viskg as D
 from posttrain.models.vlm import VisionLanguage, VisionLanguageModel, load_vlm
 from posttrain.objectives import advantages, losses
 from posttrain.rewards.viskg import REWARD_NAMES, parse_output, reward_row
-from posttrain.trainers.loop import TrainLoop
-from posttrain.trainers.safe_rl import NumpyDraws
+from posttrain.trainers.loop import NumpyDraws, TrainLoop
 
 
 def build_model(cfg, seed: int) -> VisionLanguage:

@@ -92,7 +92,7 @@ def write_plans(maze, episodes: dict, renders: int, out: Path) -> None:
         ep, goals = episodes[dsp[-1]]
         path, subgoals = ep.paths[0], np.array(ep.subgoals[0]) if ep.subgoals[0] else None
         frames = [render(maze, path[: t + 1], subgoals, goals[0]) for t in range(len(path))]
-        from posttrain.stages.safe_rl import write_gif
+        from posttrain.media import write_gif
 
         write_gif(np.stack(frames), out / "dsp.gif", scale=1)
 

@@ -1,8 +1,8 @@
 """VLM-Safe-RL's two loops (specs §16): the contrastive image-text encoder, then PPO-Lagrangian over its frozen
-embeddings in the driving environment (envs/driving.py; the objective: objectives/ppo_lagrangian.py).
+embeddings in the driving environment (recipes/safe_rl/driving.py; the objective: recipes/safe_rl/objective.py).
 
 1. `train_encoder`: a tiny CLIP (models/image_text.py) learns from a random driver's frames and the captions of
-   their states (envs/driving.py `captions`). Each frame is paired with one of its phrases (or the whole caption),
+   their states (recipes/safe_rl/driving.py `captions`). Each frame is paired with one of its phrases (or the whole caption),
    drawn per step, and the loss is CLIP's symmetric InfoNCE (Radford et al. 2021, Fig. 3; van den Oord et al.
    2018) with every text of the batch that describes a frame counted as its positive (the multi-positive form of
    Khosla et al. 2020, eq. 2): frames of the same situation are not pushed apart. The safe / danger prompts are
@@ -23,11 +23,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from posttrain.envs.driving import ACTIONS, CRASH, EXIT, N_FEATURES, SAFE, DrivingEnv, vocabulary
-from posttrain.models.driving_policy import DrivingAgent
+from posttrain.recipes.safe_rl.driving import ACTIONS, CRASH, EXIT, N_FEATURES, SAFE, DrivingEnv, vocabulary
+from posttrain.recipes.safe_rl.policy import DrivingAgent
 from posttrain.models.image_text import ImageTextEncoder, tiny_clip
 from posttrain.models.tokenizer import check_vocabulary
-from posttrain.objectives.ppo_lagrangian import (LagrangeMultiplier, advantages, episode_cost, ppo_lagrangian_loss, safety_score,
+from posttrain.recipes.safe_rl.objective import (LagrangeMultiplier, advantages, episode_cost, ppo_lagrangian_loss, safety_score,
                                                  shaped_reward, violation)
 from posttrain.trainers.loop import NumpyDraws, TrainLoop
 

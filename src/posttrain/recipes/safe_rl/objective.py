@@ -12,7 +12,7 @@ RL", Safety Gym; the Lagrangian relaxation of the constrained MDP, Altman 1999):
     lambda <- max(0, lambda + eta_l [ (J_C - d) + kappa (risk - s_thr) ]),  risk = mean_t (-s_t) over the round
 
 alpha_clip = kappa = 0 is plain PPO-Lagrangian (the score enters nowhere); a fixed lambda = 0 is plain PPO.
-Settings: the safe_rl section (params.yaml); the loop: trainers/safe_rl.py.
+Settings: the safe_rl section (params.yaml); the loop: recipes/safe_rl/trainer.py.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ Actions (discrete): 0 keep, 1 steer left, 2 steer right, 3 speed up, 4 slow down
 The reward knows nothing of the costs (a safe-RL benchmark's split: Safety-Gym, MetaDrive's safe setting). The
 state features beside the frame are the ego car's own (lateral position, speed, time left): other cars are seen
 in the frame only. `captions()` describes each state in words (danger, the ego lane, the lanes beside, speed):
-the text side of the contrastive encoder (trainers/safe_rl.py).
+the text side of the contrastive encoder (recipes/safe_rl/trainer.py).
 """
 
 from __future__ import annotations

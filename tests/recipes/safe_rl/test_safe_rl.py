@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from posttrain.envs.driving import CAR_LENGTH, DrivingEnv, vocabulary
-from posttrain.objectives.ppo_lagrangian import (LagrangeMultiplier, episode_cost, lagrangian_advantage, ppo_lagrangian_loss,
+from posttrain.recipes.safe_rl.driving import CAR_LENGTH, DrivingEnv, vocabulary
+from posttrain.recipes.safe_rl.objective import (LagrangeMultiplier, episode_cost, lagrangian_advantage, ppo_lagrangian_loss,
                                                  safety_score, shaped_reward, violation)
 
 ENV = SimpleNamespace(lanes=3, cars=3, horizon=6, image_size=16, speed_min=0.2, speed_max=1.0, speed_step=0.1, steer_step=0.25,
@@ -195,7 +195,7 @@ def test_alpha_clip_and_kappa_zero_is_plain_ppo_lagrangian():
     from helpers import REPO
     from posttrain.resolve import load
     from posttrain.trainers.loop import TrainLoop
-    from posttrain.trainers.safe_rl import SafeRL
+    from posttrain.recipes.safe_rl.trainer import SafeRL
 
     micro = ["safe_rl.env.image_size=16", "safe_rl.env.horizon=5", "safe_rl.env.cars=2", "safe_rl.envs=3", "safe_rl.epochs=1",
              "safe_rl.minibatches=1", "safe_rl.lambda_init=0.5", "safe_rl.cost_limit=0.0"]
@@ -220,7 +220,7 @@ def test_a_prompt_outside_the_encoders_vocabulary_is_refused_with_its_key():
     from helpers import REPO
     from posttrain.errors import UserError
     from posttrain.resolve import load
-    from posttrain.trainers.safe_rl import SafeRL
+    from posttrain.recipes.safe_rl.trainer import SafeRL
 
     cfg = load(REPO / "params.yaml", ["safe_rl.danger_prompt=a zebra on the road"]).safe_rl
     with pytest.raises(UserError, match="safe_rl.danger_prompt.*'zebra'"):

@@ -1,6 +1,6 @@
-"""Stages `drive_encoder` and `safe_rl`: VLM-Safe-RL (specs §16) in the driving environment (envs/driving.py).
+"""Stages `drive_encoder` and `safe_rl`: VLM-Safe-RL (specs §16) in the driving environment (recipes/safe_rl/driving.py).
 
-`drive_encoder` trains the tiny CLIP on a random driver's frames and their captions (trainers/safe_rl.py) and
+`drive_encoder` trains the tiny CLIP on a random driver's frames and their captions (recipes/safe_rl/trainer.py) and
 writes `model/` (a CLIPModel directory with its tokenizer), `history.json`; metrics: held-out danger-phrase
 accuracy and the safety score on safe vs about-to-crash frames (`score_gap`). `safe_rl` reads a frozen encoder,
 `--in encoder=outputs/drive_encoder` (its model/) or any CLIP checkpoint directory (e.g. a downloaded
@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 from posttrain.config import Config
+from posttrain.media import write_gif
 from posttrain.runtime import strict_json
 from posttrain.stages import stages
 
@@ -26,7 +27,7 @@ def run_encoder(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, re
     checkpointed every safe_rl.encoder.checkpoint_every steps, `--resume` continues from the newest."""
     from posttrain.models.image_text import save_image_text
     from posttrain.trainers.loop import TrainLoop
-    from posttrain.trainers.safe_rl import train_encoder
+    from posttrain.recipes.safe_rl.trainer import train_encoder
 
     loop = TrainLoop.for_stage(cfg.training, out_dir, cfg.section_hash("pipeline", "safe_rl"), cfg.safe_rl.encoder.checkpoint_every, resume,
                                "safe_rl.encoder")
@@ -45,7 +46,7 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
 
     from posttrain.models.image_text import ImageTextEncoder
     from posttrain.trainers.loop import TrainLoop
-    from posttrain.trainers.safe_rl import train_safe_rl
+    from posttrain.recipes.safe_rl.trainer import train_safe_rl
 
     trained = inputs["encoder"] / "model"
     encoder = ImageTextEncoder.load(trained if (trained / "config.json").is_file() else inputs["encoder"])
@@ -63,11 +64,3 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     tracker.log_metrics(metrics)
     return metrics
 
-
-def write_gif(frames, path: Path, scale: int = 4, ms_per_frame: int = 120) -> None:
-    """An animated GIF of uint8 frames [T, S, S, 3], each pixel `scale` x `scale`."""
-    from PIL import Image
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    images = [Image.fromarray(f).resize((f.shape[1] * scale, f.shape[0] * scale), Image.NEAREST) for f in frames]
-    images[0].save(path, save_all=True, append_images=images[1:], duration=ms_per_frame, loop=0)
