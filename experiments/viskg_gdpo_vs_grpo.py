@@ -3,7 +3,7 @@ whitened) reaches a higher held-out accuracy than GRPO on the weighted sum of th
 compactness), from the same SFT start (the paper reports ~2 points); and the question-specific knowledge graph beats
 a full-scene caption as the intermediate representation on accuracy, with fewer tokens.
 
-Per seed: SFT with negative rationales (trainers/viskg.py `train_sft`, the viskg_sft stage's loop) once per
+Per seed: SFT with negative rationales (recipes/viskg/trainer.py `train_sft`, the viskg_sft stage's loop) once per
 representation, then each arm's RL from its SFT model, scored by greedy decoding of the held-out questions. Arms
 (the viskg section otherwise as in params.yaml, plus this script's --set overrides):
 
@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 import _common as C
-from posttrain.models.vlm import load_vlm
-from posttrain.trainers.viskg import build_model, evaluate, train_rl, train_sft
+from posttrain.recipes.viskg.vlm import load_vlm
+from posttrain.recipes.viskg.trainer import build_model, evaluate, train_rl, train_sft
 
 ARMS = {"gdpo": ("kg", "gdpo"), "grpo": ("kg", "grpo"), "caption_gdpo": ("caption", "gdpo")}
 MICRO = ["viskg.data.grid=2", "viskg.data.n_objects=3", "viskg.data.max_hops=2", "viskg.data.n_train=24", "viskg.data.n_heldout=4",

@@ -122,7 +122,7 @@ def save_llava_checkpoint(directory: Path, seed: int = 0) -> Path:
     learnt from VisKG's texts with the `<image>` token added, a chat template), all written by `save_pretrained`."""
     import torch
 
-    from posttrain.data import viskg as D
+    from posttrain.recipes.viskg import data as D
     from posttrain.models.native_vlm import tiny_llava
 
     qs = D.questions(seed, 200, 3, 4, 3)

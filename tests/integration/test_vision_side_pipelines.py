@@ -1,5 +1,5 @@
 """Issue 20's "what must hold", end to end: each vision method (VisKG, MotionInsight, DSP) runs from params.yaml
-through its own dvc.yaml (`dvc repro viskg/dvc.yaml`, ...) in a Git- and DVC-initialised copy on a micro config,
+through its own dvc.yaml (`dvc repro recipes/viskg/dvc.yaml`, ...) in a Git- and DVC-initialised copy on a micro config,
 every stage of the file runs, writes its metrics, and logs its images or GIFs and its tables to MLflow.
 
 A minute or more each on 2 shared cores (two to three `posttrain` subprocesses, each importing torch): marked heavy,
@@ -19,7 +19,7 @@ from helpers import REPO, dvc, git, micro_params, ran_stages
 
 # side pipeline -> (its params section's micro settings, {stage: MLflow artifacts it must have logged})
 PIPELINES = {
-    "viskg": ("smoke.test_viskg_stage:micro_viskg", {"viskg_sft": {"scenes/scenes.png", "sft_samples.json"},
+    "viskg": ("recipes.viskg.test_viskg_stage:micro_viskg", {"viskg_sft": {"scenes/scenes.png", "sft_samples.json"},
                                                      "viskg_rl": {"scenes/scenes.png", "rl_samples.json"}}),
     "motion": ("smoke.test_motion_stages:micro_motion", {"motion_data": {"gifs/heldout_00.gif", "annotations.json"},
                                                          "motion_sft": {"predictions.json"},

@@ -1,5 +1,5 @@
 """A native vision-language checkpoint (a transformers image-text-to-text model: LLaVA, Liu et al. 2023,
-arXiv 2304.08485, and its kin) behind models/vlm.py's `VisionLanguage` interface, loaded by path the way real
+arXiv 2304.08485, and its kin) behind recipes/viskg/vlm.py's `VisionLanguage` interface, loaded by path the way real
 checkpoints come:
 
     path/  config.json + weights          AutoModelForImageTextToText.from_pretrained (LlavaForConditionalGeneration, ...)
@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from transformers import DynamicCache
 
 from posttrain.errors import UserError
+from posttrain.models.decoders import positions_from_mask
 from posttrain.models.soft_tokens import sample_with_cache, sampled_logp
 
 IMAGE_TOKEN = "<image>"
@@ -115,7 +116,7 @@ class NativeVLM(nn.Module):
                         completion_mask: Tensor) -> Tensor:
         ids = torch.cat([prompt_ids, completion_ids], dim=1)
         mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        positions = positions_from_mask(mask)
         logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, **self.pixels(images)).logits
         return sampled_logp(logits[:, prompt_ids.shape[1] - 1:-1], completion_ids, completion_mask)
 
@@ -130,7 +131,7 @@ class NativeVLM(nn.Module):
             else:
                 ids, extra = tokens[:, None], {}
                 state["mask"] = torch.cat([state["mask"], torch.ones_like(state["mask"][:, :1])], dim=1)
-            positions = (state["mask"].cumsum(-1) - 1).clamp(min=0)[:, -ids.shape[1]:]
+            positions = positions_from_mask(state["mask"])[:, -ids.shape[1]:]
             out = self.model(input_ids=ids, attention_mask=state["mask"], position_ids=positions, cache=cache, use_cache=True,
                              logits_to_keep=1, **extra)
             return out.logits[:, -1]

@@ -1,5 +1,5 @@
 """Encoder outputs as soft tokens in front of a causal language model: the one vision front-end of VisKG's
-vision-language model (models/vlm.py, a patch encoder over images) and MotionInsight's evaluator
+vision-language model (recipes/viskg/vlm.py, a patch encoder over images) and MotionInsight's evaluator
 (models/motion_evaluator.py, a video encoder over motion maps or RGB frames). The LLaVA recipe (Liu et al. 2023,
 arXiv 2304.08485, §4.1): the encoder's features, projected to the word-embedding width, enter the language model as
 tokens before the text,
@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import DynamicCache, PreTrainedTokenizerBase
+
+from posttrain.models.decoders import positions_from_mask
 
 
 def sample_with_cache(step: Callable[[Tensor | None], Tensor], batch: int, eos: int, pad: int, max_new_tokens: int, temperature: float,
@@ -74,7 +76,7 @@ class SoftTokenLM(nn.Module):
 
     def run(self, embeds: Tensor, mask: Tensor, cache=None):
         """The language model over `embeds` (the last embeds.shape[1] columns of `mask` when a cache holds the rest)."""
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        positions = positions_from_mask(mask)
         if cache is None:
             return self.language_model(inputs_embeds=embeds, attention_mask=mask, position_ids=positions)
         return self.language_model(inputs_embeds=embeds, attention_mask=mask, position_ids=positions[:, -embeds.shape[1]:], cache=cache,

@@ -1,4 +1,4 @@
-"""viskg/dvc.yaml (VisKG outside the default `dvc repro`) maps paths and params onto real CLI stages, runs them from
+"""recipes/viskg/dvc.yaml (VisKG outside the default `dvc repro`) maps paths and params onto real CLI stages, runs them from
 the repository root, consumes only what its own stages produce, and feeds the SFT model to viskg_rl."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import shlex
 from helpers import REPO
 from helpers import checked_side_pipeline
 
-VISKG = REPO / "viskg" / "dvc.yaml"
+VISKG = REPO / "recipes" / "viskg" / "dvc.yaml"
 
 
 def test_viskg_commands_inputs_outputs_and_params():

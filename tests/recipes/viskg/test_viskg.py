@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from posttrain.data import viskg as D
+from posttrain.recipes.viskg import data as D
 from posttrain.objectives import advantages
 from posttrain.objectives.gdpo import per_reward_normalized
-from posttrain.rewards.viskg import compactness_reward, format_reward, parse_graph, parse_output, reward_row
+from posttrain.recipes.viskg.rewards import compactness_reward, format_reward, parse_graph, parse_output, reward_row
 
 QS = D.questions(0, 300, grid=3, n_objects=4, max_hops=3)
 COUNT = lambda text: len(text.split())  # noqa: E731  (word-level: one token a word)
@@ -123,8 +123,8 @@ def test_gdpo_invariants_on_the_vis_kg_reward_matrix():
 
 
 def test_the_tiny_vlm_loads_by_path_with_the_same_outputs(tmp_path):
-    from posttrain.models.vlm import VisionLanguageModel
-    from posttrain.trainers.viskg import encode_completions, encode_prompts
+    from posttrain.recipes.viskg.vlm import VisionLanguageModel
+    from posttrain.recipes.viskg.trainer import encode_completions, encode_prompts
 
     torch.manual_seed(0)
     vlm = VisionLanguageModel.tiny(D.vocabulary(), 24, 8, 16, 1, 2)

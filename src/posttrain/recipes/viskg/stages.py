@@ -1,8 +1,8 @@
-"""Stages `viskg_sft` and `viskg_rl`: VisKG (specs §29) on the synthetic VQA set (data/viskg.py).
+"""Stages `viskg_sft` and `viskg_rl`: VisKG (specs §29) on the synthetic VQA set (recipes/viskg/data.py).
 
 `viskg_sft` builds the vision-language model of `viskg.model` (tiny from the config, or loaded by path) and trains it
 by SFT with negative rationales; `viskg_rl` reads it (`--in model=outputs/viskg_sft`, or any VisionLanguageModel
-directory or native image-text-to-text checkpoint: models/vlm.py's `load_vlm`) and trains it by RL with
+directory or native image-text-to-text checkpoint: recipes/viskg/vlm.py's `load_vlm`) and trains it by RL with
 `viskg.rl.advantage` (gdpo or grpo) over accuracy, format and compactness. Each writes `model/` (in the model's own
 format: a VisionLanguageModel directory, or a native checkpoint with its processor), `history.json`, `samples.json`
 (held-out greedy outputs) and `scenes/scenes.png` (held-out scenes with the question, the model's answer and the truth); MLflow gets the per-step
@@ -23,7 +23,7 @@ from posttrain.stages import stages
 
 
 def _finish(cfg: Config, vlm, history: list[dict], extra: dict[str, float], out_dir: Path, tracker, prefix: str) -> dict[str, float]:
-    from posttrain.trainers.viskg import evaluate
+    from posttrain.recipes.viskg.trainer import evaluate
 
     figures, rows, qs, images = evaluate(cfg.viskg, vlm, cfg.pipeline.seed)
     vlm.save(out_dir / "model")
@@ -44,7 +44,7 @@ def _finish(cfg: Config, vlm, history: list[dict], extra: dict[str, float], out_
 def run_sft(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     """Stage `viskg_sft`: SFT with negative rationales of the vision-language model on the VQA set (VisKG)."""
     from posttrain.trainers.loop import TrainLoop
-    from posttrain.trainers.viskg import build_model, train_sft
+    from posttrain.recipes.viskg.trainer import build_model, train_sft
 
     vlm = build_model(cfg.viskg, cfg.pipeline.seed)
     loop = TrainLoop.for_stage(cfg.training, out_dir, cfg.section_hash("pipeline", "viskg"), cfg.viskg.sft.checkpoint_every, resume, "viskg.sft")
@@ -55,9 +55,9 @@ def run_sft(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume
 @stages.register("viskg_rl", inputs={"model": "outputs/viskg_sft"}, resumable=True, gpu=False)
 def run_rl(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     """Stage `viskg_rl`: GDPO (or GRPO) over accuracy, format and compactness rewards (VisKG)."""
-    from posttrain.models.vlm import load_vlm
+    from posttrain.recipes.viskg.vlm import load_vlm
     from posttrain.trainers.loop import TrainLoop
-    from posttrain.trainers.viskg import train_rl
+    from posttrain.recipes.viskg.trainer import train_rl
 
     trained = inputs["model"] / "model"
     vlm = load_vlm(trained if trained.is_dir() else inputs["model"])
@@ -74,7 +74,7 @@ def scene_grid(images, rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from posttrain.rewards.viskg import parse_output
+    from posttrain.recipes.viskg.rewards import parse_output
 
     path.parent.mkdir(parents=True, exist_ok=True)
     cols = min(4, len(images))

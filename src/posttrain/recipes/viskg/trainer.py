@@ -1,11 +1,11 @@
-"""VisKG's two loops (specs §29) over a vision-language model (models/vlm.py's `VisionLanguage`: the tiny patch-encoder
-model, or a native image-text-to-text checkpoint loaded by path) and the VQA set of data/viskg.py.
+"""VisKG's two loops (specs §29) over a vision-language model (recipes/viskg/vlm.py's `VisionLanguage`: the tiny patch-encoder
+model, or a native image-text-to-text checkpoint loaded by path) and the VQA set of recipes/viskg/data.py.
 
 1. `train_sft`: NLL on every target token of (image, question) -> representation -> reasoning -> answer, the
    positives mixed with negative-rationale samples (`viskg.sft.negatives_per_positive`; each ends with the correct
    answer, so the model is never taught a wrong one).
 2. `train_rl`: per step `prompts_per_step` training questions, `group_size` samples each at `temperature`; the
-   reward matrix [B, 3] = (r_acc, r_fmt, r_kg) of rewards/viskg.py; advantages by the registered estimator's
+   reward matrix [B, 3] = (r_acc, r_fmt, r_kg) of recipes/viskg/rewards.py; advantages by the registered estimator's
    `on_rewards` core (`viskg.rl.advantage`: gdpo normalises each reward in its group, grpo their weighted sum), the
    registered policy loss (`viskg.rl.loss`) with one update per batch, so the ratio is 1 and old log-probs are the
    detached new ones. A step's questions and samples are drawn from (seed, step): a resumed run draws the same.
@@ -21,10 +21,10 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from posttrain.data import viskg as D
-from posttrain.models.vlm import VisionLanguage, VisionLanguageModel, load_vlm
+from posttrain.recipes.viskg import data as D
+from posttrain.recipes.viskg.vlm import VisionLanguage, VisionLanguageModel, load_vlm
 from posttrain.objectives import advantages, losses
-from posttrain.rewards.viskg import REWARD_NAMES, parse_output, reward_row
+from posttrain.recipes.viskg.rewards import REWARD_NAMES, parse_output, reward_row
 from posttrain.trainers.loop import NumpyDraws, TrainLoop
 
 

@@ -5,7 +5,7 @@ features, projected into the word-embedding space, enter the language model as s
     logits = LM(inputs_embeds = [soft ; embed(prompt) ; embed(completion)])   models/soft_tokens.py (shared with
                                                                               MotionInsight's evaluator)
 
-`VisionLanguage` is the interface VisKG's loops (trainers/viskg.py) use; two kinds of model implement it:
+`VisionLanguage` is the interface VisKG's loops (recipes/viskg/trainer.py) use; two kinds of model implement it:
 
     vlm = VisionLanguageModel.tiny(words, image_size, patch_size, hidden_size, layers, heads)   # from a config
     vlm.save(path);  VisionLanguageModel.load(path)        # path/: vlm.json, vision.safetensors, language_model/

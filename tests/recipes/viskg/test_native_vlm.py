@@ -25,12 +25,12 @@ def llava(tmp_path_factory):
 
 def test_a_native_llava_runs_viskg_sft_rl_and_eval_by_path(llava, tmp_path):
     from posttrain.models.native_vlm import NativeVLM
-    from posttrain.models.vlm import VisionLanguage, load_vlm
+    from posttrain.recipes.viskg.vlm import VisionLanguage, load_vlm
     from posttrain.resolve import load
-    from posttrain.stages.viskg import run_rl
+    from posttrain.recipes.viskg.stages import run_rl
     from posttrain.tracking import Tracker
     from posttrain.trainers.loop import TrainLoop
-    from posttrain.trainers.viskg import build_model, encode_prompts, rl_step, split, train_sft
+    from posttrain.recipes.viskg.trainer import build_model, encode_prompts, rl_step, split, train_sft
 
     params = micro_params(tmp_path)
     cfg = load(params, [*MICRO, f"viskg.model.path={llava}"])
@@ -66,9 +66,9 @@ def test_a_native_llava_runs_viskg_sft_rl_and_eval_by_path(llava, tmp_path):
 
 def test_a_bad_vlm_path_or_a_text_only_checkpoint_is_one_line(llava, tmp_path):
     from posttrain.errors import UserError
-    from posttrain.models.vlm import load_vlm
+    from posttrain.recipes.viskg.vlm import load_vlm
     from posttrain.resolve import load
-    from posttrain.trainers.viskg import build_model
+    from posttrain.recipes.viskg.trainer import build_model
 
     with pytest.raises(UserError, match="is not a directory"):
         load_vlm(tmp_path / "nowhere")
