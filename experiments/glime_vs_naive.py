@@ -6,7 +6,7 @@ unedited knowledge.
 Both arms start from the same base model (the `knowledge` stage's recipe: a tiny model trained on every fact of
 the synthetic fact set under every template, cached per config), apply the same seeded stream of N edits with the
 same edited parameters (`edit.params`), SGD learning rate and steps per edit, and are measured by the same probes
-(trainers/editing.py). Generalisation is read on the two held-out paraphrase templates, which no arm trains on.
+(recipes/editing/trainer.py). Generalisation is read on the two held-out paraphrase templates, which no arm trains on.
 
     .venv/bin/python experiments/glime_vs_naive.py [--edits N] [--steps STEPS_PER_EDIT] [--json FILE] [--micro]
 """
@@ -17,10 +17,10 @@ import hashlib
 import time
 
 import _common as C
-from posttrain.data.facts import build_fact_set, edit_stream
+from posttrain.recipes.editing.facts import build_fact_set, edit_stream
 from posttrain.models import build_tiny, load_pretrained, save_pretrained, train_char_tokenizer
 from posttrain.runtime import seed_everything
-from posttrain.trainers.editing import apply_edits
+from posttrain.recipes.editing.trainer import apply_edits
 from posttrain.trainers.sft import train_sft
 
 ARMS = ("naive", "glime")

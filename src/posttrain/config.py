@@ -398,51 +398,6 @@ class PreferenceConfig(PairTrainingConfig):
     checkpoint_every: int = Field(50, ge=0)
 
 
-class FactsConfig(Section):  # edit.facts: the synthetic fact set (data/facts.py)
-    n_subjects: int = Field(24, gt=0, le=1000)
-    relations: int = Field(4, ge=1, le=5)  # the first `relations` relations of data/facts.py RELATIONS
-    objects_per_relation: int = Field(8, ge=2, le=8)  # the first k objects of each relation's vocabulary
-    seed: int = 0  # draws the subjects' names and their objects
-
-    @model_validator(mode="after")
-    def _enough_facts(self) -> "FactsConfig":
-        if self.n_subjects * self.relations < 2:
-            raise ValueError("needs at least 2 facts (one to edit, one to keep)")
-        return self
-
-
-class EditConfig(Section):
-    """Stages `knowledge` (a base model that knows the fact set) and `edit` (a stream of knowledge edits, as in GLIME)."""
-
-    facts: FactsConfig = FactsConfig()  # subjects x relations -> objects, 5 paraphrase templates per relation (data/facts.py)
-    pretrain: SFTConfig = SFTConfig(steps=3000, lr=0.006, n_examples=0, log_every=50, checkpoint_every=500)  # the `knowledge` stage's SFT on every fact under every template
-    method: Annotated[str, Registered("edit_methods")] = "glime"  # naive | glime
-    edits: str | None = None  # a JSON-lines edit stream {subject, relation, new}; null: `n_edits` seeded edits
-    n_edits: int = Field(20, gt=0)
-    steps_per_edit: int = Field(10, gt=0)
-    lr: float = Field(0.1, gt=0)  # SGD, fresh for each edit
-    max_grad_norm: float = Field(1.0, gt=0)
-    params: tuple[str, ...] = ("mlp",)  # edited parameters: names containing one of these (e.g. "mlp": every FFN)
-    log_every: int = Field(5, gt=0)  # edits between running-retention probes
-    checkpoint_every: int = Field(5, ge=0)  # edits between checkpoints of the `edit` stage; 0: none
-    options: Annotated[Options, OptionsOf("edit_methods")] = {}  # edit.options.<method>.<key>
-
-    @field_validator("edits")
-    @classmethod
-    def _edits_exist(cls, v: str | None) -> str | None:
-        if v is not None and not Path(v).is_file():
-            raise ValueError(f"edit file not found: {v}")
-        return v
-
-    @field_validator("params")
-    @classmethod
-    def _some_params(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        if not v:
-            raise ValueError("needs at least one parameter-name pattern")
-        return v
-
-
-
 class CareConfig(Section):  # stage care: CARE's rubric generator (Context-Adaptive Rubric Evolution) for the dialogue task
     label_bias: Literal["none", "turn_blind"] = "turn_blind"  # turn_blind: the SFT rubric labels ignore the turn (the turn-1 row)
     label_noise: float = Field(0.2, ge=0, le=1)  # share of SFT labels with one tenth moved between two dimensions
@@ -719,7 +674,6 @@ class Config(Section):
     eval: EvalConfig = EvalConfig()
     reward_model: RewardModelConfig = RewardModelConfig()  # stage reward_model: a reward model trained on preference pairs from the SFT model
     preference: PreferenceConfig = PreferenceConfig(data="task_pairs", n_pairs=4000, steps=200, lr=0.0003, checkpoint_every=50)  # stage preference: offline preference training of the SFT policy
-    edit: EditConfig = EditConfig()  # stages knowledge + edit (rlhf/dvc.yaml): lifelong knowledge editing on a synthetic fact set
     care: CareConfig = CareConfig()  # stage care: CARE's rubric generator (Context-Adaptive Rubric Evolution), SFT on rubric labels then preference RL
     orchestration: OrchestrationConfig = OrchestrationConfig()  # how Kubeflow and Airflow launch the stages; not a run setting (no stage reads it)
     city: CityConfig = CityConfig()  # synthetic city with known truth (street views + two-epoch satellite tiles)

@@ -39,7 +39,6 @@ def all_registries() -> dict[str, Registry]:
     from posttrain.envs.retrievers import retrievers
     from posttrain.data.vigor.steps import change_classifiers, embedders, geometric_checks, instruction_writers
     from posttrain.models.flow import flow_backends
-    from posttrain.objectives.editing import edit_methods
     from posttrain.objectives.preference import preference_objectives
     from posttrain.objectives.presets import presets
     from posttrain.rewards.care_reward import care_weight_sources
@@ -67,7 +66,6 @@ def all_registries() -> dict[str, Registry]:
         "care_weight_sources": care_weight_sources,
         "preference_objectives": preference_objectives,
         "preference_data": preference_data,
-        "edit_methods": edit_methods,
         "tasks": tasks.tasks,
         "stages": stages.stages,
         "sections": stages.sections,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from posttrain.objectives.glime import project_gradient, project_parameter_grads
+from posttrain.recipes.editing.glime import project_gradient, project_parameter_grads
 from posttrain.tasks.rubric import parse_rubric_weights, rubric_preference_reward, turn_reward
 
 

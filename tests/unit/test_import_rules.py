@@ -334,7 +334,7 @@ KNOWN_CYCLE_HUBS = (
     "posttrain.objectives",  # objectives/__init__ imports every estimator/loss module; they import its registries
     "posttrain.objectives.off_policy",  # the corrections registry; icepop, m2po, opsm, rejection, sampler_is register
     "posttrain.objectives.preference",  # the preference losses registry; abc_align, gm_dpo register
-    "posttrain.objectives.editing",  # glime registers into editing's registry
+    "posttrain.recipes.editing.objective",  # glime registers into editing's registry
     "posttrain.rewards",
     "posttrain.tasks",
     "posttrain.stages",

@@ -16,19 +16,20 @@ PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
 
 
 def test_the_structural_loader_checks_no_names_and_refuses_presets_without_a_registry():
-    cfg = config.load(PARAMS, ["rl.advantage=no_such_estimator"])  # structure only: the name is resolve's business
+    # the root params.yaml holds recipes' sections (edit, care): the structural loader takes the model that has them
+    cfg = config.load(PARAMS, ["rl.advantage=no_such_estimator"], model=resolve.settings_model())  # structure only: the name is resolve's business
     assert cfg.rl.advantage == "no_such_estimator"
     with pytest.raises(UserError, match="rl.advantage: unknown advantage estimator 'no_such_estimator'"):
         resolve.check(cfg)
     with pytest.raises(UserError, match="rl.preset: presets are expanded by posttrain.resolve.load"):
-        config.load(PARAMS, ["rl.preset=dapo"])
+        config.load(PARAMS, ["rl.preset=dapo"], model=resolve.settings_model())
 
 
 def test_options_are_parsed_once_and_unresolved_blocks_are_refused():
     cfg = resolve.load(PARAMS)
     first = cfg.rl.options_for("qglas")
     assert first is cfg.rl.options_for("qglas")  # the parsed model, not a fresh validation per call
-    raw = config.load(PARAMS, ["rl.options.qglas.gamma_max=0.3"])  # a block as read, not yet parsed
+    raw = config.load(PARAMS, ["rl.options.qglas.gamma_max=0.3"], model=resolve.settings_model())  # a block as read, not yet parsed
     with pytest.raises(RuntimeError, match="not resolved"):
         raw.rl.options_for("qglas")
     changed = resolve.updated(cfg.rl, "rl", options={"qglas": {"gamma_max": 0.25}})

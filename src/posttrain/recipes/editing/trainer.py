@@ -1,5 +1,5 @@
 """Lifelong knowledge editing: apply a stream of edits one by one with the method named by `edit.method`
-(objectives/editing.py), and measure what GLIME reports, each in [0, 1]:
+(recipes/editing/objective.py), and measure what GLIME reports, each in [0, 1]:
 
     edit_success       o_new is the greedy answer on p_e right after its edit (mean over edits)
     retention          after the whole stream, o_new is still the greedy answer on p_e, for the earlier edits
@@ -24,10 +24,10 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from posttrain.data.facts import Edit, FactSet, split_facts
+from posttrain.recipes.editing.facts import Edit, FactSet, split_facts
 from posttrain.data.preferences import PreferencePair
 from posttrain.errors import UserError
-from posttrain.objectives.editing import EditRecord, EditStep, edit_methods
+from posttrain.recipes.editing.objective import EditRecord, EditStep, edit_methods
 from posttrain.models.sampling import generate
 from posttrain.runtime import progress
 from posttrain.trainers.loop import TrainLoop

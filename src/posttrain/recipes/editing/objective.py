@@ -4,7 +4,7 @@
 
 The metrics' `loss/*` entries are the method's loss terms: the trainer's guard skips a step where one is not finite.
 
-The trainer (trainers/editing.py) calls the method `steps_per_edit` times per edit, each time followed by one
+The trainer (recipes/editing/trainer.py) calls the method `steps_per_edit` times per edit, each time followed by one
 optimiser step on the edited parameters; records of earlier edits stay in `step.memory` for methods that replay.
 A method runs no forward pass itself: `step.pair_logps(pairs)` is the trainer's scorer (sequence log-probs of
 each pair's chosen and rejected answer after its prompt, with gradient).
@@ -14,7 +14,7 @@ Meng et al. 2022, ROME, arXiv 2202.05262, and of the lifelong-editing literature
 
     L_edit = -log pi_theta(o_new | p_e)             (sequence log-prob of the new object + EOS, as in GLIME)
 
-`glime` (objectives/glime.py) adds generation preference, replay and the gradient constraint.
+`glime` (recipes/editing/glime.py) adds generation preference, replay and the gradient constraint.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from torch import Tensor
 from posttrain.registry import Registry
 
 if TYPE_CHECKING:
-    from posttrain.data.facts import Edit
+    from posttrain.recipes.editing.facts import Edit
     from posttrain.data.preferences import PreferencePair
 
 edit_methods: Registry = Registry("edit method")
@@ -83,4 +83,4 @@ def naive(step: EditStep, opts: None) -> dict[str, float]:
     return {"loss/edit": float(loss.detach())}
 
 
-from posttrain.objectives import glime  # noqa: E402,F401  (registers)
+from posttrain.recipes.editing import glime  # noqa: E402,F401  (registers)

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from posttrain.config import FactsConfig
+from posttrain.recipes.editing.settings import FactsConfig
 from posttrain.data.files import json_lines
 from posttrain.errors import UserError
 from posttrain.tasks import Example

@@ -30,7 +30,7 @@ from pydantic import Field
 from torch import Tensor
 
 from posttrain.config import Section
-from posttrain.objectives.editing import EditRecord, EditStep, edit_loss, edit_methods, grads_of, set_grads
+from posttrain.recipes.editing.objective import EditRecord, EditStep, edit_loss, edit_methods, grads_of, set_grads
 from posttrain.objectives.preference import PairLogps, log_ratio_margin, sigmoid_loss
 
 

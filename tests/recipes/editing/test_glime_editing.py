@@ -11,13 +11,14 @@ import torch
 
 from helpers import REPO
 from posttrain import resolve
-from posttrain.config import FactsConfig, LoraConfig, ModelConfig
-from posttrain.data.facts import ROLES, Edit, build_fact_set, edit_stream, read_edits, split_facts
+from posttrain.config import LoraConfig, ModelConfig
+from posttrain.recipes.editing.settings import FactsConfig
+from posttrain.recipes.editing.facts import ROLES, Edit, build_fact_set, edit_stream, read_edits, split_facts
 from posttrain.errors import UserError
 from posttrain.models import build_tiny, train_char_tokenizer
-from posttrain.objectives.editing import EditStep, edit_methods
-from posttrain.objectives.glime import GlimeOptions, preference_loss, project_gradient
-from posttrain.trainers.editing import apply_edits, edited_parameters, make_record, pair_scorer
+from posttrain.recipes.editing.objective import EditStep, edit_methods
+from posttrain.recipes.editing.glime import GlimeOptions, preference_loss, project_gradient
+from posttrain.recipes.editing.trainer import apply_edits, edited_parameters, make_record, pair_scorer
 
 FACTS = FactsConfig(n_subjects=6, relations=2, objects_per_relation=4, seed=0)
 
