@@ -54,7 +54,6 @@ from posttrain.stages import compare, critic, data, distill, eval, preference, r
 from posttrain.stages import edit, knowledge  # noqa: E402,F401  (registers: lifelong knowledge editing)
 from posttrain.stages import care  # noqa: E402,F401  (registers: CARE's rubric generator)
 from posttrain.stages import city, curate, flow_eval, flow_rl, flow_sft  # noqa: E402,F401  (registers: the image pipeline)
-from posttrain.stages import motion  # noqa: E402,F401  (registers: MotionInsight, motion_data, motion_sft and motion_grpo)
 from posttrain.stages import asct  # noqa: E402,F401  (registers: ASCT in the search environment)
 from posttrain.stages import bridge  # noqa: E402,F401  (registers: BRIDGE, the retriever as the upper level, on the search task)
 from posttrain.stages import viskg  # noqa: E402,F401  (registers: VisKG, viskg_sft and viskg_rl)
