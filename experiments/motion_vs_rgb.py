@@ -1,11 +1,11 @@
 """Claim (MotionInsight, specs §30): an evaluator that reads an explicit motion representation (dense optical flow +
-foreground mask + object tracks, data/motion_videos.py) judges object-centric motion fidelity better than the same
+foreground mask + object tracks, recipes/motion/videos.py) judges object-centric motion fidelity better than the same
 evaluator reading the RGB frames only: higher Spearman rank correlation with the annotated scores on each dimension
 (consistency, continuity, plausibility) and higher failure-cause micro-F1 on held-out clips.
 
-Per seed: one set of synthetic clips (train and held-out); each arm builds the evaluator of models/motion_evaluator.py
+Per seed: one set of synthetic clips (train and held-out); each arm builds the evaluator of recipes/motion/evaluator.py
 (the same encoder widths, soft tokens and decoder; only the input channels' meaning and the track branch differ),
-trains it by SFT on the annotated judgements, then by GRPO with the spec's reward (trainers/motion.py, the
+trains it by SFT on the annotated judgements, then by GRPO with the spec's reward (recipes/motion/trainer.py, the
 motion_sft and motion_grpo stages' loops), and is scored greedily on the held-out clips after each phase.
 
     motion   motion.representation=motion   flow (x, y) + mask maps, and the tracks
@@ -21,8 +21,8 @@ import time
 import torch
 
 import _common as C
-from posttrain.data.motion_videos import DIMENSIONS, make_videos
-from posttrain.trainers.motion import evaluate, new_evaluator, tokenizer, train_grpo, train_sft, video_set
+from posttrain.recipes.motion.videos import DIMENSIONS, make_videos
+from posttrain.recipes.motion.trainer import evaluate, new_evaluator, tokenizer, train_grpo, train_sft, video_set
 
 ARMS = ("motion", "rgb")
 COLUMNS = ("rho_consistency", "rho_continuity", "rho_plausibility", "rho_mean", "cause_f1", "format_rate", "reward")

@@ -1,11 +1,12 @@
 """Issue 20's "what must hold", end to end: each vision method (VisKG, MotionInsight, DSP) runs from params.yaml
-through its own dvc.yaml (`dvc repro recipes/viskg/dvc.yaml`, ...) in a Git- and DVC-initialised copy on a micro config,
+through its own dvc.yaml (`dvc repro recipes/viskg/dvc.yaml`, `dvc repro recipes/motion/dvc.yaml`, ...) in a Git- and
+DVC-initialised copy on a micro config,
 every stage of the file runs, writes its metrics, and logs its images or GIFs and its tables to MLflow.
 
 A minute or more each on 2 shared cores (two to three `posttrain` subprocesses, each importing torch): marked heavy,
 run by `make test-heavy`. What `make test` keeps of it: the dvc.yaml files are checked statically
-(tests/orchestration/test_{viskg,motion,dsp}_dvc_yaml.py), and each stage's MLflow logging and resume after a kill
-run in process (tests/smoke/test_{viskg,motion,dsp}_stage*.py)."""
+(tests/orchestration/test_viskg_dvc_yaml.py, tests/recipes/{motion,dsp}/test_*_dvc_yaml.py), and each stage's MLflow
+logging and resume after a kill run in process (tests/smoke/test_viskg_stage*.py, tests/recipes/{motion,dsp}/test_*_stage*.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from helpers import REPO, dvc, git, micro_params, ran_stages
 PIPELINES = {
     "viskg": ("recipes.viskg.test_viskg_stage:micro_viskg", {"viskg_sft": {"scenes/scenes.png", "sft_samples.json"},
                                                      "viskg_rl": {"scenes/scenes.png", "rl_samples.json"}}),
-    "motion": ("smoke.test_motion_stages:micro_motion", {"motion_data": {"gifs/heldout_00.gif", "annotations.json"},
+    "motion": ("recipes.motion.test_motion_stages:micro_motion", {"motion_data": {"gifs/heldout_00.gif", "annotations.json"},
                                                          "motion_sft": {"predictions.json"},
                                                          "motion_grpo": {"gifs/heldout_00.gif", "predictions.json"}}),
     "dsp": ("recipes.dsp.test_dsp_stage:micro_dsp", {"maze_data": {"render/maze.png"}, "dsp": {"results_table.json", "plans/dsp.gif"}}),

@@ -1,6 +1,6 @@
 """Encoder outputs as soft tokens in front of a causal language model: the one vision front-end of VisKG's
 vision-language model (recipes/viskg/vlm.py, a patch encoder over images) and MotionInsight's evaluator
-(models/motion_evaluator.py, a video encoder over motion maps or RGB frames). The LLaVA recipe (Liu et al. 2023,
+(recipes/motion/evaluator.py, a video encoder over motion maps or RGB frames). The LLaVA recipe (Liu et al. 2023,
 arXiv 2304.08485, §4.1): the encoder's features, projected to the word-embedding width, enter the language model as
 tokens before the text,
 

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from posttrain.data.motion_videos import CAUSES, DIMENSIONS, annotate, make_videos, motion_representation, object_tracks, \
+from posttrain.recipes.motion.videos import CAUSES, DIMENSIONS, annotate, make_videos, motion_representation, object_tracks, \
     optical_flow, rgb_representation
-from posttrain.rewards.motion import WORDS, cause_f1, motion_reward, parse, render
+from posttrain.recipes.motion.reward import WORDS, cause_f1, motion_reward, parse, render
 
 VIDEO = SimpleNamespace(frames=24, size=32, objects=2, gravity=0.25, clean_fraction=0.25)
 W_C, W_F = 0.5, 0.1
@@ -129,15 +129,8 @@ def test_the_two_representations_have_the_evaluators_shapes():
     assert rgb.shape == (24, 3, 32, 32) and none.shape == (24, 0) and 0 <= rgb.min() and rgb.max() <= 1
 
 
-def test_k3_kl_is_non_negative_and_zero_at_the_reference():
-    from posttrain.trainers.motion import k3_kl
-
-    logp = torch.log(torch.tensor([0.2, 0.5, 0.9]))
-    assert torch.equal(k3_kl(logp, logp), torch.zeros(3)) and (k3_kl(logp, logp.roll(1)) > 0).all()
-
-
 def test_the_evaluator_writes_soft_tokens_before_the_prompt_and_stops_at_the_end_token():
-    from posttrain.trainers.motion import new_evaluator, tokenizer, video_set
+    from posttrain.recipes.motion.trainer import new_evaluator, tokenizer, video_set
 
     cfg = SimpleNamespace(track_slots=2, model=SimpleNamespace(encoder_width=8, soft_tokens=3, hidden_size=16, layers=1, heads=2))
     data = video_set(make_videos(VIDEO, 3, 0), "motion", 2, tokenizer(), pool=2)

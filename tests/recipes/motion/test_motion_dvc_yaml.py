@@ -1,4 +1,4 @@
-"""motion/dvc.yaml (MotionInsight outside the default `dvc repro`) maps paths and params onto real CLI stages, runs them
+"""recipes/motion/dvc.yaml (MotionInsight outside the default `dvc repro`) maps paths and params onto real CLI stages, runs them
 from the repository root, consumes only what its own stages produce, and chains data -> SFT -> GRPO."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from helpers import REPO
 from posttrain.stages import stages
 from helpers import checked_side_pipeline
 
-MOTION = REPO / "motion" / "dvc.yaml"
+MOTION = REPO / "recipes" / "motion" / "dvc.yaml"
 
 
 def test_motion_commands_inputs_outputs_and_params():

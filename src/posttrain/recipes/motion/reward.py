@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-CAUSES = ("teleport", "deformation", "gravity_violation", "identity_swap", "frozen")  # the failure causes (data/motion_videos.py)
+CAUSES = ("teleport", "deformation", "gravity_violation", "identity_swap", "frozen")  # the failure causes (recipes/motion/videos.py)
 DIMENSIONS = ("consistency", "continuity", "plausibility")
 SCALE = 10  # the rating scale's top: a score s in [0, 1] is written as round(SCALE * s)
 NONE = "none"

@@ -1,5 +1,5 @@
 """MotionInsight's two loops (specs §30): SFT of the evaluator on the annotated judgements, then GRPO with the
-spec's reward (rewards/motion.py), and the held-out evaluation both are scored by.
+spec's reward (recipes/motion/reward.py), and the held-out evaluation both are scored by.
 
 1. `train_sft`: teacher-forced cross-entropy on the fixed-format line of each training video (its annotation).
 2. `train_grpo`: each step draws `videos_per_step` training videos, samples `group_size` judgements of each at
@@ -25,12 +25,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posttrain.data.motion_videos import CAUSES, DIMENSIONS, TRACK_FEATURES, Video, motion_representation, rgb_representation
-from posttrain.models.motion_evaluator import MotionEvaluator
+from posttrain.recipes.motion.videos import CAUSES, DIMENSIONS, TRACK_FEATURES, Video, motion_representation, rgb_representation
+from posttrain.recipes.motion.evaluator import MotionEvaluator
 from posttrain.models.tokenizer import word_tokenizer
 from posttrain.objectives import advantages as estimators
 from posttrain.objectives import losses
-from posttrain.rewards.motion import WORDS, cause_f1, motion_reward, parse, render
+from posttrain.objectives.kl import k3_kl
+from posttrain.recipes.motion.reward import WORDS, cause_f1, motion_reward, parse, render
 from posttrain.trainers.loop import TrainLoop
 
 REWARD_TERMS = ("score_accuracy", "cause_f1", "format")
@@ -108,12 +109,6 @@ def reward_matrix(texts: list[str], data: VideoSet, rows: list[int], cfg) -> Ten
     """[B, 3] the reward's terms (REWARD_TERMS) of each completion against its video's annotation."""
     terms = [motion_reward(t, data.scores[i], data.causes[i], cfg.w_cause, cfg.w_format) for t, i in zip(texts, rows)]
     return torch.tensor([[r[k] for k in REWARD_TERMS] for r in terms])
-
-
-def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
-    """Per-token k3 estimate of KL(pi || ref): exp(ref - logp) - (ref - logp) - 1 (>= 0)."""
-    d = ref_logp - logp
-    return torch.exp(d) - d - 1
 
 
 def train_grpo(cfg, model: MotionEvaluator, data: VideoSet, seed: int, loop: TrainLoop | None = None,

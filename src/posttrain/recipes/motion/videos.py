@@ -31,7 +31,7 @@ import cv2
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from posttrain.rewards.motion import CAUSES, DIMENSIONS  # the annotation's vocabulary (re-exported)
+from posttrain.recipes.motion.reward import CAUSES, DIMENSIONS  # the annotation's vocabulary (re-exported)
 
 SHAPES = ("square", "circle", "triangle")
 PALETTE = ((230, 60, 60), (60, 200, 80), (70, 110, 240), (240, 200, 40), (200, 70, 220), (40, 210, 220))

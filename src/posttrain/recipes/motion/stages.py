@@ -1,7 +1,7 @@
 """Stages `motion_data`, `motion_sft`, `motion_grpo`: MotionInsight (specs §30), a motion-fidelity evaluator trained by
-SFT and then GRPO with the spec's reward (trainers/motion.py; docs/motion.md).
+SFT and then GRPO with the spec's reward (recipes/motion/trainer.py; docs/motion.md).
 
-`motion_data` draws the annotated synthetic clips (data/motion_videos.py) from the pipeline seed and writes
+`motion_data` draws the annotated synthetic clips (recipes/motion/videos.py) from the pipeline seed and writes
 `videos.npz` (train and held-out frames) and `annotations.json` (scores, causes), `gifs/` (the first `n_gifs`
 held-out clips, logged to MLflow) and a table of annotations; metrics: the clips' cause counts and mean scores.
 `motion_sft` (`--in data=outputs/motion_data`) trains the evaluator on the annotated judgements and
@@ -29,14 +29,14 @@ DATA = "outputs/motion_data"
 
 def _videos(path: Path) -> dict[str, list]:
     """{"train": [Video], "heldout": [Video]} from a motion_data output."""
-    from posttrain.data.motion_videos import Video
+    from posttrain.recipes.motion.videos import Video
 
     arrays, notes = np.load(path / "videos.npz"), json.loads((path / "annotations.json").read_text())
     return {split: [Video(f, n["scores"], tuple(n["causes"])) for f, n in zip(arrays[split], notes[split])] for split in ("train", "heldout")}
 
 
 def _sets(cfg: Config, data_dir: Path):
-    from posttrain.trainers.motion import tokenizer, video_set
+    from posttrain.recipes.motion.trainer import tokenizer, video_set
 
     m, tok = cfg.motion, tokenizer()
     return {split: video_set(v, m.representation, m.track_slots, tok, m.model.pool) for split, v in _videos(data_dir).items()}
@@ -52,8 +52,8 @@ def _gifs(videos, out: Path, tracker, n: int) -> None:
 @stages.register("motion_data", inputs={}, gpu=False)
 def run_data(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     """Stage `motion_data`: MotionInsight's annotated synthetic clips (train and held-out), with GIFs of the first held-out ones."""
-    from posttrain.data.motion_videos import CAUSES, DIMENSIONS, make_videos
-    from posttrain.rewards.motion import render
+    from posttrain.recipes.motion.videos import CAUSES, DIMENSIONS, make_videos
+    from posttrain.recipes.motion.reward import render
 
     m = cfg.motion
     splits = {"train": make_videos(m.video, m.n_train, [cfg.pipeline.seed, 0]), "heldout": make_videos(m.video, m.n_heldout, [cfg.pipeline.seed, 1])}
@@ -71,7 +71,7 @@ def run_data(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resum
 
 
 def _finish(model, sets, cfg: Config, history: list, out_dir: Path, tracker) -> dict[str, float]:
-    from posttrain.trainers.motion import evaluate
+    from posttrain.recipes.motion.trainer import evaluate
 
     measured, table = evaluate(model, sets["heldout"], cfg.motion)
     metrics = {f"heldout_{k}": v for k, v in measured.items()}  # apart from the per-step training terms of the same names
@@ -88,7 +88,7 @@ def _finish(model, sets, cfg: Config, history: list, out_dir: Path, tracker) -> 
 def run_sft(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     """Stage `motion_sft`: the MotionInsight evaluator (video encoder -> soft tokens -> tiny decoder) trained on the annotated judgements."""
     from posttrain.trainers.loop import TrainLoop
-    from posttrain.trainers.motion import new_evaluator, train_sft
+    from posttrain.recipes.motion.trainer import new_evaluator, train_sft
 
     sets = _sets(cfg, inputs["data"])
     model = new_evaluator(cfg.motion, cfg.motion.representation, cfg.pipeline.seed)
@@ -102,9 +102,9 @@ def run_sft(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume
 def run_grpo(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     """Stage `motion_grpo`: GRPO on MotionInsight's reward (score accuracy + w_c cause F1 + w_f format) from the SFT evaluator."""
     from posttrain.errors import UserError
-    from posttrain.models.motion_evaluator import MotionEvaluator
+    from posttrain.recipes.motion.evaluator import MotionEvaluator
     from posttrain.trainers.loop import TrainLoop
-    from posttrain.trainers.motion import train_grpo
+    from posttrain.recipes.motion.trainer import train_grpo
 
     model = MotionEvaluator.load(inputs["sft"] / "model")
     if model.spec["representation"] != cfg.motion.representation:
