@@ -56,8 +56,6 @@ from posttrain.stages import care  # noqa: E402,F401  (registers: CARE's rubric 
 from posttrain.stages import city, curate, flow_eval, flow_rl, flow_sft  # noqa: E402,F401  (registers: the image pipeline)
 from posttrain.stages import safe_rl  # noqa: E402,F401  (registers: VLM-Safe-RL, drive_encoder and safe_rl)
 from posttrain.stages import motion  # noqa: E402,F401  (registers: MotionInsight, motion_data, motion_sft and motion_grpo)
-from posttrain.stages import asct  # noqa: E402,F401  (registers: ASCT in the search environment)
-from posttrain.stages import bridge  # noqa: E402,F401  (registers: BRIDGE, the retriever as the upper level, on the search task)
 from posttrain.stages import import_model  # noqa: E402,F401  (registers: import, a GGUF file or checkpoint into the pipeline)
 
 RUN_FILE = "mlflow_run.json"  # in every stage output: which stage and MLflow run made it (lineage for `compare`)
