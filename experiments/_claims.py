@@ -136,7 +136,7 @@ COMPARISONS: dict[str, list[Compare]] = {
     "async_pace_deterministic": ASYNC,
     "asct_vs_ppo": ASCT,
     "asct_vs_ppo_short": ASCT,  # the same arms at a short budget (12 rounds): does the tree's credit learn sooner?
-    "asct_lm_vs_ppo": ASCT,  # the same arms with the language model as the actor (trainers/asct_actors.py `lm`)
+    "asct_lm_vs_ppo": ASCT,  # the same arms with the language model as the actor (recipes/search/asct_actors.py `lm`)
     # VisKG (specs §29): GDPO vs GRPO from the same SFT start; the question graph vs the full caption (accuracy, tokens)
     "viskg_gdpo_vs_grpo": [compare("accuracy", "gdpo", "grpo"), compare("accuracy", "gdpo", "caption_gdpo"),
                            compare("tokens", "gdpo", "caption_gdpo", lower=True)],

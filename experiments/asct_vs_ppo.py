@@ -2,8 +2,8 @@
 state) gives a search agent a higher held-out utility (F1 minus cost per search call) than trajectory-return PPO, and
 than PPO with a Monte-Carlo value baseline (VinePPO) at matched auxiliary tokens.
 
-Per seed, in the search environment of search/params.yaml (envs/search.py: the seeded corpus, BM25 top-2, multi-hop
-questions, 0.1 per call), the same actor initialisation, rounds, episodes and PPO settings for every arm (trainers/asct.py):
+Per seed, in the search environment of recipes/search/params.yaml (envs/search.py: the seeded corpus, BM25 top-2, multi-hop
+questions, 0.1 per call), the same actor initialisation, rounds, episodes and PPO settings for every arm (recipes/search/asct_trainer.py):
 
     asct            asct.credit asct, tree policy uniform, asct.n_sim simulations per visited state
     asct_agent_uct  the same with the cost-aware tree policy agent_uct (kappa = asct.cost_weight)
@@ -21,7 +21,7 @@ with each baseline by seed.
     .venv/bin/python experiments/claims.py --claim asct_vs_ppo_short    (the MLP actor: 12 rounds)
     .venv/bin/python experiments/asct_vs_ppo.py [--steps N] [--seeds 3] [--json FILE] [--micro]
 
---params defaults to search/params.yaml; --steps sets asct.iterations.
+--params defaults to recipes/search/params.yaml; --steps sets asct.iterations.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ import time
 
 import _common as C
 from posttrain import resolve
-from posttrain.stages.asct import search_setup
-from posttrain.trainers.asct import ASCTTrainer, train_asct
+from posttrain.recipes.search.asct_stages import search_setup
+from posttrain.recipes.search.asct_trainer import ASCTTrainer, train_asct
 from posttrain.trainers.loop import TrainLoop
 
 MICRO = ["task.n_train=40", "task.n_heldout=10", "asct.n_heldout=5", "asct.episodes=3", "asct.n_sim=3", "asct.mc_rollouts=3",
@@ -54,7 +54,7 @@ def claim_of(argv: list[str]) -> str:
 def main() -> None:
     args = C.parse_args(__doc__.split("\n")[0], 40)
     if args.params == C.REPO / "params.yaml":
-        args.params = C.REPO / "search" / "params.yaml"
+        args.params = C.REPO / "recipes" / "search" / "params.yaml"
     t0 = time.time()
     cfg = C.load_config(args, (MICRO if args.micro else []) + [f"asct.iterations={args.steps}", "asct.checkpoint_every=0"])
     env, train, held = search_setup(cfg, args.seed)

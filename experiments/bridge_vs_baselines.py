@@ -25,7 +25,7 @@ import _common as C
 from posttrain.envs.retrievers import DualEncoder, RetrievalPolicy, train_dual_encoder
 from posttrain.models import build_tiny, train_char_tokenizer
 from posttrain.tasks import build_task
-from posttrain.trainers.bridge import ARMS, BridgeLoop, action_mask_sft
+from posttrain.recipes.search.bridge_trainer import ARMS, BridgeLoop, action_mask_sft
 
 WORLD = ["task.name=search", "task.options.search.people=8", "task.options.search.companies=4", "task.options.search.cities=4",
          "task.options.search.kinds=[employer, home]", "task.n_train=12", "task.n_heldout=4", "task.options.search.top_k=1",

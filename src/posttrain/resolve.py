@@ -46,8 +46,6 @@ def all_registries() -> dict[str, Registry]:
     from posttrain.objectives.off_policy import corrections
     from posttrain.rollout.pool import pool_policies
     from posttrain.rollout.samplers import samplers
-    from posttrain.trainers.asct import credits as asct_credits
-    from posttrain.trainers.asct_actors import actors as asct_actors
     from posttrain.trainers.extras import extras
     from posttrain.rollout.tree import tree_policies
 
@@ -80,8 +78,6 @@ def all_registries() -> dict[str, Registry]:
         "pool_policies": pool_policies,
         "retrievers": retrievers,
         "tree_policies": tree_policies,
-        "asct_credits": asct_credits,
-        "asct_actors": asct_actors,
     }
     plugins.load(registries)  # the installed plugins' parts (entry points `posttrain.plugins`), once per process
     return registries

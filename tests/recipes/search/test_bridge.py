@@ -1,4 +1,4 @@
-"""BRIDGE's invariants (objectives/bridge.py, trainers/bridge.py): freezing the retriever reduces it to search-agent
+"""BRIDGE's invariants (recipes/search/bridge_objective.py, recipes/search/bridge_trainer.py): freezing the retriever reduces it to search-agent
 GRPO; the retriever's policy gradient is zero when every advantage is zero; the first-order penalty scheme solves a
 quadratic toy bilevel problem; the retriever steps before the policy every iteration; the memory-efficient theta_hat
 equals the copied one and leaves the policy where it was; a loop resumed from its state continues as one run."""
@@ -14,13 +14,13 @@ import torch
 from posttrain import resolve
 from posttrain.envs.retrievers import DualEncoder, RetrievalPolicy, train_dual_encoder
 from posttrain.models import build_tiny, train_char_tokenizer
-from posttrain.objectives.bridge import (
+from posttrain.recipes.search.bridge_objective import (
     bridge_coefficients, follower_direction, importance_weights, leader_direction, penalty_weight, retriever_pg_loss,
 )
 from posttrain.tasks import build_task
-from posttrain.trainers.bridge import BridgeLoop, action_mask_sft, episode_rows
+from posttrain.recipes.search.bridge_trainer import BridgeLoop, action_mask_sft, episode_rows
 
-PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
+PARAMS = Path(__file__).resolve().parents[3] / "params.yaml"
 MICRO = ["task.name=search", "task.n_train=5", "task.n_heldout=1", "task.options.search.people=6", "task.options.search.companies=3",
          "task.options.search.cities=3", "task.options.search.kinds=[employer]", "task.options.search.cost_per_call=0.2",
          "task.options.search.top_k=1", "task.options.search.candidates=4", "task.options.search.max_calls=2",

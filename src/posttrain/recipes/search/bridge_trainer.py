@@ -1,4 +1,4 @@
-"""The BRIDGE loop (objectives/bridge.py) and its comparison arms on the search task, one iteration at a time:
+"""The BRIDGE loop (recipes/search/bridge_objective.py) and its comparison arms on the search task, one iteration at a time:
 
     rollouts y_i ~ (pi_theta, P_phi) on `prompts_per_step` questions, G episodes each; GRPO advantages A_i
     frozen        policy GRPO step only (eta_phi = 0: search-agent GRPO)
@@ -25,12 +25,12 @@ from types import SimpleNamespace
 import torch
 from torch import Tensor
 
-from posttrain.config import BridgeConfig
+from posttrain.recipes.search.settings import BridgeConfig
 from posttrain.envs.retrievers import RetrievalPolicy
 from posttrain.envs.search import exact_match, token_f1
 from posttrain.models.logprobs import completion_forward
 from posttrain.models.sampling import decode_completions
-from posttrain.objectives.bridge import bridge_coefficients, importance_weights, penalty_weight, retrieval_contrastive_loss, retriever_pg_loss
+from posttrain.recipes.search.bridge_objective import bridge_coefficients, importance_weights, penalty_weight, retrieval_contrastive_loss, retriever_pg_loss
 from posttrain.objectives.grpo import group_normalize
 from posttrain.objectives.policy_losses import clipped_surrogate
 from posttrain.tasks.base import Example
@@ -39,7 +39,7 @@ from posttrain.trainers.loop import TrainLoop
 ARMS = ("frozen", "naive", "policy_first", "bridge")
 
 
-BridgeSettings = BridgeConfig  # the params.yaml section `bridge` (config.py)
+BridgeSettings = BridgeConfig  # the params.yaml section `bridge` (settings.py)
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The search environment (envs/search.py) as a recoverable environment for ASCT (envs/recoverable.py).
+"""The search environment (envs/search.py) as a recoverable environment for ASCT (recipes/search/recoverable.py).
 
 A state is the question and what the episode has done so far (the queries, the passage ids each returned, the
 answer once given): a value, so the auxiliary tree can continue any prefix the actor visited. The legal actions:
@@ -33,7 +33,7 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
-from posttrain.envs.recoverable import RecoverableEnv
+from posttrain.recipes.search.recoverable import RecoverableEnv
 from posttrain.envs.search import (
     ALPHABET, ANSWER_CLOSE, ANSWER_OPEN, KINDS, SEARCH_CLOSE, SEARCH_OPEN, Corpus, Question, observation, reference_transcript, token_f1,
 )

@@ -1,4 +1,4 @@
-"""ASCT's view of the search environment (envs/search_tree.py) on a micro corpus: recoverable states, the legal actions,
+"""ASCT's view of the search environment (recipes/search/search_tree.py) on a micro corpus: recoverable states, the legal actions,
 utility = F1 - cost per call, the tokens a transition writes, the features, and a non-degenerate tree credit."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import torch
 
 from posttrain import resolve
 from posttrain.envs.search import observation
-from posttrain.envs.search_tree import RELATIONS, UNKNOWN, parse_passage, subject_of
-from posttrain.stages.asct import search_setup
-from posttrain.trainers.asct import ASCTTrainer
+from posttrain.recipes.search.search_tree import RELATIONS, UNKNOWN, parse_passage, subject_of
+from posttrain.recipes.search.asct_stages import search_setup
+from posttrain.recipes.search.asct_trainer import ASCTTrainer
 
-PARAMS = Path(__file__).resolve().parents[2] / "search" / "params.yaml"
+PARAMS = Path(__file__).resolve().parents[3] / "recipes" / "search" / "params.yaml"
 MICRO = ["task.n_train=40", "task.n_heldout=20", "task.options.search.people=30", "task.options.search.companies=6",
          "task.options.search.cities=5", "asct.n_heldout=5"]
 
@@ -71,4 +71,4 @@ def test_the_stage_refuses_a_task_other_than_search():
     from posttrain.errors import UserError
 
     with pytest.raises(UserError, match="task.name=search"):
-        search_setup(resolve.load(PARAMS.parents[1] / "params.yaml"), 0)
+        search_setup(resolve.load(PARAMS.parents[2] / "params.yaml"), 0)

@@ -4,7 +4,7 @@ Needs `task.name: search` (the corpus, top-k and the candidates N: task.options.
 char-level policy (`model`, from scratch: model.path must be null) is warm-started on the task's reference
 transcripts (written with task.options.search.retriever; `bridge.sft_steps`, the loss on its own tokens), the learned
 retriever `bridge.retriever` (a `dual_encoder`) weakly pre-trained (`bridge.retriever_warmup_steps`), then
-`bridge.iterations` iterations of trainers/bridge.py's loop with it, every optimiser step through TrainLoop's guard
+`bridge.iterations` iterations of recipes/search/bridge_trainer.py's loop with it, every optimiser step through TrainLoop's guard
 and checkpoints every `bridge.checkpoint_every` iterations (`--resume` continues from the newest and skips the warm
 start). Every arm but `frozen` trains the retriever, so it needs one with parameters.
 
@@ -24,7 +24,7 @@ from posttrain.config import Config
 from posttrain.errors import UserError
 from posttrain.runtime import strict_json
 from posttrain.stages import stages
-from posttrain.stages.asct import search_task
+from posttrain.recipes.search.asct_stages import search_task
 
 
 def learned_retriever(cfg: Config, task):
@@ -54,7 +54,7 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     from posttrain.envs.retrievers import RetrievalPolicy, train_dual_encoder
     from posttrain.models import build_tiny, save_pretrained, train_char_tokenizer
     from posttrain.runtime import seed_everything
-    from posttrain.trainers.bridge import BridgeLoop, action_mask_sft, train_bridge
+    from posttrain.recipes.search.bridge_trainer import BridgeLoop, action_mask_sft, train_bridge
     from posttrain.trainers.loop import TrainLoop
 
     bc, seed = cfg.bridge, cfg.pipeline.seed

@@ -1,5 +1,5 @@
-"""ASCT (specs/seed_methods.md §24): the centred credit (objectives/asct.py), the tree policies (rollout/tree.py) and
-the trainer's arms (trainers/asct.py) on a toy recoverable environment, with the spec's invariants."""
+"""ASCT (specs/seed_methods.md §24): the centred credit (recipes/search/asct_objective.py), the tree policies (rollout/tree.py) and
+the trainer's arms (recipes/search/asct_trainer.py) on a toy recoverable environment, with the spec's invariants."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from posttrain.envs.recoverable import RecoverableEnv
-from posttrain.objectives.asct import centred_advantages, local_credit, mixed_credit
+from posttrain.recipes.search.recoverable import RecoverableEnv
+from posttrain.recipes.search.asct_objective import centred_advantages, local_credit, mixed_credit
 from posttrain.rollout.tree import Simulation, search, tree_policies, uct_scores
-from posttrain.trainers.asct import ASCTTrainer, credits, mc_value_credit, play
+from posttrain.recipes.search.asct_trainer import ASCTTrainer, credits, mc_value_credit, play
 
 
 @dataclass(frozen=True)
@@ -178,7 +178,7 @@ def test_mc_value_telescopes_and_arms_are_registered():
 
 
 def test_asct_training_runs_and_counts_auxiliary_tokens():
-    from posttrain.trainers.asct import train_asct
+    from posttrain.recipes.search.asct_trainer import train_asct
 
     _, history, metrics, episodes = train_asct(settings(iterations=3), ProbeEnv(), [0, 1, 2], [0, 1, 2], seed=0)
     assert len(history) == 3 and all(h["aux_tokens"] > 0 and h["informative"] > 0 for h in history)

@@ -19,7 +19,7 @@ w_i = pi_theta_hat(y_i) / pi_theta(y_i), so the retriever's surrogate coefficien
     c_i = A_i (1 + gamma_k (1 - w_i))       loss_phi = -mean_i c_i * sum_{calls of i} log P_phi(chosen | q)  (+ mu L_ret)
 
 With beta = 0 (the default) grad_theta F = grad_theta G, so the normalised policy step is GRPO's. The functions here
-are tensors in, tensors out; the loop (trainers/bridge.py) owns the optimisers and the order of the steps.
+are tensors in, tensors out; the loop (recipes/search/bridge_trainer.py) owns the optimisers and the order of the steps.
 """
 
 from __future__ import annotations

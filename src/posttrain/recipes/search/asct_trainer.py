@@ -1,7 +1,7 @@
 """ASCT training (Attentive Search over Counterfactual Trees, 2026; specs/seed_methods.md §24) and its two baselines,
-in any recoverable environment (envs/recoverable.py), e.g. the search environment (envs/search_tree.py).
+in any recoverable environment (recipes/search/recoverable.py), e.g. the search environment (recipes/search/search_tree.py).
 
-The actor (`asct.actor`, trainers/asct_actors.py) is the language model by default: its probability of a legal
+The actor (`asct.actor`, recipes/search/asct_actors.py) is the language model by default: its probability of a legal
 action is the LM's sequence probability of the action's text (`<search>q</search>`, `<answer>x</answer>`) after the
 state's text (the question, earlier calls and their observations), normalised over the legal set; or an MLP over
 hand-made features of each legal action. The actor plays episodes to a terminal utility U (answer F1 minus a cost
@@ -12,7 +12,7 @@ per search call). Every iteration:
 2. credit, by the arm `asct.credit` (registry `credits`):
    asct        at each visited state the auxiliary tree (rollout/tree.py, `asct.tree_policy`) spends `asct.n_sim`
                simulations on the legal actions, each continued by the frozen actor pi_0 to termination; the table
-               Q_hat centred by pi_0 (objectives/asct.py) is the credit of the actor's action, mixed with the
+               Q_hat centred by pi_0 (recipes/search/asct_objective.py) is the credit of the actor's action, mixed with the
                trajectory credit by `asct.lambda_mix`
    trajectory  trajectory-return PPO: U - mean U of the iteration's episodes on every action of the episode
    mc_value    a Monte-Carlo value baseline (VinePPO, Kazemnejad et al. 2024, arXiv 2410.01679, eq. 5):
@@ -40,12 +40,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posttrain.envs.recoverable import RecoverableEnv
-from posttrain.objectives.asct import local_credit, mixed_credit
+from posttrain.recipes.search.recoverable import RecoverableEnv
+from posttrain.recipes.search.asct_objective import local_credit, mixed_credit
 from posttrain.objectives.policy_losses import clipped_surrogate
 from posttrain.registry import Registry
 from posttrain.rollout.tree import Simulation, search
-from posttrain.trainers.asct_actors import Actor, actors
+from posttrain.recipes.search.asct_actors import Actor, actors
 from posttrain.trainers.loop import TrainLoop
 
 credits: Registry = Registry("asct credit")

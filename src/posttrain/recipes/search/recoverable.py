@@ -1,6 +1,6 @@
 """Environments whose states can be recovered: a state is a value, so one prefix can be continued many times.
 
-ASCT's tree (rollout/tree.py, trainers/asct.py) evaluates the alternatives to an actor's action from the very
+ASCT's tree (rollout/tree.py, recipes/search/asct_trainer.py) evaluates the alternatives to an actor's action from the very
 prefix the actor was in; that needs an environment that can step a stored state again, without replaying or
 mutating an episode. The actor chooses among the state's legal actions (each described by a feature vector, or,
 for a language-model actor, by its text after the state's text: `text`, `action_text`), the

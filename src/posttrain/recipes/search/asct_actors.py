@@ -1,4 +1,4 @@
-"""ASCT's actors (specs/seed_methods.md §24; trainers/asct.py), registry `asct actors`, chosen by `asct.actor`:
+"""ASCT's actors (specs/seed_methods.md §24; recipes/search/asct_trainer.py), registry `asct actors`, chosen by `asct.actor`:
 
     lm   the language model is the policy (the `model` section: a tiny char-level causal LM, warm-started on the
          environment's reference transcripts). At a recoverable state s, the prefix text x(s) (the question, every
@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posttrain.envs.recoverable import RecoverableEnv
+from posttrain.recipes.search.recoverable import RecoverableEnv
 from posttrain.errors import UserError
 from posttrain.registry import Registry
 
@@ -176,8 +176,8 @@ class LMActor(nn.Module):
 
     def warm_start(self, env, train, cfg, seed: int) -> None:
         """A short SFT on the environment's reference transcripts, the loss on the LM's own tokens (the observations
-        are context): the format and a prior over queries, as BRIDGE's policy is warm-started (trainers/bridge.py)."""
-        from posttrain.trainers.bridge import action_mask_sft
+        are context): the format and a prior over queries, as BRIDGE's policy is warm-started (recipes/search/bridge_trainer.py)."""
+        from posttrain.recipes.search.bridge_trainer import action_mask_sft
 
         if cfg.lm.sft_steps:
             demos = [SimpleNamespace(prompt=p, completion=c) for p, c in (env.demonstration(q) for q in train)]

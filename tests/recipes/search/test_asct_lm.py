@@ -1,4 +1,4 @@
-"""ASCT with the language model as the actor (trainers/asct_actors.py `lm`; specs/seed_methods.md §24) on a micro search
+"""ASCT with the language model as the actor (recipes/search/asct_actors.py `lm`; specs/seed_methods.md §24) on a micro search
 corpus and a micro char-level LM: the policy is the LM's sequence probability of each legal action's text normalised
 over the legal set, the spec's invariants hold under its frozen probabilities, and the tree feeds it a real signal."""
 
@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from posttrain import resolve
-from posttrain.objectives.asct import centred_advantages, local_credit
+from posttrain.recipes.search.asct_objective import centred_advantages, local_credit
 from posttrain.rollout.tree import search
-from posttrain.stages.asct import search_setup
-from posttrain.trainers.asct import ASCTTrainer, simulate
-from posttrain.trainers.asct_actors import LMActor
+from posttrain.recipes.search.asct_stages import search_setup
+from posttrain.recipes.search.asct_trainer import ASCTTrainer, simulate
+from posttrain.recipes.search.asct_actors import LMActor
 from posttrain.trainers.loop import TrainLoop
 
-PARAMS = Path(__file__).resolve().parents[2] / "search" / "params.yaml"
+PARAMS = Path(__file__).resolve().parents[3] / "recipes" / "search" / "params.yaml"
 MICRO = ["task.n_train=40", "task.n_heldout=10", "task.options.search.people=30", "task.options.search.companies=6",
          "task.options.search.cities=5", "asct.n_heldout=3", "asct.actor=lm", "asct.episodes=4", "asct.n_sim=4", "asct.epochs=1",
          "asct.lm.sft_steps=0", "asct.lm.lr=0.01", "asct.entropy_coef=0", "model.hidden_size=16", "model.intermediate_size=32",

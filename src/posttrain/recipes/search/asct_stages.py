@@ -32,7 +32,7 @@ def search_task(cfg: Config, stage: str):
 
 def search_setup(cfg: Config, seed: int):
     """(the recoverable search environment, training questions, held-out questions) of the config's search task."""
-    from posttrain.envs.search_tree import SearchTreeEnv
+    from posttrain.recipes.search.search_tree import SearchTreeEnv
 
     task = search_task(cfg, "asct")
     o = task.opts
@@ -47,7 +47,7 @@ def search_setup(cfg: Config, seed: int):
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     """Stage `asct`: PPO on the search environment with ASCT's counterfactual-tree credit (or a baseline's)."""
     from posttrain.runtime import seed_everything
-    from posttrain.trainers.asct import train_asct
+    from posttrain.recipes.search.asct_trainer import train_asct
     from posttrain.trainers.loop import TrainLoop
 
     seed_everything(cfg.pipeline.seed)
