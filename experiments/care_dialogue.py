@@ -3,7 +3,7 @@ changes with the turn, online RL rewarded by context-adaptive rubric weights (`c
 trained by SFT then preference RL) reaches a higher *true* context-dependent quality on held-out dialogues than
 RL with a fixed uniform rubric; the oracle arm (the true w*) is the ceiling.
 
-The rubric generator is the `care` stage's trainer (trainers/rubric_generator.py): its held-out weight error
+The rubric generator is the `care` stage's trainer (recipes/care/trainer.py): its held-out weight error
 0.5 |w - w*|_1 after SFT (on turn-blind, noisy labels) and after preference RL is reported. The policy starts
 from a format-only SFT (random replies of 1-4 moves), so no arm has seen the oracle's replies before RL.
 Every arm rewards [care (weight 1) with rl.options.care.source = generator | uniform | oracle, correctness
@@ -23,10 +23,10 @@ from posttrain import resolve
 from posttrain.config import RewardSpec
 from posttrain.models import build_tiny, load_pretrained, save_pretrained, train_char_tokenizer
 from posttrain.tasks import Example
-from posttrain.tasks import dialogue as D
-from posttrain.tasks.rubric import generate_rubrics, weight_error
+from posttrain.recipes.care import dialogue as D
+from posttrain.recipes.care.rubric import generate_rubrics, weight_error
 from posttrain.runtime import seed_everything
-from posttrain.trainers.rubric_generator import train_rubric_generator
+from posttrain.recipes.care.trainer import train_rubric_generator
 from posttrain.trainers.sft import train_sft
 
 DIALOGUE = ["task.name=dialogue", "task.n_train=3000", "task.n_heldout=300", "rl.max_new_tokens=5", "eval.max_new_tokens=5",

@@ -41,7 +41,6 @@ def all_registries() -> dict[str, Registry]:
     from posttrain.models.flow import flow_backends
     from posttrain.objectives.preference import preference_objectives
     from posttrain.objectives.presets import presets
-    from posttrain.rewards.care_reward import care_weight_sources
     from posttrain.rewards.image import image_rewards
     from posttrain.objectives.off_policy import corrections
     from posttrain.rollout.pool import pool_policies
@@ -61,7 +60,6 @@ def all_registries() -> dict[str, Registry]:
         "extras": extras,
         "rewards": rewards.rewards,
         "reward_models": rewards.reward_models,
-        "care_weight_sources": care_weight_sources,
         "preference_objectives": preference_objectives,
         "preference_data": preference_data,
         "tasks": tasks.tasks,

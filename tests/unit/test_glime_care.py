@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from posttrain.recipes.editing.glime import project_gradient, project_parameter_grads
-from posttrain.tasks.rubric import parse_rubric_weights, rubric_preference_reward, turn_reward
+from posttrain.recipes.care.rubric import parse_rubric_weights, rubric_preference_reward, turn_reward
 
 
 def test_projection_removes_the_conflict():

@@ -65,6 +65,5 @@ def reward_matrix(specs, task: Task, examples, completions, finished, **context)
 
 
 from posttrain.rewards import audit_correction, aura, bradley_terry, kgpo, rfpo, sdrl, trm  # noqa: E402,F401  (registers)
-from posttrain.rewards import care_reward  # noqa: E402,F401  (registers `care`)
 from posttrain.rewards import verifiers  # noqa: E402,F401  (registers exact_match, math_verify, ...)
 from posttrain.rewards import reasoning_gym  # noqa: E402,F401  (registers reasoning_gym: the library's score_answer)

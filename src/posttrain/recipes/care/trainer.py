@@ -1,8 +1,8 @@
-"""CARE's rubric generator (Context-Adaptive Rubric Evolution, 2026): a tiny LM that reads a dialogue context (tasks/dialogue.py) and writes
+"""CARE's rubric generator (Context-Adaptive Rubric Evolution, 2026): a tiny LM that reads a dialogue context (recipes/care/dialogue.py) and writes
 context-adaptive weights `c=2,a=6,p=2` over the cognitive / affective / proactive dimensions.
 
 Two phases, as in the paper's abstract: SFT on turn-level rubric labels, then preference RL on human preferences,
-both simulated with known truth and known flaws by `RubricTask` (tasks/rubric.py). Preference RL is the online RL
+both simulated with known truth and known flaws by `RubricTask` (recipes/care/rubric.py). Preference RL is the online RL
 loop (trainers/online_rl.py) with the `rl` section's objective (GRPO by default) on `RubricTask`, whose verifier is
 the context's human preferences: the reward of a sampled rubric is q = 1[R_t(a_w) > R_t(a_l)] averaged over the
 context's pairs (`correctness`), plus `care.format_weight` x (the rubric parses). Reported before and after
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from posttrain.config import Config, RewardSpec, SFTConfig
-from posttrain.tasks.rubric import RUBRIC_TOKENS, RubricTask, generate_rubrics, rubric_quality, weight_error
+from posttrain.recipes.care.rubric import RUBRIC_TOKENS, RubricTask, generate_rubrics, rubric_quality, weight_error
 from posttrain.trainers.loop import TrainLoop
 
 

@@ -3,7 +3,7 @@ Evolution", 2026).
 
     R_t = sum_d w_d(h_t) s_d(a_t)        w on the simplex, s_d in [0, 1] from the task's per-dimension judges
 
-The rubric format, R_t and the rubric task live in tasks/rubric.py. The fixed criteria are the task's judges: the
+The rubric format, R_t and the rubric task live in recipes/care/rubric.py. The fixed criteria are the task's judges: the
 generator adapts the weights, not the criteria.
 
 The weights come from `rl.options.care.source` (registry `care_weight_sources` below):
@@ -27,8 +27,8 @@ from posttrain.config import Section
 from posttrain.registry import Registry
 from posttrain.rewards import rewards
 from posttrain.rewards.trained import load_trained
-from posttrain.tasks import dialogue, rubric
-from posttrain.tasks.rubric import parse_rubric, turn_reward
+from posttrain.recipes.care import dialogue, rubric
+from posttrain.recipes.care.rubric import parse_rubric, turn_reward
 
 log = logging.getLogger(__name__)
 care_weight_sources: Registry = Registry("care weight source")

@@ -1,6 +1,6 @@
 """Stage `care`: train CARE's rubric generator (Context-Adaptive Rubric Evolution, 2026) for the `dialogue` task: SFT on turn-level rubric
 labels, then preference RL (the rl section's objective) on human preference pairs; the data are simulated from
-the task's known truth (tasks/rubric.py). Settings: the `care` section, model sizes from `model`.
+the task's known truth (recipes/care/rubric.py). Settings: the `care` section, model sizes from `model`.
 
 Output: `model/` (what `rl.options.care.path` points the `care` reward at), `history.json` (preference-RL steps);
 metrics: held-out weight error, pair accuracy, top-two agreement and parse rate after SFT (`*_sft`) and after
@@ -20,7 +20,7 @@ from posttrain.stages import stages
 @stages.register("care", inputs={}, resumable=True)
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     from posttrain.trainers.loop import TrainLoop
-    from posttrain.trainers.rubric_generator import train_rubric_generator
+    from posttrain.recipes.care.trainer import train_rubric_generator
 
     config_hash = cfg.section_hash("pipeline", "model", "rl", "care")
     loop = TrainLoop.for_stage(cfg.training, out_dir, config_hash, cfg.care.checkpoint_every, resume, "care")

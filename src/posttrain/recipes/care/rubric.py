@@ -1,4 +1,4 @@
-"""CARE's rubric task (Context-Adaptive Rubric Evolution, derived from the 2026 abstract; docs/reward_models.md): write, for a dialogue context (tasks/dialogue.py),
+"""CARE's rubric task (Context-Adaptive Rubric Evolution, derived from the 2026 abstract; docs/reward_models.md): write, for a dialogue context (recipes/care/dialogue.py),
 weights over three empathy dimensions, `c=2,a=6,p=2` (cognitive / affective / proactive, in any positive units,
 renormalised; the long form `cognitive=0.2 affective=0.6 proactive=0.2` parses too). A judge scores a reply on each
 dimension in [0, 1]; the turn reward is the weighted sum, and a rubric is right when it ranks the human-preferred
@@ -10,7 +10,7 @@ reply higher:
 Invariants: w on the simplex and R_t in [0, 1]; uniform weights reproduce the static-rubric mean; q = 1 exactly
 when the rubric ranks the preferred reply higher; a weight-parse failure falls back to uniform.
 
-`RubricTask` is the task the rubric generator is trained on (trainers/rubric_generator.py, stage `care`), its
+`RubricTask` is the task the rubric generator is trained on (recipes/care/trainer.py, stage `care`), its
 data simulated with known truth and known flaws:
   - rubric labels: annotators write w*(state, turn) in tenths, but with `care.label_bias: turn_blind` they
     ignore the turn (they always write the turn-1 row), and `care.label_noise` of the labels have one tenth
@@ -18,7 +18,7 @@ data simulated with known truth and known flaws:
   - human preferences: per context, `care.pairs_per_context` pairs of replies ordered by their true quality
     Q* = w* . s (ties skipped), each flipped with probability `care.preference_flip`.
 Its settings are the `care` section (not `task`), so it is built directly, not through the task registry.
-`generate_rubrics` is a generator model's greedy rubric per context; the `care` RL reward (rewards/care_reward.py)
+`generate_rubrics` is a generator model's greedy rubric per context; the `care` RL reward (recipes/care/reward.py)
 applies R_t with those weights, and the trainer measures them with `rubric_quality`.
 """
 
@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from posttrain.models.sampling import generate
-from posttrain.tasks import dialogue as D
+from posttrain.recipes.care import dialogue as D
 from posttrain.tasks.base import Example, Task
 
 DIMENSIONS = ("cognitive", "affective", "proactive")

@@ -8,15 +8,16 @@ import random
 import pytest
 import torch
 
+from helpers import REPO
 from posttrain import resolve
 from posttrain.resolve import load
 from posttrain.errors import UserError
 from posttrain.rewards import reward_matrix
-from posttrain.rewards.care_reward import RubricGenerator, care_weight_sources
+from posttrain.recipes.care.reward import RubricGenerator, care_weight_sources
 from posttrain.tasks import Example, build_task
-from posttrain.tasks import dialogue as D
-from posttrain.tasks import rubric as G
-from posttrain.tasks.rubric import format_rubric, parse_rubric, turn_reward
+from posttrain.recipes.care import dialogue as D
+from posttrain.recipes.care import rubric as G
+from posttrain.recipes.care.rubric import format_rubric, parse_rubric, turn_reward
 
 
 def contexts() -> list[str]:
@@ -25,8 +26,13 @@ def contexts() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def dialogue_cfg(params_path):
-    return load(params_path, ["task.name=dialogue", "task.n_train=60", "task.n_heldout=20", "rl.rewards=[{name: care}]"])
+def cfg():
+    return load(REPO / "params.yaml")
+
+
+@pytest.fixture(scope="module")
+def dialogue_cfg():
+    return load(REPO / "params.yaml", ["task.name=dialogue", "task.n_train=60", "task.n_heldout=20", "rl.rewards=[{name: care}]"])
 
 
 def test_every_context_is_solvable_and_the_ideal_weighting_moves_with_the_turn():
@@ -104,7 +110,8 @@ def test_unparseable_generator_output_falls_back_to_uniform_without_crashing(mon
     assert torch.allclose(w.sum(-1), torch.ones(4)) and bool((w >= 0).all())
 
 
-def test_unknown_weight_source_is_refused_by_the_config(params_path):
+def test_unknown_weight_source_is_refused_by_the_config():
+    params_path = REPO / "params.yaml"
     with pytest.raises(UserError, match="rl.options.care.source"):
         load(params_path, ["task.name=dialogue", "rl.rewards=[{name: care}]", "rl.options.care.source=oracel"])
     with pytest.raises(UserError, match="care needs task.name in"):
