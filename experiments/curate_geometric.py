@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 from posttrain import resolve
-from posttrain.data.vigor.curate import curate, read_sources
-from posttrain.data.vigor.synthetic import write_city
-from posttrain.stages.curate import truth_metrics
+from posttrain.recipes.image.vigor.curate import curate, read_sources
+from posttrain.recipes.image.vigor.synthetic import write_city
+from posttrain.recipes.image.stages.curate import truth_metrics
 
 
 def main() -> None:

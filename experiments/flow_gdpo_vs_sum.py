@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 
 from posttrain import resolve
-from posttrain.data.vigor.edits import load_edits
-from posttrain.eval.images import judge_edits
-from posttrain.models.flow import load_flow_model
+from posttrain.recipes.image.vigor.edits import load_edits
+from posttrain.recipes.image.eval import judge_edits
+from posttrain.recipes.image.flow import load_flow_model
 from posttrain.tracking import stage_run
-from posttrain.trainers.flow_rl import train_flow_rl
+from posttrain.recipes.image.grpo import train_flow_rl
 
 ARMS = ("gdpo", "sum_then_normalize")
 

@@ -26,7 +26,7 @@ from posttrain.errors import UserError
 
 OUTPUTS = "outputs/"
 # pipeline name -> its dvc.yaml, relative to the repository root (the root file is the embedded default)
-PIPELINE_FILES = {"text": "dvc.yaml", "image": "images/dvc.yaml", "rlhf": "rlhf/dvc.yaml"}
+PIPELINE_FILES = {"text": "dvc.yaml", "rlhf": "rlhf/dvc.yaml"}
 RECIPES = "recipes"  # recipes/<name>/dvc.yaml: the pipeline of recipe <name>, found without an entry here
 PARAMS = "params.yaml"  # the params file a task reads when its command names none (`--params`)
 

@@ -50,9 +50,10 @@ def without_nulls(section: dict[str, Any]) -> dict[str, Any]:
     return {k: without_nulls(v) if isinstance(v, dict) else v for k, v in section.items() if v is not None}
 
 
-def _absent_optional_is_null(raw: dict[str, Any], model: type[BaseModel] = Config) -> None:
-    """Undo `without_nulls`: an absent optional key is null, in every section, nested model and options block."""
-    for key, field in model.model_fields.items():
+def _absent_optional_is_null(raw: dict[str, Any], model: type[BaseModel] | None = None) -> None:
+    """Undo `without_nulls`: an absent optional key is null, in every section (the recipes' and plugins' included:
+    `model` defaults to `resolve.settings_model()`), nested model and options block."""
+    for key, field in (model or resolve.settings_model()).model_fields.items():
         values = raw.get(key)
         annotation = field.annotation
         if key not in raw and type(None) in typing.get_args(annotation):

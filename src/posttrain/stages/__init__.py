@@ -54,7 +54,6 @@ def _present(path: Path, needed: str) -> bool:
 from posttrain.stages import compare, critic, data, distill, eval, preference, reward_model, rl, rl_rm, sft  # noqa: E402,F401,A004  (registers)
 from posttrain.stages import edit, knowledge  # noqa: E402,F401  (registers: lifelong knowledge editing)
 from posttrain.stages import care  # noqa: E402,F401  (registers: CARE's rubric generator)
-from posttrain.stages import city, curate, flow_eval, flow_rl, flow_sft  # noqa: E402,F401  (registers: the image pipeline)
 from posttrain.stages import safe_rl  # noqa: E402,F401  (registers: VLM-Safe-RL, drive_encoder and safe_rl)
 from posttrain.stages import motion  # noqa: E402,F401  (registers: MotionInsight, motion_data, motion_sft and motion_grpo)
 from posttrain.stages import asct  # noqa: E402,F401  (registers: ASCT in the search environment)
