@@ -28,7 +28,7 @@ from posttrain.recipes.image.stages.curate import truth_metrics
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, required=True)
-    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--params", type=Path, default=Path("recipes/image/params.yaml"))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args()
