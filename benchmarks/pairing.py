@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 from scipy.spatial import cKDTree
 
-from posttrain.data.vigor.city import panorama_table
-from posttrain.data.vigor.pairing import EARTH_RADIUS_M, pairs_within
+from posttrain.recipes.image.vigor.city import panorama_table
+from posttrain.recipes.image.vigor.pairing import EARTH_RADIUS_M, pairs_within
 
 RATIO_TARGET = 0.5
 CAPTURES_PER_LOCATION = 2.2  # 1 recent + Poisson(1.2) historical (city.Layout)

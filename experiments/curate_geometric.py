@@ -20,15 +20,15 @@ import time
 from pathlib import Path
 
 from posttrain import resolve
-from posttrain.data.vigor.curate import curate, read_sources
-from posttrain.data.vigor.synthetic import write_city
-from posttrain.stages.curate import truth_metrics
+from posttrain.recipes.image.vigor.curate import curate, read_sources
+from posttrain.recipes.image.vigor.synthetic import write_city
+from posttrain.recipes.image.stages.curate import truth_metrics
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, required=True)
-    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--params", type=Path, default=Path("recipes/image/params.yaml"))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args()

@@ -2,11 +2,11 @@
 github.com/NVlabs/GDPO) improves the overall score mean(IA, BP, QP) at least as much as sum_then_normalize (GRPO on the
 summed judges) on the same Flow-GRPO budget (CrossTimeEdit's setting).
 
-Both arms start from the same flow_sft model with the same seed and settings (`flow_rl` in params.yaml,
+Both arms start from the same flow_sft model with the same seed and settings (`flow_rl` in recipes/image/params.yaml,
 only `flow_rl.advantage` differs) and are judged on the same held-out edits from the same initial noise.
 
     .venv/bin/python experiments/flow_gdpo_vs_sum.py --data outputs/images/curate --sft outputs/images/flow_sft \\
-        --json outputs/claims/flow_gdpo_vs_sum.json [--steps N] [--params params.yaml] [--set key=value ...]
+        --json outputs/claims/flow_gdpo_vs_sum.json [--steps N] [--params recipes/image/params.yaml] [--set key=value ...]
 
 Prints a table (overall and each judge, SFT and both arms, relative change in %), writes JSON, and logs one
 MLflow run per arm in the experiment `claims`.
@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 
 from posttrain import resolve
-from posttrain.data.vigor.edits import load_edits
-from posttrain.eval.images import judge_edits
-from posttrain.models.flow import load_flow_model
+from posttrain.recipes.image.vigor.edits import load_edits
+from posttrain.recipes.image.eval import judge_edits
+from posttrain.recipes.image.flow import load_flow_model
 from posttrain.tracking import stage_run
-from posttrain.trainers.flow_rl import train_flow_rl
+from posttrain.recipes.image.grpo import train_flow_rl
 
 ARMS = ("gdpo", "sum_then_normalize")
 
@@ -35,8 +35,8 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=Path("outputs/images/curate"))
     parser.add_argument("--sft", type=Path, default=Path("outputs/images/flow_sft"))
     parser.add_argument("--json", type=Path, required=True)
-    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
-    parser.add_argument("--steps", type=int, default=None, help="flow_rl.steps (default: params.yaml)")
+    parser.add_argument("--params", type=Path, default=Path("recipes/image/params.yaml"))
+    parser.add_argument("--steps", type=int, default=None, help="flow_rl.steps (default: the params file)")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args()
     overrides = [*args.overrides, "pipeline.name=claims"] + ([f"flow_rl.steps={args.steps}"] if args.steps else [])

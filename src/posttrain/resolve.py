@@ -10,7 +10,7 @@ before any work:
   parsed here, once per run (`section.options_for(name)` then returns the parsed model); every component in
   use that declares options has its block;
 - meta rules: a component registered for some tasks only (meta `tasks`) refuses the others; every tensor the
-  objective `needs` has a registered provider (trainers/extras.py); a flow backend's meta requirements hold;
+  objective `needs` has a registered provider (trainers/extras.py); a recipe section's own rule (meta `check`);
   the `rl_rm` stage's reward list names the trained reward-model kind; best-of-N (`eval.best_of_n.n` > 1) needs a
   stochastic `eval.sampler`. (A field that takes only some entries of
   a registry says so in its marker: `Registered("presets", meta="distill")`, checked with the names.)
@@ -37,18 +37,14 @@ def all_registries() -> dict[str, Registry]:
     from posttrain import objectives, rewards, stages, tasks
     from posttrain.data.preferences import preference_data
     from posttrain.envs.retrievers import retrievers
-    from posttrain.data.vigor.steps import change_classifiers, embedders, geometric_checks, instruction_writers
-    from posttrain.models.flow import flow_backends
     from posttrain.objectives.preference import preference_objectives
     from posttrain.objectives.presets import presets
-    from posttrain.rewards.image import image_rewards
     from posttrain.objectives.off_policy import corrections
     from posttrain.rollout.pool import pool_policies
     from posttrain.rollout.samplers import samplers
     from posttrain.trainers.extras import extras
     from posttrain.rollout.tree import tree_policies
 
-    import posttrain.models.flux  # noqa: F401  (registers the flux kind)
     from posttrain import plugins
 
     registries = {
@@ -65,12 +61,6 @@ def all_registries() -> dict[str, Registry]:
         "tasks": tasks.tasks,
         "stages": stages.stages,
         "sections": stages.sections,
-        "image_rewards": image_rewards,
-        "embedders": embedders,
-        "geometric_checks": geometric_checks,
-        "change_classifiers": change_classifiers,
-        "instruction_writers": instruction_writers,
-        "flow_backends": flow_backends,
         "samplers": samplers,
         "corrections": corrections,
         "pool_policies": pool_policies,
@@ -168,8 +158,4 @@ def _check_meta(cfg: Config, registries: dict[str, Registry]) -> None:
     if trained:  # rl_rm hands its reward_model input to the reward named `kind` only
         kind = cfg.reward_model.kind
         raise UserError(f"reward_model.rl_rewards: {trained[0]} is not the trained reward_model.kind ({kind}); list {kind} instead")
-
-    flow = registries["flow_backends"].entry(cfg.flow.kind).meta
-    if (flow.get("needs_checkpoint") and cfg.flow.path is None) or (flow.get("needs_lora") and cfg.flow.lora.r == 0):
-        raise UserError(f"flow: kind {cfg.flow.kind} needs flow.path (a checkpoint directory) and flow.lora.r > 0 (only adapters train)")
 

@@ -252,8 +252,8 @@ def image_inputs(tmp_path_factory) -> Path:
 
     def build(root: Path) -> None:
         from posttrain import resolve
-        from posttrain.data.vigor.synthetic import write_city
-        from posttrain.models.flow import build_flow_model
+        from posttrain.recipes.image.vigor.synthetic import write_city
+        from posttrain.recipes.image.flow import build_flow_model
 
         (root / "city").mkdir()
         write_city(root / "city", n_locations=20, n_cities=1, image_size=32, seed=0)

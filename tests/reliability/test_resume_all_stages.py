@@ -1,7 +1,7 @@
 """Every training stage resumes bit-for-bit: run straight through in one directory; in another, SIGKILLed right after
 a checkpoint (which one is drawn by a seeded generator; in the later phase of a two-phase stage too), then
 `--resume`d: equal weights, history and metrics, no staging directory left. The GRPO rl stage, distill and flow_rl
-have their own kill tests (tests/integration/test_resume.py, tests/unit/test_flow_resume.py); the rl stage's PPO
+have their own kill tests (tests/integration/test_resume.py, tests/recipes/image/test_flow_resume.py); the rl stage's PPO
 preset is here (a trained critic: its weights in outputs/rl/critic and its optimiser group resume with the policy's),
 and so is RFPO's `critic` pretraining. The runs go through the CLI in
 this process and the killed run is a fork of it (helpers.kill_resume_and_compare), so a case takes seconds."""

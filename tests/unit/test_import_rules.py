@@ -338,7 +338,7 @@ KNOWN_CYCLE_HUBS = (
     "posttrain.rewards",
     "posttrain.tasks",
     "posttrain.stages",
-    "posttrain.models.flow",  # flow_backends; models/flux.py registers the `flux` kind
+    "posttrain.recipes.image.flow",  # flow_backends; recipes/image/flux.py registers the `flux` kind
     "posttrain.rollout.samplers",  # rollout/beam.py registers the `beam` sampler
 )
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from posttrain.data.vigor.render import slot_mask
-from posttrain.rewards.image import EditBatch, image_reward_matrix, image_rewards
-from posttrain.config import ImageRewardSpec
+from posttrain.recipes.image.vigor.render import slot_mask
+from posttrain.recipes.image.rewards import EditBatch, image_reward_matrix, image_rewards
+from posttrain.recipes.image.settings import ImageRewardSpec
 
 
 def edit_batch() -> EditBatch:

@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
-from posttrain.data.vigor.city import panorama_table, scene_at, scene_table
-from posttrain.data.vigor.render import degrade, satellite_tile, street_view
+from posttrain.recipes.image.vigor.city import panorama_table, scene_at, scene_table
+from posttrain.recipes.image.vigor.render import degrade, satellite_tile, street_view
 
 TILE_YEARS = {"old": 2010, "new": 2022}
 

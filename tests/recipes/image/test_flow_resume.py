@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from helpers import repo_params
-from posttrain.config import FlowModelConfig, FlowRLConfig
-from posttrain.data.vigor.edits import Edits
+from posttrain.recipes.image.settings import FlowModelConfig, FlowRLConfig
+from posttrain.recipes.image.vigor.edits import Edits
 from posttrain.errors import UserError
-from posttrain.models.flow import build_flow_model
-from posttrain.trainers.flow_rl import train_flow_rl
+from posttrain.recipes.image.flow import build_flow_model
+from posttrain.recipes.image.grpo import train_flow_rl
 from posttrain.trainers.loop import TrainLoop
 
 PARAMS = repo_params()

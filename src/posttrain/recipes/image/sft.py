@@ -15,9 +15,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from posttrain.config import FlowSFTConfig
-from posttrain.data.vigor.edits import Edits
-from posttrain.models.flow import ConditionalFlowModel
+from posttrain.recipes.image.settings import FlowSFTConfig
+from posttrain.recipes.image.vigor.edits import Edits
+from posttrain.recipes.image.flow import ConditionalFlowModel
 from posttrain.runtime import progress
 from posttrain.trainers.common import optimizer_and_schedule
 from posttrain.trainers.loop import TrainLoop

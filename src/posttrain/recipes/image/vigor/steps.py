@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from posttrain.data.vigor.render import MATERIALS, SLOT_COLUMNS, slot_mask
+from posttrain.recipes.image.vigor.render import MATERIALS, SLOT_COLUMNS, slot_mask
 from posttrain.registry import Registry
 
 embedders: Registry = Registry("image embedder")

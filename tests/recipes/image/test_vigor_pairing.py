@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from scipy.spatial import cKDTree
 
-from posttrain.data.vigor.city import CITY_CENTRES, panorama_table
-from posttrain.data.vigor.pairing import EARTH_RADIUS_M, haversine_m, pairs_within
+from posttrain.recipes.image.vigor.city import CITY_CENTRES, panorama_table
+from posttrain.recipes.image.vigor.pairing import EARTH_RADIUS_M, haversine_m, pairs_within
 
 
 def as_set(pairs: np.ndarray) -> set[tuple[int, int]]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from posttrain.data.vigor.edits import Edits
-from posttrain.models.flow import ConditionalFlowModel
-from posttrain.rewards.image import image_reward_matrix
+from posttrain.recipes.image.vigor.edits import Edits
+from posttrain.recipes.image.flow import ConditionalFlowModel
+from posttrain.recipes.image.rewards import image_reward_matrix
 
 
 @torch.no_grad()

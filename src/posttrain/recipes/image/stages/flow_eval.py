@@ -40,9 +40,9 @@ def edit_grid(rows: list[tuple[str, list]]):
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     import torch
 
-    from posttrain.data.vigor.edits import load_edits
-    from posttrain.eval.images import judge_edits
-    from posttrain.models.flow import load_flow_model
+    from posttrain.recipes.image.vigor.edits import load_edits
+    from posttrain.recipes.image.eval import judge_edits
+    from posttrain.recipes.image.flow import load_flow_model
 
     ev = cfg.flow_eval
     edits = load_edits(inputs["data"], "heldout", cfg.flow.image_size)

@@ -16,9 +16,9 @@ import torch
 from torch import Tensor
 
 from posttrain.data.files import read_parquet
-from posttrain.data.vigor.render import slot_mask
+from posttrain.recipes.image.vigor.render import slot_mask
 from posttrain.errors import UserError
-from posttrain.rewards.image import EditBatch
+from posttrain.recipes.image.rewards import EditBatch
 
 
 @dataclass(frozen=True)

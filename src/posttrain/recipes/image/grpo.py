@@ -28,13 +28,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from posttrain.config import FlowRLConfig
-from posttrain.data.vigor.edits import Edits
-from posttrain.models.flow import ConditionalFlowModel
+from posttrain.recipes.image.settings import FlowRLConfig
+from posttrain.recipes.image.vigor.edits import Edits
+from posttrain.recipes.image.flow import ConditionalFlowModel
 from posttrain.objectives import advantages as estimators
 from posttrain.objectives import losses
 from posttrain.objectives.flow_grpo import clip_advantages, gaussian_kl, sde_step
-from posttrain.rewards.image import image_reward_matrix
+from posttrain.recipes.image.rewards import image_reward_matrix
 from posttrain.runtime import progress
 from posttrain.trainers.loop import TrainLoop
 

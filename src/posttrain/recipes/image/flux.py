@@ -28,9 +28,10 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from posttrain.config import FlowModelConfig, LoraConfig
+from posttrain.config import LoraConfig
+from posttrain.recipes.image.settings import FlowModelConfig
 from posttrain.errors import UserError
-from posttrain.models.flow import CONDITION_CHANNELS, flow_backends
+from posttrain.recipes.image.flow import CONDITION_CHANNELS, flow_backends
 
 MAX_TEXT_TOKENS = 64  # T5 tokens per instruction (the pipelines allow up to 512; edit instructions are short)
 

@@ -10,7 +10,7 @@ import torch
 
 from posttrain.objectives.flow_grpo import clip_advantages, gaussian_kl, sde_step
 from posttrain.objectives.gdpo import gdpo_on_rewards, per_reward_normalized
-from posttrain.trainers.flow_rl import image_advantages
+from posttrain.recipes.image.grpo import image_advantages
 from helpers import repo_params
 
 SIGMAS = (0.889, 0.778)
@@ -147,10 +147,10 @@ def test_inner_epochs_move_the_ratio_off_one_and_the_clip_binds():
     the later passes re-score the same transitions under the updated model, so the ratio leaves 1 and the clip
     (Flow-GRPO's clip_range 1e-4) zeroes part of the gradient."""
 
-    from posttrain.config import FlowModelConfig, FlowRLConfig
-    from posttrain.data.vigor.edits import Edits
-    from posttrain.models.flow import build_flow_model
-    from posttrain.trainers.flow_rl import train_flow_rl
+    from posttrain.recipes.image.settings import FlowModelConfig, FlowRLConfig
+    from posttrain.recipes.image.vigor.edits import Edits
+    from posttrain.recipes.image.flow import build_flow_model
+    from posttrain.recipes.image.grpo import train_flow_rl
 
     params = repo_params()
     assert params["flow_rl"]["epochs_per_batch"] == 1

@@ -23,7 +23,7 @@ def truth_metrics(source: Path, table, min_gap_years: int) -> dict[str, float]:
     """Pairing precision / recall and change-class accuracy against the synthetic city's recorded truth."""
     import pandas as pd
 
-    from posttrain.data.vigor.city import true_pairs
+    from posttrain.recipes.image.vigor.city import true_pairs
 
     panos = pd.read_parquet(source / "truth" / "panoramas.parquet")
     scenes = pd.read_parquet(source / "truth" / "scenes.parquet")
@@ -62,8 +62,8 @@ def sample_grid(images: np.ndarray, rows: int):
 @stages.register("curate", inputs={"source": "outputs/images/city"}, gpu=False, requires={"source": ["panoramas.parquet", "tiles.parquet"]})
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     from posttrain.data.validation import raise_if_failed
-    from posttrain.data.vigor.curate import curate, read_sources, report
-    from posttrain.data.vigor.validation import validate_quadruplets
+    from posttrain.recipes.image.vigor.curate import curate, read_sources, report
+    from posttrain.recipes.image.vigor.validation import validate_quadruplets
 
     start = time.perf_counter()
     source = inputs["source"]

@@ -17,7 +17,7 @@ from posttrain.stages import stages
 
 
 def starting_model(cfg: Config, image_size: int):
-    from posttrain.models.flow import start_flow_model
+    from posttrain.recipes.image.flow import start_flow_model
 
     model = start_flow_model(cfg.flow, image_size)
     if model.image_size != image_size:
@@ -27,10 +27,10 @@ def starting_model(cfg: Config, image_size: int):
 
 @stages.register("flow_sft", inputs={"data": "outputs/images/curate"}, requires={"data": ["quadruplets.parquet", "images.npz"]}, resumable=True)
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
-    from posttrain.data.vigor.edits import load_edits
-    from posttrain.models.flow import save_flow_model
+    from posttrain.recipes.image.vigor.edits import load_edits
+    from posttrain.recipes.image.flow import save_flow_model
     from posttrain.runtime import seed_everything
-    from posttrain.trainers.flow_sft import train_flow_sft
+    from posttrain.recipes.image.sft import train_flow_sft
     from posttrain.trainers.loop import TrainLoop
 
     seed_everything(cfg.pipeline.seed)

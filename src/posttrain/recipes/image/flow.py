@@ -13,7 +13,7 @@ A saved model is a directory: `unet/` (diffusers `save_pretrained`), `text_proj.
 go through peft on the UNet and are merged before saving.
 
 `flow.kind` selects the model family from the `flow_backends` registry: `unet` (this module) or `flux`
-(models/flux.py: a diffusers FLUX checkpoint directory, Kontext-style conditioning, LoRA adapters). Both
+(recipes/image/flux.py: a diffusers FLUX checkpoint directory, Kontext-style conditioning, LoRA adapters). Both
 expose the same surface to the trainers: `encode_text`, `encode_conditions`, `to_latent` / `from_latent`,
 `latent_shape`, `forward(x, sigma, conditions, text) -> velocity`, `add_lora`, `save`. The samplers and
 losses run in the model's latent space (pixels here, packed VAE latents for FLUX).
@@ -30,7 +30,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from posttrain.config import FlowModelConfig, LoraConfig
+from posttrain.config import LoraConfig
+from posttrain.recipes.image.settings import FlowModelConfig
 from posttrain.registry import Registry
 
 flow_backends: Registry = Registry("flow model kind")  # entries: objects with start(cfg, image_size) and load(path)
@@ -147,7 +148,7 @@ flow_backends.register("unet")(UNetBackend)
 def load_flow_model(path: str | Path):
     """A model saved by `save_flow_model`, read back by the backend named in its flow_config.json; a damaged
     directory is one `UserError` line (models.factory.readable)."""
-    import posttrain.models.flux  # noqa: F401  (registers the `flux` kind)
+    import posttrain.recipes.image.flux  # noqa: F401  (registers the `flux` kind)
     from posttrain.models.factory import readable
 
     with readable(path, "the flow model"):
@@ -157,7 +158,7 @@ def load_flow_model(path: str | Path):
 
 def start_flow_model(cfg: FlowModelConfig, image_size: int):
     """The model flow_sft starts from: the `flow.kind` backend's tiny or saved model, plus LoRA when r > 0."""
-    import posttrain.models.flux  # noqa: F401  (registers the `flux` kind)
+    import posttrain.recipes.image.flux  # noqa: F401  (registers the `flux` kind)
     from posttrain.models.factory import readable
 
     with readable(cfg.path, "the flow model") if cfg.path else nullcontext():

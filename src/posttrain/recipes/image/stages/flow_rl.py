@@ -21,11 +21,11 @@ from posttrain.stages import stages
     resumable=True,
 )
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
-    from posttrain.data.vigor.edits import load_edits
-    from posttrain.models.flow import load_flow_model, maybe_flow_lora, save_flow_model
+    from posttrain.recipes.image.vigor.edits import load_edits
+    from posttrain.recipes.image.flow import load_flow_model, maybe_flow_lora, save_flow_model
     from posttrain.stages.rl import reward_curve
     from posttrain.runtime import seed_everything
-    from posttrain.trainers.flow_rl import train_flow_rl
+    from posttrain.recipes.image.grpo import train_flow_rl
     from posttrain.trainers.loop import TrainLoop
 
     seed_everything(cfg.pipeline.seed)

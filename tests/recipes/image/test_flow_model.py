@@ -6,11 +6,12 @@ from __future__ import annotations
 import torch
 
 from helpers import repo_params
-from posttrain.config import FlowModelConfig, LoraConfig
-from posttrain.models.flow import build_flow_model, instruction_features, load_flow_model, maybe_flow_lora, save_flow_model
+from posttrain.config import LoraConfig
+from posttrain.recipes.image.settings import FlowModelConfig
+from posttrain.recipes.image.flow import build_flow_model, instruction_features, load_flow_model, maybe_flow_lora, save_flow_model
 from posttrain.objectives.flow_grpo import sde_step
-from posttrain.eval.images import sample_ode
-from posttrain.trainers.flow_rl import sample_sde, sigma_schedule
+from posttrain.recipes.image.eval import sample_ode
+from posttrain.recipes.image.grpo import sample_sde, sigma_schedule
 
 CFG = FlowModelConfig.model_validate({**repo_params()["flow"], "block_channels": [8, 16], "text_dim": 16})
 LORA = LoraConfig(r=2, alpha=4, dropout=0.0, target_modules=("conv1", "conv2", "to_q", "to_v"))

@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from helpers import repo_params, REPO
-from posttrain.config import FlowModelConfig, FlowRLConfig, FlowSFTConfig
-from posttrain.data.vigor.edits import Edits
+from posttrain.recipes.image.settings import FlowModelConfig, FlowRLConfig, FlowSFTConfig
+from posttrain.recipes.image.vigor.edits import Edits
 from posttrain.errors import UserError
-from posttrain.models.flow import load_flow_model, save_flow_model, start_flow_model
-from posttrain.models.flux import FluxEditModel, write_tiny_flux_checkpoint
+from posttrain.recipes.image.flow import load_flow_model, save_flow_model, start_flow_model
+from posttrain.recipes.image.flux import FluxEditModel, write_tiny_flux_checkpoint
 from posttrain.trainers.checkpoint import load_checkpoint, save_checkpoint
-from posttrain.trainers.flow_rl import sample_sde, sigma_schedule, train_flow_rl
-from posttrain.trainers.flow_sft import train_flow_sft
+from posttrain.recipes.image.grpo import sample_sde, sigma_schedule, train_flow_rl
+from posttrain.recipes.image.sft import train_flow_sft
 
 PARAMS = repo_params()
 SIZE = 16

@@ -19,8 +19,8 @@ import pandas as pd
 from PIL import Image
 
 from posttrain.data.files import read_parquet
-from posttrain.data.vigor.pairing import haversine_m, pairs_within
-from posttrain.data.vigor.steps import (change_classifiers, embedders, geometric_checks, instruction_writers, persistent_similarity,
+from posttrain.recipes.image.vigor.pairing import haversine_m, pairs_within
+from posttrain.recipes.image.vigor.steps import (change_classifiers, embedders, geometric_checks, instruction_writers, persistent_similarity,
                                         quality, validate_instruction)
 from posttrain.errors import UserError
 
@@ -192,7 +192,7 @@ def curate(sources: Sources, cfg) -> Quadruplets:
 
 def report(table: pd.DataFrame) -> pd.DataFrame:
     """Counts per city and change class (rows: cities + 'total'; columns: classes + 'total')."""
-    from posttrain.data.vigor.city import CHANGE_CLASSES
+    from posttrain.recipes.image.vigor.city import CHANGE_CLASSES
 
     counts = pd.crosstab(table["city"], table["change"]).reindex(columns=list(CHANGE_CLASSES), fill_value=0)
     counts["total"] = counts.sum(axis=1)

@@ -1,5 +1,5 @@
-"""The image pipeline on a micro config, `dvc repro images/dvc.yaml`: city -> curate -> flow_sft -> flow_rl -> flow_eval
-(the saved-model + LoRA path is tests/unit/test_flow_model.py), and the compiled Kubeflow pipeline `image.yaml` run
+"""The image pipeline on a micro config, `dvc repro recipes/image/dvc.yaml`: city -> curate -> flow_sft -> flow_rl -> flow_eval
+(the saved-model + LoRA path is tests/recipes/image/test_flow_model.py), and the compiled Kubeflow pipeline `image.yaml` run
 locally on the same config, which must give the same metrics and weights. Their bad inputs (a corrupt or
 incomplete panorama table, damaged curated data or flow models) are cases of tests/reliability/test_bad_inputs.py."""
 
@@ -16,22 +16,23 @@ import pytest
 from helpers import MICRO_IMAGE, REPO, WALL_CLOCK, dvc, git, micro_params, ran_stages, tool_env
 
 STAGES = ("city", "curate", "flow_sft", "flow_rl", "flow_eval")
-# one torch thread in both launchers (images/dvc.yaml sets it): the same reductions, so the same weights
+# one torch thread in both launchers (recipes/image/dvc.yaml sets it): the same reductions, so the same weights
 SETTINGS = {**MICRO_IMAGE, "pipeline": {"threads": 1}}
 
 
 @pytest.fixture(scope="module")
 def image_run(tmp_path_factory) -> Path:
-    """`dvc repro images/dvc.yaml` of the micro config in a Git- and DVC-initialised copy of the repository."""
+    """`dvc repro recipes/image/dvc.yaml` of the micro config in a Git- and DVC-initialised copy of the repository."""
     root = tmp_path_factory.mktemp("images")
-    (root / "images").mkdir()
-    shutil.copy(REPO / "images" / "dvc.yaml", root / "images" / "dvc.yaml")
+    (root / "recipes" / "image").mkdir(parents=True)
+    for name in ("dvc.yaml", "params.yaml"):  # the recipe's params file extends the micro params.yaml written below
+        shutil.copy(REPO / "recipes" / "image" / name, root / "recipes" / "image" / name)
     shutil.copytree(REPO / "src", root / "src", ignore=shutil.ignore_patterns("__pycache__"))
     micro_params(root, **SETTINGS)
     git("init", "-q", cwd=root)
     dvc("init", "-q", cwd=root)
     dvc("config", "core.analytics", "false", cwd=root)
-    assert ran_stages(dvc("repro", "images/dvc.yaml", cwd=root)) == {f"images/dvc.yaml:{s}" for s in STAGES}
+    assert ran_stages(dvc("repro", "recipes/image/dvc.yaml", cwd=root)) == {f"recipes/image/dvc.yaml:{s}" for s in STAGES}
     (root / "out").symlink_to(root / "outputs" / "images")
     return root
 

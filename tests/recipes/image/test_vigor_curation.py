@@ -8,14 +8,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from posttrain.data.vigor.city import CHANGE_CLASSES, past_scene, recent_scene, scene_table, true_pairs
-from posttrain.data.vigor.curate import curate, read_sources, report
-from posttrain.data.vigor.render import satellite_tile, street_view
-from posttrain.data.vigor.steps import geometric_checks, satellite_diff, template_writer, validate_instruction
-from posttrain.data.vigor.synthetic import write_city
+from posttrain.recipes.image.vigor.city import CHANGE_CLASSES, past_scene, recent_scene, scene_table, true_pairs
+from posttrain.recipes.image.vigor.curate import curate, read_sources, report
+from posttrain.recipes.image.vigor.render import satellite_tile, street_view
+from posttrain.recipes.image.vigor.steps import geometric_checks, satellite_diff, template_writer, validate_instruction
+from posttrain.recipes.image.vigor.synthetic import write_city
 from posttrain.errors import UserError
 
-CFG = SimpleNamespace(  # the params.yaml defaults (checked below)
+CFG = SimpleNamespace(  # the recipes/image/params.yaml defaults (checked below)
     d_max_m=10.0, min_gap_years=5, tile_radius_m=6.0, embedder="thumbnail", min_similarity=0.92,
     geometric_check="orb_ransac", min_inlier_ratio=0.25, min_brightness=0.3,
     min_sharpness=0.027, classifier="satellite_diff", min_changed=0.02, instruction_writer="template", min_region_share=0.5,
@@ -36,11 +36,10 @@ def curated(city):
 
 
 def test_cfg_mirrors_params_yaml():
-    from pathlib import Path
-
+    from helpers import REPO
     from posttrain import resolve
 
-    defaults = resolve.load(Path(__file__).resolve().parents[2] / "params.yaml").curate.model_dump()
+    defaults = resolve.load(REPO / "recipes" / "image" / "params.yaml").curate.model_dump()  # the recipe's params file
     assert defaults == vars(CFG)
 
 

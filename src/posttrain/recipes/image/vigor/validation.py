@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from posttrain.data.validation import suite_report
-from posttrain.data.vigor.city import CHANGE_CLASSES
+from posttrain.recipes.image.vigor.city import CHANGE_CLASSES
 
 
 def validate_quadruplets(table: pd.DataFrame, source_root: Path, cfg) -> dict[str, Any]:
