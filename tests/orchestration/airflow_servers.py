@@ -1,5 +1,6 @@
 """A real Airflow on loopback for the tests: `airflow api-server` (127.0.0.1), `scheduler` and `dag-processor` with a
-temporary AIRFLOW_HOME, driven through the REST API the UI's Trigger button uses, stopped by process id."""
+temporary AIRFLOW_HOME and a PostgreSQL metadata database of their own (as Airflow is deployed: on SQLite, three
+servers writing one file under load answered the UI's trigger with "Database error" in CI), driven through the REST API the UI's Trigger button uses, stopped by process id."""
 
 from __future__ import annotations
 
@@ -30,8 +31,7 @@ def airflow_env(home: Path, **extra: str) -> dict[str, str]:
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        # three servers and every task's supervisor write one SQLite file: wait up to a minute for its lock (the
-        # default 5 s, on a loaded machine, crashed a server with "database is locked")
+        # the DAG-parsing tests' metadata DB (airflow_servers runs on PostgreSQL): wait up to a minute for its lock
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}?timeout=60",
         "POSTTRAIN_RUNS_DIR": str(home / "runs"),
         "POSTTRAIN_AIRFLOW_RETRIES": "0",  # unless `extra` says otherwise, a failing stage fails the run at once
@@ -130,9 +130,17 @@ def _stop(process: subprocess.Popen) -> None:
 
 @contextlib.contextmanager
 def airflow_servers(home: Path, dag_ids: tuple[str, ...], timeout: float = 480, **dag_env: str) -> Iterator[Airflow]:
-    """api-server, scheduler and dag-processor on a fresh metadata DB; yields once `dag_ids` are parsed and unpaused.
-    `dag_env`: more variables of their environment (the DAG files read POSTTRAIN_AIRFLOW_RETRIES, ...)."""
-    port = free_port()
+    """api-server, scheduler and dag-processor on a fresh PostgreSQL metadata DB; yields once `dag_ids` are parsed and
+    unpaused. `dag_env`: more variables of their environment (the DAG files read POSTTRAIN_AIRFLOW_RETRIES, ...)."""
+    from tracking_server import postgres  # (it imports this module)
+
+    home.mkdir(parents=True, exist_ok=True)
+    port, database = free_port(), free_port()
+    with postgres(home, database, database="airflow", max_connections=100):
+        yield from _servers(home, port, database, dag_ids, timeout, dag_env)
+
+
+def _servers(home: Path, port: int, database: int, dag_ids: tuple[str, ...], timeout: float, dag_env: dict[str, str]) -> Iterator[Airflow]:
     env = airflow_env(
         home,
         **dag_env,
@@ -147,10 +155,11 @@ def airflow_servers(home: Path, dag_ids: tuple[str, ...], timeout: float = 480, 
         AIRFLOW__DAG_PROCESSOR__DAG_FILE_PROCESSOR_TIMEOUT="600",
         AIRFLOW__DAG_PROCESSOR__STALE_DAG_THRESHOLD="600",
         AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="admin:admin",
-        # a task's first call to the execution API can wait long on a loaded machine's api-server (one worker, SQLite
-        # locked by the scheduler): its default 5 s, retried, fails the task before it runs ("state is queued")
+        # a task's first call to the execution API can wait long on a loaded machine's api-server (one worker): its
+        # default 5 s, retried, fails the task before it runs ("state is queued")
         AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT="120",
         AIRFLOW__API__BASE_URL=f"http://127.0.0.1:{port}",
+        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"postgresql+psycopg2://posttrain@127.0.0.1:{database}/airflow",
     )
     migrated = subprocess.run([str(BIN / "airflow"), "db", "migrate"], env=env, capture_output=True, text=True, timeout=300)
     assert migrated.returncode == 0, migrated.stderr[-2000:]

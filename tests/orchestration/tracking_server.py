@@ -104,9 +104,9 @@ def _as_nobody(*command: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def postgres(logs: Path, port: int) -> Iterator[None]:
-    """A fresh PostgreSQL cluster on 127.0.0.1:`port` with a database `mlflow` (owner `posttrain`, trust auth on
-    loopback). The cluster lies in a temp folder outside pytest's (those are root's alone), owned by `nobody`, and is
+def postgres(logs: Path, port: int, database: str = "mlflow", max_connections: int = 40) -> Iterator[None]:
+    """A fresh PostgreSQL cluster on 127.0.0.1:`port` with a database `database` (owner `posttrain`, trust auth on
+    loopback), its log `logs/postgres-<database>.log`. The cluster lies in a temp folder outside pytest's (those are root's alone), owned by `nobody`, and is
     removed at the end."""
     import psycopg2
 
@@ -115,9 +115,9 @@ def postgres(logs: Path, port: int) -> Iterator[None]:
     initdb = subprocess.run(_as_nobody(str(POSTGRES_BIN / "initdb"), "-D", str(data / "db"), "-U", "posttrain", "-A", "trust", "-E", "UTF8",
                                        "--no-sync"), cwd=data, capture_output=True, text=True, timeout=120)
     assert initdb.returncode == 0, initdb.stdout[-2000:] + initdb.stderr[-2000:]
-    log = logs / "postgres.log"
+    log = logs / f"postgres-{database}.log"
     settings = ["listen_addresses=127.0.0.1", f"port={port}", f"unix_socket_directories={data}", "fsync=off", "synchronous_commit=off",
-                "full_page_writes=off", "shared_buffers=16MB", "max_connections=40"]
+                "full_page_writes=off", "shared_buffers=16MB", f"max_connections={max_connections}"]
     with open(log, "w") as out:
         server = subprocess.Popen(_as_nobody(str(POSTGRES_BIN / "postgres"), "-D", str(data / "db"), *(f"-c{s}" for s in settings)),
                                   cwd=data, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -126,7 +126,7 @@ def postgres(logs: Path, port: int) -> Iterator[None]:
         connection = psycopg2.connect(host="127.0.0.1", port=port, user="posttrain", dbname="postgres")
         connection.autocommit = True
         with connection.cursor() as cursor:
-            cursor.execute("CREATE DATABASE mlflow")
+            cursor.execute(f"CREATE DATABASE {database}")
         connection.close()
         yield
     finally:
