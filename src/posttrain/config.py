@@ -219,6 +219,9 @@ class RLConfig(Section):
     warmup_steps: int = Field(30, ge=0)
     max_grad_norm: float = Field(1.0, gt=0)
     epochs_per_batch: int = Field(1, gt=0)  # >1 reuses a rollout batch; the ratio then moves off 1
+    # samples per forward/backward pass of an update (0: the whole batch in one). Smaller bounds the activation memory
+    # at the cost of one more forward without gradient; the gradient is the whole batch's (trainers/online_rl.py)
+    micro_batch: int = Field(0, ge=0)
     clip_eps_low: float = Field(0.2, ge=0)
     clip_eps_high: float = Field(0.2, ge=0)
     std_scaling: Literal["group", "batch", "none"] = "group"  # group | batch | none

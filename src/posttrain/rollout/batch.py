@@ -8,7 +8,7 @@ loss, advantage and log-prob comparison reads). They are equal for single-turn c
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 from torch import Tensor
 
@@ -37,6 +37,17 @@ class RolloutBatch:
     @property
     def size(self) -> int:
         return self.completion_ids.shape[0]
+
+    def rows(self, start: int, stop: int) -> "RolloutBatch":
+        """Samples `start` .. `stop - 1`: every per-sample tensor (and extra) cut along its first dimension; the
+        reward names and weights are the batch's. A micro-batch of the update (trainers/online_rl.py)."""
+        size = self.size
+
+        def cut(value):
+            return value[start:stop] if isinstance(value, Tensor) and value.dim() and value.shape[0] == size else value
+
+        per_sample = {f.name: cut(getattr(self, f.name)) for f in fields(self) if f.name not in ("reward_weights", "extras", "reward_names")}
+        return replace(self, **per_sample, extras={name: cut(value) for name, value in self.extras.items()})
 
 
 @dataclass(frozen=True)

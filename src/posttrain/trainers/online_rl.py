@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.config import RLConfig
@@ -359,6 +360,37 @@ class OnlineRL:
         values = token_values(self.critic, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.attention_mask)
         return CriticOutputs(**{f.name: getattr(outputs, f.name) for f in fields(outputs)}, values=values)
 
+    def update_forward(self, batch: RolloutBatch) -> tuple[PolicyOutputs, Callable[[Tensor], None]]:
+        """The policy forward of one update pass and how to back-propagate a loss built on it.
+
+        With `rl.micro_batch` smaller than the batch, the forward runs in micro-batches without gradient and its
+        outputs are joined into leaves the loss is built on; the loss's backward gives d loss / d outputs, and each
+        micro-batch is run again with gradient and back-propagated from its slice of those. Every loss, term and
+        correction sees the whole batch (batch statistics included), so the gradient is the whole batch's, while
+        the activations held at once are one micro-batch's. Each micro-batch's second pass draws the random
+        numbers of its first (dropout)."""
+        size = self.cfg.micro_batch
+        if not size or size >= batch.size:
+            return self.policy_forward(batch), Tensor.backward
+        spans = [(start, min(start + size, batch.size)) for start in range(0, batch.size, size)]
+        states, parts = [], []
+        with torch.no_grad():
+            for start, stop in spans:
+                states.append(_rng_state(self.device))
+                parts.append(self.policy_forward(batch.rows(start, stop)))
+        outputs = _joined(parts)
+
+        def backward(loss: Tensor) -> None:
+            loss.backward()  # into the joined outputs (and the side modules' own parameters, if a term uses them)
+            wanted = [(name, leaf.grad) for name, leaf in _differentiable(outputs) if leaf.grad is not None]
+            for (start, stop), state in zip(spans, states):
+                _set_rng_state(self.device, state)
+                part = dict(_differentiable(self.policy_forward(batch.rows(start, stop))))
+                torch.autograd.backward([part[name] for name, _ in wanted],
+                                        [grad.narrow(_row_dim(name), start, stop - start) for name, grad in wanted])
+
+        return outputs, backward
+
     def _policy_outputs(self, batch: RolloutBatch) -> PolicyOutputs:
         policy, reads = self.run.policy, self.reads
         out = None
@@ -412,7 +444,7 @@ class OnlineRL:
         correct, proximal = corrections.get(cfg.correction), None
         reads_adv = {"advantages": adv} if corrections.entry(cfg.correction).meta.get("advantages") else {}
         for _ in range(cfg.epochs_per_batch):
-            outputs = self.policy_forward(batch)
+            outputs, backward = self.update_forward(batch)
             if outputs.logp is not None:
                 if proximal is None:  # the first pass runs before any step of this update: the proximal policy, v_now
                     proximal = outputs.logp.detach()
@@ -432,7 +464,7 @@ class OnlineRL:
                 loss = loss + term
                 loss_metrics.update(term_metrics)
             if loss.requires_grad:  # `none` loss and no term: nothing to learn from this batch
-                loss.backward()
+                backward(loss)
             for model in (policy, *self.modules.values(), *([self.critic] if self.critic is not None else [])):
                 distributed.reduce_gradients(model, average=True, ctx=self.replicas)  # torchrun: equal prompt shares, so the mean of rank means
             guarded = loss
@@ -453,6 +485,48 @@ class OnlineRL:
         if outputs.entropy is not None:
             metrics["entropy"] = float(aggregate(cfg, outputs.entropy, batch.completion_mask))
         return StepResult(batch, texts, prompts, metrics)
+
+
+def _row_dim(name: str) -> int:
+    """The sample dimension of a policy output (`hidden` is [L, B, T, d]; the rest put samples first)."""
+    return 1 if name == "hidden" else 0
+
+
+def _differentiable(outputs: PolicyOutputs) -> list[tuple[str, Tensor]]:
+    """(name, tensor) of every output a loss may differentiate: all but the detached entropy; `scored` by its keys."""
+    found = []
+    for f in fields(outputs):
+        value = getattr(outputs, f.name)
+        if f.name == "scored":
+            found += [(f"scored:{key}", tensor) for key, tensor in value.items()]
+        elif isinstance(value, Tensor) and f.name != "entropy":
+            found.append((f.name, value))
+    return found
+
+
+def _joined(parts: list[PolicyOutputs]) -> PolicyOutputs:
+    """The micro-batches' outputs (computed without gradient) as one batch's: each differentiable one a leaf that
+    collects the loss's gradient."""
+    def join(name: str, values: list[Tensor | None]) -> Tensor | None:
+        if values[0] is None:
+            return None
+        joined = torch.cat(values, dim=_row_dim(name))
+        return joined if name == "entropy" else joined.requires_grad_(True)
+
+    first = parts[0]
+    joined = {f.name: join(f.name, [getattr(p, f.name) for p in parts]) for f in fields(first) if f.name != "scored"}
+    scored = {key: join(f"scored:{key}", [p.scored[key] for p in parts]) for key in first.scored}
+    return type(first)(**joined, scored=scored)
+
+
+def _rng_state(device: torch.device) -> tuple[Tensor, Tensor | None]:
+    return torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+
+
+def _set_rng_state(device: torch.device, state: tuple[Tensor, Tensor | None]) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)
 
 
 def train_sync(
