@@ -36,3 +36,23 @@ def test_reward_model_stage_then_rl_with_the_bt_reward(upstream):
     history = json.loads((upstream / "outputs" / "rl_rm" / "history.json").read_text())
     assert len(history) == 2 and all("reward/bt_mean" in h and "accuracy" in h for h in history)
 
+
+
+def test_rl_rm_reads_a_plain_reward_model_checkpoint(upstream):
+    """`--in reward_model=DIR` takes a published reward model as it is: a plain `save_pretrained` sequence-classification
+    checkpoint with one label (here a random one with the policy's tokenizer), no reward_model stage run."""
+    import torch
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    torch.manual_seed(0)
+    sft = upstream / "outputs" / "sft" / "model"
+    config = AutoConfig.from_pretrained(sft, num_labels=1)
+    plain = upstream / "published_rm"
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(plain)
+    AutoTokenizer.from_pretrained(sft).save_pretrained(plain)
+    posttrain("rl_rm", "--set", "rl.steps=2", "--in", f"reward_model={plain}", cwd=upstream)
+    history = json.loads((upstream / "outputs" / "rl_rm" / "history.json").read_text())
+    assert len(history) == 2 and all(h["reward/bt_std"] > 0 for h in history)  # it scores, and completions differ
+    failed = posttrain("rl_rm", "--set", "rl.steps=2", "--set", "rl.options.bt.clip=true", "--in", f"reward_model={plain}",
+                       "--out", str(upstream / "outputs" / "rl_rm_clip"), cwd=upstream, check=False)
+    assert failed.returncode != 0 and "no held-out range" in failed.stderr.strip().splitlines()[-1]

@@ -13,7 +13,9 @@ group matter to group-normalised estimators. With `clip`, r is clamped to the ra
 pairs (lowest candidate to highest preferred answer, saved with the weights): a completion the model scores above
 every real preferred answer earns no more than the best of them, which takes away the payoff of out-of-distribution
 outputs a learned reward over-rates (reward hacking).
-Settings: rl.options.bt.path, the `reward_model` stage's output directory; rl.options.bt.clip.
+Settings: rl.options.bt.path, the `reward_model` stage's output directory, or a plain sequence-classification
+checkpoint with one label (a published reward model's `save_pretrained` directory: read with `last` pooling and the
+prompt format's defaults, and no held-out range, so no `clip`); rl.options.bt.clip.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 from torch import Tensor
 
 from posttrain.config import Section
+from posttrain.errors import UserError
 from posttrain.models.chat import Prompted, PromptFormat, configure_prompts, prompt_ids
 from posttrain.models.decoders import positions_from_mask
 from posttrain.rewards import rewards
@@ -80,14 +83,15 @@ def _build(path: str):
     from posttrain.models import load_tokenizer, select_device
 
     model = AutoModelForSequenceClassification.from_pretrained(path).to(select_device("auto")).eval().requires_grad_(False)
-    tokenizer, settings = load_tokenizer(path), json.loads((Path(path) / POOLING_FILE).read_text())
+    saved = Path(path) / POOLING_FILE  # absent from a plain checkpoint: the last token's score, no held-out range
+    tokenizer, settings = load_tokenizer(path), json.loads(saved.read_text()) if saved.is_file() else {"pooling": "last", "range": None}
     configure_prompts(tokenizer, PromptFormat(**settings.get("prompt_format", {})))  # as in training (older files: the defaults)
     return model, tokenizer, settings
 
 
 def load_bt(directory: str):
     """(model, tokenizer, {"pooling", "range"}) under `directory/model` (cached while unchanged); UserError if absent."""
-    return load_trained(directory, _build, needs=(POOLING_FILE,), missing="rl.options.bt.path: no trained reward model at {path} "
+    return load_trained(directory, _build, needs=(POOLING_FILE,), plain=True, missing="rl.options.bt.path: no trained reward model at {path} "
                         "(run the reward_model stage with reward_model.kind=bt)")
 
 
@@ -97,6 +101,9 @@ def bt_reward(task, examples, completions, finished, *, rl) -> Tensor:
     """r(x, y) of the Bradley-Terry model trained by the reward_model stage (clamped to its held-out range with clip)."""
     options = rl.options_for("bt")
     model, tokenizer, settings = load_bt(options.path)
+    if options.clip and settings["range"] is None:
+        raise UserError(f"rl.options.bt.clip: {options.path} is a plain checkpoint, with no held-out range to clip to "
+                        "(a reward_model stage output saves one); set clip: false")
     pooling = settings["pooling"]
     device = next(model.parameters()).device
     out = []

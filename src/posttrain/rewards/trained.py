@@ -21,10 +21,13 @@ def _cached(build: Callable[[str], T], path: str, stamp: float) -> T:
     return build(path)
 
 
-def load_trained(directory: str, build: Callable[[str], T], *, needs: Sequence[str] = (), missing: str) -> T:
+def load_trained(directory: str, build: Callable[[str], T], *, needs: Sequence[str] = (), plain: bool = False, missing: str) -> T:
     """`build(path)` for the model saved under `directory/model` (cached while its config.json is unchanged). A UserError
-    `missing` (its `{path}` filled in) when config.json or one of the files `needs` is absent."""
+    `missing` (its `{path}` filled in) when config.json or one of the files `needs` is absent. With `plain`, `directory`
+    may also be a plain `save_pretrained` checkpoint (config.json at its top): `build` gets it, without the files `needs`."""
     path = Path(directory) / "model"
+    if plain and not (path / "config.json").is_file() and (Path(directory) / "config.json").is_file():
+        path, needs = Path(directory), ()
     if not all((path / name).is_file() for name in ("config.json", *needs)):
         raise UserError(missing.format(path=path))
     return _cached(build, str(path.resolve()), (path / "config.json").stat().st_mtime)

@@ -1,6 +1,7 @@
 """Stage `rl_rm`: the `rl` stage rewarded by the trained reward model (RLHF's last step).
 
-Inputs: `data`, `policy` (the SFT model) and `reward_model` (the reward_model stage's output). The rl settings
+Inputs: `data`, `policy` (the SFT model, or any checkpoint directory) and `reward_model` (the reward_model stage's
+output; for `bt`, also a plain sequence-classification checkpoint with one label: a published reward model). The rl settings
 apply with two changes: the rewards are `reward_model.rl_rewards`, and the reward named `reward_model.kind`
 reads its model from the `reward_model` input. With `reward_model.prompts: disjoint` RL runs on the half of the
 training prompts the reward model's pairs did not come from (`reward_model_prompts`, the reward_model stage's
