@@ -86,7 +86,8 @@ def settings_model() -> type[Config]:
     return config.settings_model(config.AddedSection(e.name, e.obj, e.meta.get("default"), e.meta.get("help", "")) for e in added)
 
 
-_CREDENTIAL_KEY = re.compile(r"(password|passwd|secret|token|api_?key|access_?key|credential)", re.IGNORECASE)
+# a whole `_`-separated part of the key's last name: `hf_token`, `api_key`, not `max_new_tokens`
+_CREDENTIAL_KEY = re.compile(r"(?:^|_)(password|passwd|secret|token|api_?key|access_?key|credentials?)(?:$|_)", re.IGNORECASE)
 _URI_USERINFO = re.compile(r"://[^/@\s]*:[^/@\s]*@")
 
 

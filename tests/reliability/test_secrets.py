@@ -109,5 +109,9 @@ def test_a_credential_in_set_warns_without_echoing_it(capsys):
     err = capsys.readouterr().err
     assert "--set tracking.uri looks like it carries a credential" in err and "environment variables" in err
     assert "hunter2" not in err and len(err.strip().splitlines()) == 1
-    resolve.load(params, ["tracking.uri=sqlite:///elsewhere.db"])
-    assert capsys.readouterr().err == ""
+    resolve.load(params, ["tracking.uri=sqlite:///elsewhere.db", "rl.max_new_tokens=32", "eval.max_new_tokens=8"])
+    assert capsys.readouterr().err == ""  # a token count is not a token
+    from posttrain.resolve import _CREDENTIAL_KEY
+
+    assert all(_CREDENTIAL_KEY.search(k) for k in ("hf_token", "token", "api_key", "apikey", "secret_access_key", "db_password"))
+    assert not any(_CREDENTIAL_KEY.search(k) for k in ("max_new_tokens", "max_prompt_tokens", "tokens_per_s", "tokenizer"))
