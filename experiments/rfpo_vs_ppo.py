@@ -4,7 +4,7 @@ training step, comparably to supervised PPO (verifier reward), while the raw (no
 to the critic's length bias.
 
 One seed (`--seed`; the claims harness runs 3): the SFT start (cached), a success critic pretrained on the SFT
-policy's verifier-labelled rollouts (trainers/critic.py: the only place labels are read), then three arms on the
+policy's verifier-labelled rollouts (recipes/rfpo/trainer.py: the only place labels are read), then three arms on the
 same RL budget from the same start: `ppo` (preset ppo: verifier reward, learned critic), `rfpo` (preset rfpo:
 binarised debiased reward, frozen critic as the GAE baseline), `rfpo_raw` (rfpo with binarize false: the raw score
 V(s_L)). The results table has one row per arm: held-out greedy accuracy before and after RL, the gain, the mean
@@ -24,7 +24,7 @@ import _common as C
 from ppo_vs_grpo import resolve_preset
 from posttrain import resolve
 from posttrain.models.value import save_critic
-from posttrain.trainers.critic import train_critic
+from posttrain.recipes.rfpo.trainer import train_critic
 from posttrain.trainers.loop import TrainLoop
 
 ARMS = ("ppo", "rfpo", "rfpo_raw")

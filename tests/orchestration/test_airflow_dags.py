@@ -81,7 +81,7 @@ def test_dagbag_loads_without_torch_or_posttrain_and_params_match_the_config(dag
     read = {"posttrain_text": {"task", "model", "sft", "rl", "distill", "eval"}, "posttrain_sweep": {"task", "model", "sft", "rl", "distill", "eval"},
             "posttrain_image": {"city", "curate", "flow", "flow_sft", "flow_rl", "flow_eval"},
             "posttrain_rlhf": {"task", "model", "sft", "rl", "eval", "reward_model", "preference", "care", "edit"},
-            "posttrain_dsp": {"dsp"}}
+            "posttrain_dsp": {"dsp"}, "posttrain_rfpo": {"task", "model", "sft", "rl", "eval", "critic"}}
     for dag, sections in read.items():
         shown = {name for name in found["params"][dag] if name != "objectives"}
         assert shown == {name for name, spec in everything.items() if spec["section"] in sections | run_wide}, dag
@@ -99,6 +99,10 @@ def test_dagbag_loads_without_torch_or_posttrain_and_params_match_the_config(dag
     assert {"preflight", "maze_data", "dsp", "finalize"} == set(found["tasks"]["posttrain_dsp"])
     assert all("/recipes/dsp/params.yaml" in found["commands"]["posttrain_dsp"][t] for t in ("preflight", "finalize"))
     assert "dsp.steps" in found["params"]["posttrain_dsp"] and not any(name.startswith("dsp.") for name in text_params)
+    # recipes/rfpo/dvc.yaml starts from the core pipeline's data and sft, on the recipe's params file (which adds `critic`)
+    assert {"preflight", "data", "sft", "critic", "rl_rfpo", "eval_rl_rfpo", "finalize"} == set(found["tasks"]["posttrain_rfpo"])
+    assert all("/recipes/rfpo/params.yaml" in found["commands"]["posttrain_rfpo"][t] for t in ("preflight", "finalize"))
+    assert "critic.steps" in found["params"]["posttrain_rfpo"] and not any(name.startswith("critic.") for name in text_params)
     # the form's help text is the comment on the setting's line in its settings model (continued by aligned comment
     # lines, or the comment lines right above it), else the key and its default
     assert text_params["rl.preset"][2].startswith("a named method (objectives/presets.py)")

@@ -109,6 +109,9 @@ def test_a_recipe_pipeline_takes_its_section_and_no_other_pipeline_does():
     dsp = parameters("dsp")
     assert "dsp" in dsp and {"pipeline", "model", "rl"} <= set(dsp) and dsp["dsp"]["defaultValue"]["steps"] == 3000
     assert not any("dsp" in parameters(name) for name in ("text", "image", "rlhf", "sweep"))
+    rfpo = parameters("rfpo")  # recipes/rfpo/dvc.yaml: the core data and sft, then the recipe's critic, rl under its preset, eval
+    assert "critic" in rfpo and {"pipeline", "task", "model", "sft", "rl", "eval"} <= set(rfpo) and rfpo["critic"]["defaultValue"]["steps"] == 600
+    assert not any("critic" in parameters(name) for name in ("text", "image", "rlhf", "sweep", "dsp"))
 
 
 def test_gpu_retries_caching_secrets_and_exit_handler_are_in_the_yaml():

@@ -2,7 +2,7 @@
 seed, the results table with one row per arm, the claimed comparisons with intervals and verdicts. ppo_vs_grpo runs
 as a script (2 seeds) with MLflow: a parent run per claim, a child per arm x seed, the PPO arm's critic figures;
 rfpo_vs_ppo in this process (1 seed, no MLflow: its path is the same `_common.log_arm`). The rfpo arm settings are
-checked in tests/unit/test_rfpo.py."""
+checked in tests/recipes/rfpo/test_rfpo.py."""
 
 from __future__ import annotations
 

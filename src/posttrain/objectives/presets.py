@@ -11,8 +11,8 @@ ppo:     PPO with a learned critic (Schulman et al. 2017, arXiv 1707.06347; the 
          arXiv 2203.02155): per-token GAE advantages (eq. 11-12, objectives/gae.py) from a value head on a copy of
          the policy (rl.critic), the clipped surrogate (eq. 7), the clipped value loss `value` (eq. 9) as an
          auxiliary term, token-mean aggregation.
-rfpo:    RFPO (Reward-Free Policy Optimization, 2026): the frozen critic of the `critic` stage (rl.critic.path, default outputs/critic) as the
-         only reward (`rfpo`: binarised, length-debiased V(s_L)) and as the GAE baseline; no value loss, no verifier.
+
+A recipe registers the presets of its own method here on import (`rfpo`: src/posttrain/recipes/rfpo/preset.py).
 """
 
 from __future__ import annotations
@@ -65,15 +65,6 @@ def grpo(rl: dict[str, Any]) -> dict[str, Any]:
 def ppo(rl: dict[str, Any]) -> dict[str, Any]:
     listed = list(rl.get("aux") or [])
     return {"advantage": "gae", "loss": "clip", "loss_agg": "token_mean", "aux": listed if "value" in listed else [*listed, "value"]}
-
-
-@presets.register("rfpo")
-def rfpo(rl: dict[str, Any]) -> dict[str, Any]:
-    critic = dict(rl.get("critic") or {})
-    critic["path"] = critic.get("path") or "outputs/critic"
-    aux = [a for a in (rl.get("aux") or []) if a != "value"]
-    return {"advantage": "gae", "loss": "clip", "loss_agg": "token_mean", "aux": aux, "rewards": [{"name": "rfpo", "weight": 1.0}], "critic": critic,
-            "verify_rollouts": False}
 
 
 # --- the 2026 catalogue (docs/objectives.md): presets where the anchors ship one -----------------------------

@@ -14,19 +14,23 @@ from __future__ import annotations
 from posttrain.errors import UserError
 
 
+def _presets_and_advantages():
+    """The presets and advantage registries with the recipes' and plugins' entries (a recipe's preset is an arm too)."""
+    from posttrain.resolve import all_registries
+
+    registries = all_registries()
+    return registries["presets"], registries["advantages"]
+
+
 def arm_names() -> list[str]:
     """Every name an arm can take: the presets and the advantage estimators, sorted."""
-    from posttrain.objectives import advantages
-    from posttrain.objectives.presets import presets
-
+    presets, advantages = _presets_and_advantages()
     return sorted(set(presets.names()) | set(advantages.names()))
 
 
 def arm_overrides(arm: str) -> list[str]:
     """The `--set` overrides that make the run settings those of `arm` (a UserError naming it if unknown)."""
-    from posttrain.objectives import advantages
-    from posttrain.objectives.presets import presets
-
+    presets, advantages = _presets_and_advantages()
     if arm in presets:
         return [f"rl.preset={arm}"]
     if arm in advantages:

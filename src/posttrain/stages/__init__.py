@@ -51,7 +51,7 @@ def _present(path: Path, needed: str) -> bool:
     return (path / needed).exists() or (head == MODEL and rest != "" and (model_dir(path) / rest).exists())
 
 
-from posttrain.stages import compare, critic, data, distill, eval, preference, reward_model, rl, rl_rm, sft  # noqa: E402,F401,A004  (registers)
+from posttrain.stages import compare, data, distill, eval, preference, reward_model, rl, rl_rm, sft  # noqa: E402,F401,A004  (registers)
 from posttrain.stages import import_model  # noqa: E402,F401  (registers: import, a GGUF file or checkpoint into the pipeline)
 
 RUN_FILE = "mlflow_run.json"  # in every stage output: which stage and MLflow run made it (lineage for `compare`)

@@ -1,4 +1,4 @@
-"""Stage `critic`: pretrain RFPO's success critic (trainers/critic.py) on the SFT policy's labelled rollouts.
+"""Stage `critic`: pretrain RFPO's success critic (recipes/rfpo/trainer.py) on the SFT policy's labelled rollouts.
 
 Inputs: `data` (train.jsonl, heldout.jsonl) and `policy` (the SFT model: the critic's backbone starts as a copy of
 it, and it samples the rollouts). Output: `model/` (a value model: what `rl.critic.path` points at; preset `rfpo`
@@ -27,7 +27,7 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     from posttrain.models import load_pretrained, prepare_model, select_device
     from posttrain.models.value import save_critic
     from posttrain.runtime import seed_everything
-    from posttrain.trainers.critic import train_critic
+    from posttrain.recipes.rfpo.trainer import train_critic
     from posttrain.trainers.loop import TrainLoop
 
     task = build_task(cfg.task)

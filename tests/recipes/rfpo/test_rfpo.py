@@ -12,7 +12,7 @@ from helpers import REPO, micro_params
 from posttrain import resolve
 from posttrain.models.value import critic_from_policy, save_critic
 from posttrain.objectives import advantages
-from posttrain.rewards.rfpo import RFPOOptions, length_baseline, rfpo_scores
+from posttrain.recipes.rfpo.reward import RFPOOptions, length_baseline, rfpo_scores
 from posttrain.trainers.online_rl import OnlineRL, PromptStream, RLRun
 
 OPTS = RFPOOptions(tau=0.0, bins=None, binarize=True)

@@ -1,4 +1,4 @@
-"""RFPO's critic pretraining (trainers/critic.py) learns to tell solved from failed rollouts from their states, and the
+"""RFPO's critic pretraining (recipes/rfpo/trainer.py) learns to tell solved from failed rollouts from their states, and the
 `critic` stage's resume after a kill is a case of tests/reliability/test_resume_all_stages.py."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 
 from helpers import micro_params
 from posttrain import resolve
-from posttrain.trainers.critic import auc, state_mask, train_critic
+from posttrain.recipes.rfpo.trainer import auc, state_mask, train_critic
 from posttrain.trainers.loop import TrainLoop
 
 CRITIC = {"n_prompts": 40, "samples_per_prompt": 4, "n_heldout_prompts": 20, "steps": 60, "batch_size": 32, "lr": 0.01,
