@@ -1,7 +1,7 @@
 """Claim (AURA, spec §12): PPO on the terminal direction-magnitude score raises the score, the directional accuracy
 and the conditional magnitude agreement of an SFT tool-use policy in the chronological market sandbox.
 
-Per seed: SFT of a tiny model on the scripted analyst's demonstrations (task `market`, aura/params.yaml), then PPO
+Per seed: SFT of a tiny model on the scripted analyst's demonstrations (task `market`, recipes/aura/params.yaml), then PPO
 (rl.preset ppo: GAE over a value head on a copy of the SFT policy, clipped value loss, critic warm-up) with the
 reward `aura`. Both are evaluated greedily on the held-out decisions (later days than every train decision, episodes
 played in the sandbox): score = mean R (in %), directional accuracy, conditional magnitude agreement (mean mag where
@@ -10,7 +10,7 @@ reported as a reference. Arms in the table: `sft`, `ppo`, `analyst`.
 
     .venv/bin/python experiments/aura_ppo.py [--steps N] [--seeds 3] [--json FILE] [--micro]
 
---params defaults to aura/params.yaml.
+--params defaults to recipes/aura/params.yaml.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import _common as C
-from posttrain.envs.market import TOOLS
+from posttrain.recipes.aura.market import TOOLS
 
 
 
@@ -35,7 +35,7 @@ def figures(metrics: dict, prefix: str = "greedy") -> dict:
 
 def analyst_figures(task, held) -> dict:
     """The scripted analyst on the held-out decisions (its demonstrations are what SFT imitates)."""
-    from posttrain.envs.market import parse_prompt, scripted_analyst
+    from posttrain.recipes.aura.market import parse_prompt, scripted_analyst
 
     rng = random.Random(0)
     rows = [task.sample_metrics(scripted_analyst(task.sandbox, *parse_prompt(e.prompt), rng), e) for e in held]
@@ -46,7 +46,7 @@ def analyst_figures(task, held) -> dict:
 def main() -> None:
     args = C.parse_args(__doc__.split("\n")[0], 100)
     if args.params == C.REPO / "params.yaml":
-        args.params = C.REPO / "aura" / "params.yaml"
+        args.params = C.REPO / "recipes" / "aura" / "params.yaml"
     t0 = time.time()
     micro = ["task.n_train=30", "task.n_heldout=6", "model.max_positions=64", "eval.n_prompts=6", "rl.max_new_tokens=24",
              "eval.max_new_tokens=24", "rl.critic.warmup_steps=1", "rl.prompts_per_step=2", "rl.group_size=3"] if args.micro else []

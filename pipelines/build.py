@@ -146,8 +146,14 @@ def _downstream_of(task_id: str, tasks: list[Task]) -> list[Task]:
     return [t for t in tasks if t.id in below]
 
 
+def _defaults(params: Path) -> Config:
+    """The parameter defaults of a pipeline reading `params`: the file over the models' defaults, with `rl.preset`
+    left for the preflight to expand (as the Airflow forms show it: recipes/aura/params.yaml names `rl.preset: ppo`)."""
+    return config.load(params, model=settings_model(), expand_preset=lambda name, rl: {})
+
+
 def build_all(params: Path, repo: Path) -> dict[str, object]:
-    cfg = config.load(params, model=settings_model())
+    cfg = _defaults(params)
     found = load_pipelines(repo)
     for pipeline in found.values():
         check_overrides(pipeline, params_of(pipeline, params, repo))
@@ -157,7 +163,7 @@ def build_all(params: Path, repo: Path) -> dict[str, object]:
         raise UserError(f"orchestration.imports names no task: {unknown} (tasks: {', '.join(sorted(known))})")
     check_arms(cfg.orchestration.sweep.objectives, "orchestration.sweep.objectives")
     # a recipe's pipeline takes its defaults from its own params file (which extends params.yaml)
-    built = {name: build_pipeline(pipeline, cfg if pipeline.params == PARAMS else config.load(params_of(pipeline, params, repo), model=settings_model()))
+    built = {name: build_pipeline(pipeline, cfg if pipeline.params == PARAMS else _defaults(params_of(pipeline, params, repo)))
              for name, pipeline in found.items()}
     text = found.get("text")
     if text is not None and any(t.id == "rl" for t in text.tasks):

@@ -64,6 +64,6 @@ def reward_matrix(specs, task: Task, examples, completions, finished, **context)
     return torch.stack(columns, dim=1), names, weights
 
 
-from posttrain.rewards import audit_correction, aura, bradley_terry, kgpo, sdrl, trm  # noqa: E402,F401  (registers)
+from posttrain.rewards import audit_correction, bradley_terry, kgpo, sdrl, trm  # noqa: E402,F401  (registers)
 from posttrain.rewards import verifiers  # noqa: E402,F401  (registers exact_match, math_verify, ...)
 from posttrain.rewards import reasoning_gym  # noqa: E402,F401  (registers reasoning_gym: the library's score_answer)

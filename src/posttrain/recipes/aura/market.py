@@ -15,7 +15,7 @@ A decision is (ticker, day d); its realised return is r = P_{d+H} / P_d - 1 over
 
 The tools (`call_tool`) read a `History`: copies of the series cut at the decision day, so no tool can read a
 later value; every result carries `as_of`, the last day it read, and the tool layer refuses a result dated after
-the decision (tests/unit/test_market.py perturbs every later value and checks that no tool output changes):
+the decision (tests/recipes/aura/test_market.py perturbs every later value and checks that no tool output changes):
 
     [price N]    "=<last close>,<N-day return %>;"          e.g. [price 5]=104.2,+3.1;
     [volume N]   "=x<N-day mean volume / 60-day mean>;"    e.g. [volume 5]=x1.4;
@@ -236,7 +236,7 @@ class MarketEpisode(Env):
         return Step(observation(result), 0.0, False)
 
 
-# -- AURA's direction-magnitude score (AURA 2026; the formula and its invariant: rewards/aura.py, which registers it) --
+# -- AURA's direction-magnitude score (AURA 2026; the formula and its invariant: reward.py, which registers it) --
 
 def sign(x: float) -> int:
     return (x > 0) - (x < 0)

@@ -10,12 +10,12 @@ For a forecast f and the realised return r over the horizon (both in percent):
 
     score = mean R,   directional accuracy = mean dir,   conditional magnitude agreement = mean(mag | dir = 1)
 
-so mean R = mean(dir) x mean(mag | dir = 1) exactly (tests/unit/test_market.py). `aura` is the reward PPO trains on;
+so mean R = mean(dir) x mean(mag | dir = 1) exactly (tests/recipes/aura/test_market.py). `aura` is the reward PPO trains on;
 `aura_direction` (dir) and `aura_magnitude` (mag where dir = 1, NaN elsewhere: undefined, and every estimator reads
 NaN as 0) are listed with weight 0 so the rl stage logs the two factors (`reward/<name>_mean` averages the finite
 values: the conditional agreement). The scoring settings are the task's (task.options.market): the reward scores
 the `market` task's episodes, whose answer is the realised return. The rule itself (`score_parts`) sits with the
-sandbox (envs/market.py), where the task's verifier reads it too.
+sandbox (market.py), where the task's verifier reads it too.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from posttrain.envs.market import bucket, direction, magnitude, score, score_parts, sign  # noqa: F401  (the score's rule)
+from posttrain.recipes.aura.market import bucket, direction, magnitude, score, score_parts, sign  # noqa: F401  (the score's rule)
 from posttrain.rewards import rewards
 
 

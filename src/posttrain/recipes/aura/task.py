@@ -1,7 +1,8 @@
-"""AURA's chronological market sandbox (envs/market.py) as a task: a prompt is a decision (ticker, day), the
+"""AURA's chronological market sandbox (recipes/aura/market.py) as a task: a prompt is a decision (ticker, day), the
 answer its realised return over the horizon, the reference completion a scripted analyst's tool-use
-demonstration, and the verifier AURA's direction-magnitude score (envs/market.py; the rewards of rewards/aura.py). Its `sampler` runs the
-episodes (tool calls answered by the environment, masked from the loss) in place of single-turn sampling.
+demonstration, and the verifier AURA's direction-magnitude score (recipes/aura/market.py; the rewards of
+recipes/aura/reward.py). Its `sampler` runs the episodes (tool calls answered by the environment, masked from the
+loss) in place of single-turn sampling.
 
 The splits are chronological: train decisions end, horizon included, before the first held-out decision day,
 so no held-out return is ever part of a train episode's outcome. The analyst's forecasts are right only as often
@@ -20,7 +21,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from posttrain.config import Section
-from posttrain.envs.market import (
+from posttrain.recipes.aura.market import (
     TICKERS, TOOLS, MarketEpisode, Sandbox, calls_of, parse_forecast, parse_prompt, prompt_of, replays, score_parts, scripted_analyst,
 )
 from posttrain.envs.rollout import env_sampler
@@ -86,12 +87,12 @@ class Market(Task):
         return None if f is None else f"{f:+.1f}"
 
     def correctness_reward(self, completion: str, finished: bool, example: Example) -> float:
-        """AURA's R = dir * mag (rewards/aura.py), in [0, 1]."""
+        """AURA's R = dir * mag (reward.py), in [0, 1]."""
         d, m = self.parts(completion, example)
         return d * m if d else 0.0
 
     def parts(self, completion: str, example: Example) -> tuple[float, float]:
-        """(dir, mag | dir) of a completion (AURA's score, envs/market.py)."""
+        """(dir, mag | dir) of a completion (AURA's score, market.py)."""
         o = self.opts
         return score_parts(self.forecast(completion), float(example.answer), o.magnitude, o.magnitude_edges, o.tau)
 

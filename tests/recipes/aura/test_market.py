@@ -1,5 +1,5 @@
-"""AURA (spec §12): the chronological market sandbox (envs/market.py, tasks/market.py) and the direction-magnitude
-score (rewards/aura.py). Invariants: mean score = directional accuracy x conditional magnitude agreement exactly;
+"""AURA (spec §12): the chronological market sandbox (recipes/aura/market.py, recipes/aura/task.py) and the direction-magnitude
+score (recipes/aura/reward.py). Invariants: mean score = directional accuracy x conditional magnitude agreement exactly;
 a wrong direction or an unparseable forecast scores 0; no tool ever returns data dated after the decision time
 (property-tested over random calls by perturbing every later value); the demonstrations carry signal and the
 reward varies within groups on the sandbox."""
@@ -15,14 +15,14 @@ import pytest
 import torch
 
 from posttrain import resolve
-from posttrain.envs import market as M
+from posttrain.recipes.aura import market as M
+from posttrain.recipes.aura.reward import bucket, score, score_parts
+from posttrain.recipes.aura.task import tool_shares
 from posttrain.rewards import reward_matrix, rewards
-from posttrain.rewards.aura import bucket, score, score_parts
 from posttrain.tasks import build_task
-from posttrain.tasks.market import tool_shares
 from posttrain.trainers.online_rl import reward_metrics
 
-PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
+PARAMS = Path(__file__).resolve().parents[3] / "params.yaml"
 
 
 @pytest.fixture(scope="module")
