@@ -24,6 +24,17 @@ from pathlib import Path
 from posttrain.errors import UserError
 from posttrain.uris import error_line, redact_uri
 
+MODEL = "model"  # a stage output holds its model here
+
+
+def model_dir(path: Path) -> Path:
+    """The checkpoint directory of a model input: a stage output's `model/`, or the input itself when it is a plain
+    `save_pretrained` directory (a pretrained checkpoint given as `--in policy=DIR`, a published reward model)."""
+    nested = path / MODEL
+    if (nested / "config.json").is_file() or not (path / "config.json").is_file():
+        return nested
+    return path
+
 
 def is_remote(location: str) -> bool:
     return "://" in location and not location.startswith("file://")

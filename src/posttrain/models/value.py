@@ -22,6 +22,7 @@ from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
 from posttrain.errors import UserError
 from posttrain.models.decoders import positions_from_mask
+from posttrain.storage import MODEL, model_dir
 
 HEAD_FILE = "critic.json"  # written next to a saved critic: it has a trained head
 
@@ -55,11 +56,10 @@ def critic_from_policy(policy: PreTrainedModel) -> PreTrainedModel:
 
 def critic_dir(path: str | Path) -> Path:
     """The model directory `path` names: itself, or its `model/` (the `critic` stage's output); UserError if neither."""
-    local = Path(path)
-    for candidate in (local, local / "model"):
-        if (candidate / "config.json").is_file():
-            return candidate
-    raise UserError(f"rl.critic.path: no model directory (config.json) at {path} or {local / 'model'}")
+    found = model_dir(Path(path))
+    if not (found / "config.json").is_file():
+        raise UserError(f"rl.critic.path: no model directory (config.json) at {path} or {Path(path) / MODEL}")
+    return found
 
 
 def load_critic(path: str | Path, device, dtype: torch.dtype = torch.float32) -> PreTrainedModel:

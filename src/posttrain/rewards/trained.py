@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from posttrain.errors import UserError
+from posttrain.storage import MODEL, model_dir
 
 T = TypeVar("T")
 
@@ -25,9 +26,9 @@ def load_trained(directory: str, build: Callable[[str], T], *, needs: Sequence[s
     """`build(path)` for the model saved under `directory/model` (cached while its config.json is unchanged). A UserError
     `missing` (its `{path}` filled in) when config.json or one of the files `needs` is absent. With `plain`, `directory`
     may also be a plain `save_pretrained` checkpoint (config.json at its top): `build` gets it, without the files `needs`."""
-    path = Path(directory) / "model"
-    if plain and not (path / "config.json").is_file() and (Path(directory) / "config.json").is_file():
-        path, needs = Path(directory), ()
+    path = model_dir(Path(directory)) if plain else Path(directory) / MODEL
+    if path == Path(directory):  # a plain checkpoint: what `build` reads from a stage output's extra files it defaults
+        needs = ()
     if not all((path / name).is_file() for name in ("config.json", *needs)):
         raise UserError(missing.format(path=path))
     return _cached(build, str(path.resolve()), (path / "config.json").stat().st_mtime)

@@ -23,6 +23,7 @@ from posttrain.config import Config
 from posttrain.errors import TrackingIncomplete, UserError
 from posttrain.locks import OutputLock
 from posttrain.registry import Entry, Registry
+from posttrain.storage import MODEL, model_dir  # noqa: F401  (the stages read their model inputs through it)
 
 stages: Registry = Registry("stage")
 # the settings sections recipes and plugins add (`sections.register("dsp", help=..., default=...)(DSPConfig)`): with the
@@ -32,18 +33,6 @@ sections: Registry = Registry("settings section")
 # registry meta of a stage: inputs {name: default dir}, requires {name: [files]}, resumable; for the launchers
 # (orchestration/graph.py): gpu (default True), deterministic (default True: cacheable); for tracking: rl_objective (default
 # False: whether the stage trains with the rl section's objective, so its run is tagged with the objective and arm)
-
-MODEL = "model"  # a stage output holds its model here
-
-
-def model_dir(path: Path) -> Path:
-    """The checkpoint directory of a model input: a stage output's `model/`, or the input itself when it is a plain
-    `save_pretrained` directory (a pretrained checkpoint given as `--in policy=DIR`)."""
-    nested = path / MODEL
-    if (nested / "config.json").is_file() or not (path / "config.json").is_file():
-        return nested
-    return path
-
 
 def _present(path: Path, needed: str) -> bool:
     """Whether input `path` has `needed`; a stage output's `model/<file>` is also found in a plain checkpoint directory."""
