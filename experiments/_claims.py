@@ -150,6 +150,9 @@ COMPARISONS: dict[str, list[Compare]] = {
     "smollm2_rl": [compare("wp_greedy_accuracy", "rl", "base"), compare("wp_greedy_accuracy_steps_1", "rl", "base"),
                    compare("wp_greedy_accuracy_steps_2", "rl", "base"), compare("ar_greedy_accuracy", "rl", "base"),
                    compare("wp_sampled_accuracy", "rl", "base"), compare("wp_greedy_format_rate", "rl", "base")],
+    # smollm2_sft_rl.py (issue 32): an SFT warm-up on worked solutions, then the same GRPO; two-step problems above all
+    "smollm2_sft_rl": [compare(m, better, worse) for better, worse in (("sft_rl", "base"), ("sft_rl", "sft"), ("sft", "base"))
+                       for m in ("wp_greedy_accuracy_steps_2", "wp_greedy_accuracy_steps_1", "wp_greedy_accuracy", "ar_greedy_accuracy")],
 }
 
 

@@ -77,6 +77,9 @@ PREMISES: dict[str, list[Premise]] = {
         Premise("student start held-out greedy", _recorded("sft_heldout", "greedy_accuracy"), at_least=FLOOR),
         Premise("teacher held-out greedy minus the student's start", _lead("teacher_heldout", "sft_heldout"), at_least=TEACHER_MARGIN),
     ],
+    # RL's own gain on two-step problems needs a start that solves some of them (GRPO from the checkpoint: 5%, no gain)
+    "smollm2_sft_rl": [Premise("SFT start's held-out greedy on two-step problems", lambda r: _row(r, "sft", "wp_greedy_accuracy_steps_2"),
+                               at_least=FLOOR, arms=("sft_rl",))],
     "sipo_vs_grpo": [Premise("student start held-out greedy", _recorded("sft_heldout", "greedy_accuracy"), at_least=FLOOR)],
     "rfpo_vs_ppo": [Premise("success critic's held-out AUC", _recorded("critic", "heldout_auc"), at_least=0.65, arms=("rfpo", "rfpo_raw"))],
     # chance is about 0.3 on this task (docs/viskg.md: the answer is another object's colour or shape)

@@ -74,6 +74,7 @@ CLAIMS: dict[str, tuple[str, list[str]]] = {
     "dsp_vs_baselines": ("dsp_vs_baselines", ["--steps", "2000"]),  # measured with --seeds 5
     # a real checkpoint (SmolLM2-135M-Instruct) on 2 shared CPU cores: examples/smollm2/params.yaml's budget
     "smollm2_rl": ("smollm2_rl", []),
+    "smollm2_sft_rl": ("smollm2_sft_rl", []),  # the same, after 40 SFT steps on worked solutions
     "samplers_arithmetic": ("samplers_compare", ["--dataset", "arithmetic", "--steps", "200", "--prompts", "200"]),
     "samplers_word_problems": ("samplers_compare", ["--dataset", "word_problems", "--steps", "60", "--prompts", "100", "--chunk", "25",
                                                     "--max-votes", "32"]),
