@@ -26,7 +26,7 @@ from transformers import DynamicCache
 from posttrain.config import Section
 from posttrain.models.chat import encode_prompts
 from posttrain.models.decoders import positions_from_mask
-from posttrain.models.sampling import StopStrings
+from posttrain.rollout.sampling import StopStrings
 from posttrain.rollout.samplers import Sampled, SampleRequest, decoded, samplers, samples_from_rows, with_context
 
 

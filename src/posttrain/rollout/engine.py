@@ -25,7 +25,7 @@ from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
 from posttrain.models.decoders import positions_from_mask
-from posttrain.models.sampling import StopStrings, categorical
+from posttrain.rollout.sampling import StopStrings, categorical
 
 
 @dataclass
