@@ -3,7 +3,8 @@
 Greedy decoding equals transformers' own `generate` token for token on left-padded prompts (both decoders: the fast
 Llama-family one and the generic `model.forward` one); a multi-turn rollout through the KV cache equals one that
 re-encodes the whole transcript every turn; every recorded log-prob equals a fresh forward's log-softmax over the
-transcript; prefilling from embeddings equals prefilling from ids; `select` equals decoding the reordered batch.
+transcript (soft-token models included); prefilling from embeddings equals prefilling from ids; `select` equals
+decoding the reordered batch.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import torch
 from posttrain.envs.base import Env, Step
 from posttrain.envs.rollout import multi_turn_sample
 from posttrain.models.decoders import FastLlamaDecoder, HFDecoder, positions_from_mask
+from posttrain.models.soft_tokens import SoftTokenLM
 from posttrain.rollout import decode as engine
-from posttrain.rollout.decode import sample
+from posttrain.rollout.decode import sample, sample_soft_tokens
 
 PROMPTS = ["37+48=", "5+9=", "123*4=", "7="]  # unequal lengths: rows are left-padded
 
@@ -165,3 +167,22 @@ def test_select_equals_decoding_the_reordered_rows(model, char_tokenizer, decode
     fresh.prefill(ids.repeat_interleave(2, 0)[index], mask.repeat_interleave(2, 0)[index], 1, 4)
     fresh.step(tokens[index, 0])
     torch.testing.assert_close(got, fresh.step(tokens[index, 1]), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_soft_token_samples_record_the_logprobs_of_a_fresh_forward(model, decoder, char_tokenizer, temperature):
+    """Soft tokens [B, N, H] spliced before left-padded prompts prefill the cache as embeddings; the recorded log-probs
+    are the soft-token model's own completion log-probs (its full forward over soft tokens, prompt and completion)."""
+    ids, mask = encode(char_tokenizer, PROMPTS)
+    lm = SoftTokenLM(torch.nn.Identity(), model, char_tokenizer)
+    soft = torch.randn(len(PROMPTS), 3, model.config.hidden_size, generator=torch.Generator().manual_seed(3))
+    samples = sample_soft_tokens(lm, soft, ids, mask, 8, temperature, torch.Generator().manual_seed(4))
+    produced = samples.completion_mask.bool()
+    with torch.no_grad():
+        want = lm.completion_logp_from(soft, ids, mask, samples.completion_ids, samples.completion_mask)
+    assert samples.completion_ids.shape[1] > 2
+    torch.testing.assert_close(samples.logp[produced], want[produced], atol=1e-5, rtol=0)
+    if temperature == 0.0:  # greedy: every recorded token is the most likely one
+        with torch.no_grad():
+            logits = lm.completion_logits(soft, ids, mask, samples.completion_ids, samples.completion_mask)
+        assert torch.equal(logits.argmax(-1)[produced], samples.completion_ids[produced])

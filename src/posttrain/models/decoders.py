@@ -55,8 +55,10 @@ class HFDecoder:
     def __init__(self, model: PreTrainedModel):
         self.model = model
 
-    def prefill(self, ids: Tensor, mask: Tensor, repeat: int, max_new_tokens: int, embeds: Tensor | None = None) -> Tensor:
-        inputs = {"input_ids": ids} if embeds is None else {"inputs_embeds": embeds}
+    def prefill(self, ids: Tensor | None, mask: Tensor, repeat: int, max_new_tokens: int, embeds: Tensor | None = None,
+                **inputs: Tensor) -> Tensor:
+        """`inputs`: further model inputs of the prompt (a native image-text model's pixel values)."""
+        inputs.update({"input_ids": ids} if embeds is None else {"inputs_embeds": embeds})
         self.cache = DynamicCache()
         out = self.model(**inputs, attention_mask=mask, position_ids=positions_from_mask(mask), cache=self.cache, use_cache=True, logits_to_keep=1)
         self.cache.batch_repeat_interleave(repeat)

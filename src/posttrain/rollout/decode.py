@@ -11,14 +11,15 @@ calls the hooks:
   through the same KV cache, one token per step, as tokens the policy did not produce (log-prob 0, loss mask 0), so
   a turn costs its new tokens only instead of re-encoding the transcript;
 - `embeds` replaces the prompt's token ids by input embeddings (soft-token models: encoder outputs spliced in front
-  of the words), after which decoding proceeds from token ids as usual.
+  of the words, `sample_soft_tokens`), after which decoding proceeds from token ids as usual; `prompt_inputs` are
+  further inputs of the prompt's forward (a native image-text model's pixel values).
 
 The loop only samples and records; masking after a row's end happens once, at the end.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Protocol
@@ -29,6 +30,7 @@ from transformers import PreTrainedModel
 
 from posttrain.models.decoders import CUDA_GRAPHS, FastLlamaDecoder, decoder_for, unwrap
 from posttrain.models.precision import autocast
+from posttrain.models.soft_tokens import SoftTokenLM
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,7 @@ def sample(
     cuda_graph: bool | None = None,
     env: Environment | None = None,
     embeds: Tensor | None = None,
+    prompt_inputs: Mapping[str, Tensor] | None = None,
 ) -> Samples:
     """Sample `group_size` completions for each prompt row of `prompt_ids` (left-padded; or of `embeds` [B, P, H]
     under `prompt_mask`). A row ends at EOS or when `stop(tokens so far)` [N, t] -> [N] bool (a `StopStrings`) says
@@ -94,6 +97,7 @@ def sample(
     options = {"static": True} if graphed else {}
     if embeds is not None:
         options["embeds"] = embeds
+    options.update(prompt_inputs or {})
     with autocast(model):
         logits = decoder.prefill(prompt_ids, prompt_mask, group_size, max_new_tokens, **options)
     n = logits.shape[0]
@@ -132,6 +136,18 @@ def sample(
     if turns is None:
         return Samples(tokens, produced.long(), logps.masked_fill(~produced, 0.0), ended)
     return turns.samples(tokens, logps, produced, pad_id)
+
+
+def sample_soft_tokens(lm: SoftTokenLM, soft: Tensor, prompt_ids: Tensor, prompt_mask: Tensor, max_new_tokens: int, temperature: float,
+                       generator: torch.Generator | None = None) -> Samples:
+    """One completion per row of a soft-token model: `soft` [B, N, H] encoder tokens in front of left-padded prompts
+    (`SoftTokenLM.splice`), decoded by its language model; temperature 0 is greedy."""
+    embeds, mask = lm.splice(soft, prompt_ids, prompt_mask)
+    tokenizer = lm.tokenizer
+    return sample(
+        lm.language_model, None, mask, embeds=embeds, group_size=1, max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_token_id,
+        pad_id=tokenizer.pad_token_id, temperature=temperature if temperature > 0 else 1.0, greedy=temperature <= 0, generator=generator,
+    )
 
 
 def _no_autocast(model: PreTrainedModel) -> bool:
