@@ -16,6 +16,7 @@ from posttrain.envs.base import Env, Step
 from posttrain.envs.rollout import multi_turn_sample
 from posttrain.models.decoders import FastLlamaDecoder, HFDecoder, positions_from_mask
 from posttrain.models.soft_tokens import SoftTokenLM
+from posttrain.rollout import beam
 from posttrain.rollout import decode as engine
 from posttrain.rollout.decode import sample, sample_soft_tokens
 
@@ -31,6 +32,7 @@ def model(sharp_model):
 def decoder(request, monkeypatch):
     if request.param == "hf":
         monkeypatch.setattr(engine, "decoder_for", HFDecoder)
+        monkeypatch.setattr(beam, "decoder_for", HFDecoder)
     return request.param
 
 
@@ -186,3 +188,23 @@ def test_soft_token_samples_record_the_logprobs_of_a_fresh_forward(model, decode
         with torch.no_grad():
             logits = lm.completion_logits(soft, ids, mask, samples.completion_ids, samples.completion_mask)
         assert torch.equal(logits.argmax(-1)[produced], samples.completion_ids[produced])
+
+
+@torch.no_grad()
+def test_beam_search_as_wide_as_the_vocabulary_finds_the_best_two_token_completion(model, decoder, char_tokenizer):
+    """Beam search reuses the engine's cache (prefill, `select`, step); as wide as the vocabulary it is exhaustive
+    over two tokens, so its best hypothesis is the enumerated maximum of log p(a) + log p(b | a) (or log p(EOS))."""
+    ids, mask = encode(char_tokenizer, PROMPTS[:2])
+    vocab, eos = model.config.vocab_size, char_tokenizer.eos_token_id
+    tokens, _, _, scores, _ = beam.beam_search(model, char_tokenizer, PROMPTS[:2], 2, vocab, vocab, 0.0)
+    for row in range(2):
+        real = ids[row][mask[row] == 1]
+        first = torch.log_softmax(model(input_ids=real[None]).logits[0, -1].float(), -1)
+        pairs = torch.cat([real.repeat(vocab, 1), torch.arange(vocab)[:, None]], dim=1)
+        second = torch.log_softmax(model(input_ids=pairs).logits[:, -1].float(), -1)
+        total = first[:, None] + second
+        total[eos] = float("-inf")
+        best = divmod(int(total.argmax()), vocab)
+        want = [eos] if first[eos] > total.max() else list(best)
+        assert tokens[row].tolist() == want
+        assert scores[row] == pytest.approx(float(max(first[eos], total.max())), abs=1e-4)
