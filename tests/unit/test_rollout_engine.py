@@ -208,3 +208,29 @@ def test_beam_search_as_wide_as_the_vocabulary_finds_the_best_two_token_completi
         want = [eos] if first[eos] > total.max() else list(best)
         assert tokens[row].tolist() == want
         assert scores[row] == pytest.approx(float(max(first[eos], total.max())), abs=1e-4)
+
+
+@pytest.mark.parametrize("decoder_cls", [FastLlamaDecoder, HFDecoder])
+@torch.no_grad()
+def test_resume_from_exported_rows_equals_the_uninterrupted_decode(model, char_tokenizer, decoder_cls):
+    """What the MCMC samplers do: take each row's keys/values out (`row_cache`), and later continue from them
+    (`resume`), here with an extra column of padding in front of every row."""
+    ids, mask = encode(char_tokenizer, PROMPTS)
+    tokens = torch.randint(3, model.config.vocab_size, (len(PROMPTS), 3), generator=torch.Generator().manual_seed(5))
+    plain = decoder_cls(model)
+    plain.prefill(ids, mask, 1, 3)
+    plain.step(tokens[:, 0])
+    want = [plain.step(tokens[:, 1]), plain.step(tokens[:, 2])]
+    width = ids.shape[1] + 1  # the prompt and the first fed token
+    rows = [plain.row_cache(r, 0, width) for r in range(len(PROMPTS))]
+    layers = len(rows[0][0])
+
+    def pad(t):  # [Hkv, S, D] -> [Hkv, 1 + S, D]
+        return torch.cat([torch.zeros_like(t[:, :1]), t], dim=1)
+
+    keys = [torch.stack([pad(rows[r][0][i]) for r in range(len(PROMPTS))]) for i in range(layers)]
+    values = [torch.stack([pad(rows[r][1][i]) for r in range(len(PROMPTS))]) for i in range(layers)]
+    resumed = decoder_cls(model)
+    resumed.resume(keys, values, torch.cat([torch.zeros_like(mask[:, :1]), mask, torch.ones_like(mask[:, :1])], dim=1), 2)
+    got = [resumed.step(tokens[:, 1]), resumed.step(tokens[:, 2])]
+    torch.testing.assert_close(torch.stack(got), torch.stack(want), atol=1e-5, rtol=0)

@@ -82,6 +82,21 @@ class HFDecoder:
         self.cache.reorder_cache(index)
         self.mask, self.position = self.mask[index], self.position[index]
 
+    def resume(self, keys: list[Tensor], values: list[Tensor], mask: Tensor, max_new_tokens: int) -> None:
+        """Continue from given keys/values (per layer [N, Hkv, S, D]; none for an empty prefix) of tokens under `mask`
+        [N, S] (0 on padding): the next `step` feeds the token after them."""
+        self.cache = DynamicCache(list(zip(keys, values))) if keys else DynamicCache()
+        n, s = mask.shape
+        self.mask = torch.ones(n, s + max_new_tokens, dtype=mask.dtype, device=mask.device)
+        self.mask[:, :s] = mask
+        self.length = s
+        self.position = mask.long().sum(-1, keepdim=True) - 1
+
+    def row_cache(self, row: int, start: int, end: int) -> tuple[list[Tensor], list[Tensor]]:
+        """Keys and values (per layer [Hkv, end - start, D]) of row `row` at buffer columns [start, end)."""
+        layers = self.cache.layers
+        return [layer.keys[row, :, start:end] for layer in layers], [layer.values[row, :, start:end] for layer in layers]
+
 
 def _plain(*modules: nn.Module) -> bool:
     """True when every module is an unwrapped `nn.Linear` (a LoRA wrapper is not), so weights can be fused."""
@@ -246,6 +261,31 @@ class FastLlamaDecoder:
         x = self._layers(self.body.embed_tokens(token[:, None]), cos, sin, mask, self.length)
         self.length += 1
         return self._logits(x[:, -1])
+
+    def resume(self, keys: list[Tensor], values: list[Tensor], mask: Tensor, max_new_tokens: int) -> None:
+        """Continue from given keys/values (per layer [N, Hkv, S, D]; none for an empty prefix) of tokens under `mask`
+        [N, S] (0 on padding): the next `step` feeds the token after them, at position `mask.sum(-1)`."""
+        n, s = mask.shape
+        capacity = s + max_new_tokens
+        dtype, device = self.lm.lm_head.weight.dtype, mask.device
+        if not torch.is_grad_enabled():
+            self._fuse_weights()
+        self.keys = [torch.empty(n, self.n_kv, capacity, self.head_dim, dtype=dtype, device=device) for _ in self.body.layers]
+        self.values = [torch.empty_like(k) for k in self.keys]
+        for buffer, given in zip((*self.keys, *self.values), (*keys, *values)):
+            buffer[:, :, :s] = given
+        self.padded = not bool(mask.bool().all())
+        if self.padded:
+            self.key_valid = torch.ones(n, capacity, dtype=torch.bool, device=device)
+            self.key_valid[:, :s] = mask.bool()
+        ahead = mask.long().sum(-1, keepdim=True) + torch.arange(max_new_tokens, device=device)
+        self.step_cos, self.step_sin = self._rope(ahead, dtype)
+        self.prompt_length = self.length = s
+        self.static, self.graph = False, None
+
+    def row_cache(self, row: int, start: int, end: int) -> tuple[list[Tensor], list[Tensor]]:
+        """Keys and values (per layer [Hkv, end - start, D]) of row `row` at buffer columns [start, end)."""
+        return [k[row, :, start:end] for k in self.keys], [v[row, :, start:end] for v in self.values]
 
     def select(self, index: Tensor) -> None:
         """Keep rows `index` [N'] of the state, in that order (a beam's surviving hypotheses); not in static mode,
