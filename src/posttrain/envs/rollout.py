@@ -27,7 +27,7 @@ class _Episodes:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, envs: Sequence[Env]):
         self.tokenizer, self.envs = tokenizer, envs
 
-    def respond(self, row: int, token: int, length: int) -> tuple[list[int], bool]:
+    def respond(self, row: int, token: int) -> tuple[list[int], bool]:
         step = self.envs[row].step(self.tokenizer.decode([token]))
         return self.tokenizer(step.observation, add_special_tokens=False).input_ids, step.done
 

@@ -48,9 +48,9 @@ class Samples:
 
 
 class Environment(Protocol):
-    def respond(self, row: int, token: int, length: int) -> tuple[Sequence[int], bool]:
-        """(observation token ids, whether the episode is over) after row `row` produced `token`, its transcript now
-        `length` tokens long. An observation that ends the episode is recorded but not fed."""
+    def respond(self, row: int, token: int) -> tuple[Sequence[int], bool]:
+        """(observation token ids, whether the episode is over) after row `row` produced `token`. An observation that
+        ends the episode (or the token budget) is recorded but not fed."""
         ...
 
 
@@ -182,7 +182,7 @@ class _Turns:
         over = hit.clone()
         values, live = token.tolist(), (acted & ~hit & ~ended).nonzero().flatten().tolist()
         for row in live:
-            observation, done = self.env.respond(row, values[row], length)
+            observation, done = self.env.respond(row, values[row])
             if done or length + len(observation) >= budget:
                 self.tails[row] = list(observation)
                 over[row] = True
