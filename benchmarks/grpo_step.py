@@ -282,7 +282,7 @@ def build(cfg, sft_steps: int, eos: bool = True, vocab: int | None = None):
     import torch
 
     from posttrain.models import build_tiny, train_char_tokenizer
-    from posttrain.models.sampling import use_cuda_graphs
+    from posttrain.models.decoders import use_cuda_graphs
     from posttrain.tasks import build_task
     from posttrain.runtime import seed_everything
     from posttrain.trainers.sft import train_sft
@@ -516,7 +516,7 @@ def run_rollouts(cfg, train, tokenizer, model, repeats: int, device: str = "cpu"
     with `watch` (and `repeats` 0), one untimed call per side measures its peak memory instead."""
     import torch
 
-    from posttrain.models.sampling import encode_prompts, sample
+    from posttrain.rollout.sampling import encode_prompts, sample
 
     rl = cfg.rl
     device = torch.device(device)

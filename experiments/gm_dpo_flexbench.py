@@ -21,7 +21,7 @@ import _common as C
 from posttrain.data import flexbench as F
 from posttrain.models import build_tiny, load_pretrained, save_pretrained
 from posttrain.models.tokenizer import word_tokenizer
-from posttrain.models.sampling import generate
+from posttrain.rollout.sampling import generate
 from posttrain.runtime import seed_everything
 from posttrain.tasks import Example
 from posttrain.trainers.preference import train_preference

@@ -28,7 +28,7 @@ import _common as C
 from posttrain import resolve
 import _distill as D
 from posttrain.envs.text_world import CELLS, ROOMS, shortest_actions, transcript
-from posttrain.models.sampling import generate
+from posttrain.rollout.sampling import generate
 from posttrain.trainers import contexts
 from posttrain.tasks import Example
 

@@ -28,7 +28,7 @@ import _common as C
 from posttrain import resolve
 from posttrain.config import RewardSpec
 from posttrain.models import load_pretrained
-from posttrain.models.sampling import generate
+from posttrain.rollout.sampling import generate
 from posttrain.rewards import reward_models, rewards
 from posttrain.data.preferences import split_by_prompt
 from posttrain.stages.preference import load_pairs

@@ -26,7 +26,7 @@ import _common as C
 from posttrain import resolve
 from posttrain.config import RewardSpec
 from posttrain.models import load_pretrained
-from posttrain.models.sampling import generate
+from posttrain.rollout.sampling import generate
 from posttrain.tasks.optimisation import STRATEGIES
 
 TASK = ["task.name=optimisation", "task.n_train=800", "task.n_heldout=100", "sft.steps=600", "sft.n_examples=0",

@@ -29,7 +29,7 @@ import _distill as D
 from posttrain import resolve
 from posttrain.models import load_pretrained
 from posttrain.models.logprobs import completion_forward
-from posttrain.models.sampling import encode_prompts, generate
+from posttrain.rollout.sampling import encode_prompts, generate
 from posttrain.objectives.distill.divergence import reverse_kl
 from posttrain.objectives.distill.think_opd import route_weights
 from posttrain.rollout import RolloutBatch

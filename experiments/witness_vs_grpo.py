@@ -20,7 +20,7 @@ import torch
 import _common as C
 from posttrain import resolve
 from posttrain.models import load_pretrained
-from posttrain.models.sampling import generate
+from posttrain.rollout.sampling import generate
 from posttrain.tasks.distribution import total_variation
 
 TASK = ["task.name=distribution", "task.digits=3", "task.n_train=200", "task.n_heldout=60",

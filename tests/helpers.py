@@ -116,14 +116,14 @@ def save_chat_checkpoint(directory: Path, arch: str, seed: int = 0) -> Path:
 
 
 def save_llava_checkpoint(directory: Path, seed: int = 0) -> Path:
-    """A tiny native vision-language checkpoint in `directory`, shaped like the real ones (models/native_vlm.py's
+    """A tiny native vision-language checkpoint in `directory`, shaped like the real ones (recipes/viskg/native_vlm.py's
     `tiny_llava`): a LlavaForConditionalGeneration (2-layer CLIP vision tower at 16 px, 8 px patches; 2-layer, hidden-32
     Llama text model) with random weights, and its LlavaProcessor (CLIP image processor, a byte-level BPE tokenizer
     learnt from VisKG's texts with the `<image>` token added, a chat template), all written by `save_pretrained`."""
     import torch
 
     from posttrain.recipes.viskg import data as D
-    from posttrain.models.native_vlm import tiny_llava
+    from posttrain.recipes.viskg.native_vlm import tiny_llava
 
     qs = D.questions(seed, 200, 3, 4, 3)
     corpus = [q.text for q in qs] + [D.target(q, kind) for q in qs for kind in ("kg", "caption")]

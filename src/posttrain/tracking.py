@@ -321,7 +321,9 @@ def mlmodel_text(run_id: str | None) -> str:
 
 
 class LanguageModel:
-    """The pyfunc model: `predict(prompts)` -> greedy completions (params: max_new_tokens, default 16)."""
+    """The pyfunc model: `predict(prompts)` -> greedy completions (params: max_new_tokens, default 16). It decodes with
+    transformers' own `generate`, not the rollout engine, on purpose: a registered model is served from the logged
+    folder as a plain transformers checkpoint, so this checks that it works as one outside posttrain's loops."""
 
     def __init__(self, path: str):
         from posttrain.models.factory import load_pretrained

@@ -10,7 +10,7 @@ import torch
 
 from posttrain.models import load_pretrained, prepare_model
 from posttrain.models.chat import encode_prompts, encode_supervised
-from posttrain.models.sampling import generate
+from posttrain.rollout.sampling import generate
 from posttrain.resolve import load
 from posttrain.tasks import Example
 

@@ -18,7 +18,7 @@ sys.path.insert(0, str(REPO / "tests" / "smoke"))
 import test_objectives_smoke as smoke  # noqa: E402  (the CPU smoke matrix, reused on the GPU)
 
 from posttrain.models.logprobs import completion_logprobs  # noqa: E402
-from posttrain.models.sampling import encode_prompts, sample  # noqa: E402
+from posttrain.rollout.sampling import encode_prompts, sample  # noqa: E402
 from posttrain.trainers.online_rl import RLRun  # noqa: E402
 from posttrain.trainers.rl import train_online_rl  # noqa: E402
 from posttrain.trainers.sft import train_sft  # noqa: E402

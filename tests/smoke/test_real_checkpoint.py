@@ -63,7 +63,7 @@ def test_greedy_decoding_equals_generate(smollm2):
     `generate` choose the same tokens."""
     from posttrain.models import load_pretrained
     from posttrain.models.chat import PromptFormat, configure_prompts
-    from posttrain.models.sampling import encode_prompts, sample
+    from posttrain.rollout.sampling import encode_prompts, sample
 
     model, tokenizer = load_pretrained(smollm2)
     configure_prompts(tokenizer, PromptFormat())
@@ -81,7 +81,7 @@ def test_greedy_decoding_equals_generate(smollm2):
 def test_prompts_render_as_the_tokenizers_own_chat_template(smollm2):
     from posttrain.models import load_tokenizer
     from posttrain.models.chat import PromptFormat, configure_prompts
-    from posttrain.models.sampling import encode_prompts
+    from posttrain.rollout.sampling import encode_prompts
 
     tokenizer = load_tokenizer(smollm2)
     configure_prompts(tokenizer, PromptFormat())

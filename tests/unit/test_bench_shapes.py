@@ -47,7 +47,7 @@ def _model(bench, tmp_path):
 
 
 def test_eos_off_removes_eos_from_sampler_and_training_forward(bench, tmp_path):
-    from posttrain.models.sampling import encode_prompts, sample
+    from posttrain.rollout.sampling import encode_prompts, sample
 
     cfg, (_, train, tokenizer, model) = _model(bench, tmp_path)
     eos = tokenizer.eos_token_id

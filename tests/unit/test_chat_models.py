@@ -13,7 +13,7 @@ from posttrain.models import load_pretrained, prepare_model
 from posttrain.models.chat import PromptFormat, configure_prompts, encode_prompts, encode_supervised, supervised_row
 from posttrain.models.logprobs import completion_forward
 from posttrain.models.precision import apply_precision
-from posttrain.models.sampling import StopStrings, generate
+from posttrain.rollout.sampling import StopStrings, generate
 from posttrain.tasks import Example
 
 CPU = torch.device("cpu")

@@ -14,27 +14,19 @@ import pytest
 import torch
 
 from posttrain.config import LoraConfig
-from posttrain.models import build_tiny, maybe_lora
+from posttrain.models import maybe_lora
 from posttrain.models.logprobs import completion_logprobs
-from posttrain.models import sampling as engine
+from posttrain.rollout import decode as engine
 from posttrain.models.decoders import FastLlamaDecoder, HFDecoder, decoder_for, positions_from_mask, shared_prompts
-from posttrain.models.sampling import categorical, sample
+from posttrain.rollout.sampling import categorical, sample
 
 GROUP, NEW = 3, 5
 PROMPTS = ["37+48=", "5+9=", "123*4=", "7="]  # unequal lengths: rows are left-padded
 
 
-@pytest.fixture(scope="module", params=["qwen2", "llama"])
-def model(request, cfg, char_tokenizer):
-    """A tiny model with weights large enough that logits differ clearly across tokens and positions
-    (the default 0.02 init makes every distribution near-uniform), and non-zero q/k/v biases on Qwen2."""
-    model_cfg = cfg.model.model_copy(update={"arch": request.param, "hidden_size": 32, "intermediate_size": 48, "heads": 4, "kv_heads": 2})
-    torch.manual_seed(0)
-    model = build_tiny(model_cfg, char_tokenizer)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(1.0 + 0.2 * torch.randn_like(p) if name.endswith("norm.weight") else 0.3 * torch.randn_like(p))
-    return model.eval()
+@pytest.fixture
+def model(sharp_model):
+    return sharp_model
 
 
 def encode(tokenizer, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -53,7 +53,7 @@ def student(run, batch, hidden=False):
 
 
 def rollouts(run, examples, group_size=3, correct=(1.0, 0.0, 0.0)):
-    from posttrain.models.sampling import encode_prompts, sample
+    from posttrain.rollout.sampling import encode_prompts, sample
 
     tok = run.tokenizer
     ids, mask = encode_prompts(tok, [e.prompt for e in examples], torch.device("cpu"))
@@ -262,7 +262,7 @@ def test_pr_opd_text_world_skills_are_picked_after_reflection_and_change_the_tea
     from posttrain.envs.rollout import env_sampler
     from posttrain.envs.text_world import KeyRoom
     from posttrain.models import build_tiny, train_char_tokenizer
-    from posttrain.models.sampling import encode_prompts
+    from posttrain.rollout.sampling import encode_prompts
     from posttrain.tasks import build_task
     from posttrain.trainers.extras import ExtraContext, candidate_logp, decode_transcripts, row_examples, skill_hidden, write_skills
 

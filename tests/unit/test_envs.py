@@ -12,7 +12,7 @@ from posttrain import resolve
 from posttrain.envs.rollout import multi_turn_sample
 from posttrain.envs.text_world import KeyRoom, goal_of, replay, shortest_actions, transcript
 from posttrain.tasks.text_world import TextWorld, hint
-from posttrain.models.sampling import decode_completions
+from posttrain.rollout.sampling import decode_completions
 
 PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
 

@@ -144,7 +144,7 @@ else:
     import posttrain.models.factory
 
 def load():
-    from posttrain.models.sampling import generate
+    from posttrain.rollout.sampling import generate
     class Inner:
         def method(self):
             import posttrain.tracking as tracking
@@ -159,7 +159,7 @@ from posttrain import stages, __version__
     assert found == [
         (4, "posttrain.errors"),
         (8, "posttrain.models.factory"),
-        (11, "posttrain.models.sampling"),
+        (11, "posttrain.rollout.sampling"),
         (14, "posttrain.tracking"),
         (17, "posttrain.tasks.arithmetic"),
         (18, "posttrain.data.files"),

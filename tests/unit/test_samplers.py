@@ -358,7 +358,7 @@ def test_quality_tags_mark_correct_and_planted_error_solutions(cfg):
 
 
 def test_chunked_draws_add_their_counts_and_weight_their_rates(monkeypatch):
-    from posttrain.models.sampling import Samples
+    from posttrain.rollout.sampling import Samples
     from posttrain.registry import Entry
     from posttrain.rollout.samplers import Sampled
 
@@ -399,7 +399,7 @@ def with_and_without_stops(tiny_lm, name, options):
     ("ttsd", TTSDOptions(width=1, top_k=4, beta=0.5, length_penalty=0.0, positive="expert: ", negative="careless: ")),
 ])
 def test_a_stop_string_ends_a_sequence_where_the_cut_text_ends(tiny_lm, name, options):
-    from posttrain.models.sampling import StopStrings
+    from posttrain.rollout.sampling import StopStrings
 
     tok, free, stopped = with_and_without_stops(tiny_lm, name, options)
     cut = [StopStrings(tok, STOP).cut(t) for t in free.texts]
@@ -434,7 +434,7 @@ def test_mh_moves_replicas_and_beams_stop_at_the_token_that_completes_a_stop_str
 
 def test_best_of_n_picks_by_verifier_vote_and_likelihood_by_hand():
     from posttrain.eval.best_of_n import best_of_n, best_of_n_metrics
-    from posttrain.models.sampling import Samples
+    from posttrain.rollout.sampling import Samples
     from posttrain.rollout.samplers import Sampled
     from posttrain.tasks import Example
 

@@ -14,7 +14,7 @@ from torch import nn
 from posttrain import resolve
 from posttrain.envs.retrievers import RetrievalPolicy, build_retriever, plackett_luce_logp, retrievers
 from posttrain.envs.search import RESULT_OPEN, SearchEpisode, build_corpus, exact_match, parse_answer, strip_observations, token_f1
-from posttrain.models.sampling import decode_completions
+from posttrain.rollout.sampling import decode_completions
 from posttrain.models.tokenizer import train_char_tokenizer
 from posttrain.tasks import build_task
 
@@ -90,16 +90,23 @@ def test_episode_answers_searches_with_passages_and_ends_at_the_answer(task):
 
 class Scripted(nn.Module):
     """A policy that writes a fixed action string per prompt (whatever the environment answered), then EOS: it
-    reads its row, drops the prompt and the `<result>` blocks, and puts all mass on the next action character."""
+    reads its row, drops the prompt and the `<result>` blocks, and puts all mass on the next action character. It
+    decodes like a causal LM with a KV cache: a call with a new cache object reads a prompt, a call with the same
+    cache appends one token per row to what that cache has seen."""
+
+    config = SimpleNamespace(model_type="scripted")
 
     def __init__(self, tokenizer, scripts: dict[str, str]):
         super().__init__()
         self.tokenizer, self.scripts = tokenizer, scripts
         self.anchor = nn.Parameter(torch.zeros(()))
+        self.cache, self.seen = None, None
 
-    def forward(self, input_ids, attention_mask, position_ids=None, logits_to_keep=1):
+    def forward(self, input_ids, attention_mask, position_ids=None, cache=None, use_cache=False, logits_to_keep=1):
+        self.seen = input_ids if cache is not self.cache else torch.cat([self.seen, input_ids], dim=1)
+        self.cache = cache
         logits = torch.full((len(input_ids), 1, len(self.tokenizer)), -1e4)
-        for r, row in enumerate(input_ids):
+        for r, row in enumerate(self.seen):
             text = self.tokenizer.decode(row[attention_mask[r] == 1], skip_special_tokens=True)
             prompt = next(p for p in self.scripts if text.startswith(p))
             done = strip_observations(text[len(prompt):])

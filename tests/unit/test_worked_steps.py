@@ -110,7 +110,7 @@ def test_teacher_reads_the_steps_before_the_prompt_and_scores_the_response_token
     """The trace provider puts the teacher's greedy steps (never its `:answer`) in front of the prompt, and its
     log-probs are over the student's response tokens, where ThinkOPD's TRD is measured."""
     from posttrain.models import build_tiny, train_char_tokenizer
-    from posttrain.models.sampling import encode_prompts, sample
+    from posttrain.rollout.sampling import encode_prompts, sample
     from posttrain.rollout import RolloutBatch
     from posttrain.trainers import extras
 

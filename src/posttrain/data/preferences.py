@@ -149,7 +149,7 @@ def policy_pairs(task: Task, examples: Sequence[Example], n: int, seed: int, *, 
     text); at most 2 pairs per prompt; severity = error_tier / 3. `policy` = (model, tokenizer, max_new_tokens)."""
     import torch
 
-    from posttrain.models.sampling import generate
+    from posttrain.rollout.sampling import generate
 
     model, tokenizer, max_new_tokens = policy
     rng, generator = random.Random(seed), torch.Generator(device=next(model.parameters()).device).manual_seed(seed)

@@ -6,7 +6,11 @@ skipping the per-token bookkeeping of `model.forward` (mask construction, cache 
 classes), which dominates decoding time for small models. Where the projections are plain `nn.Linear`,
 q/k/v and gate/up are fused into one matmul each for the (gradient-free) decode loop. `HFDecoder` is the
 generic fallback through `model.forward` with a `DynamicCache`. Both share prompt work across a group:
-the prompt is encoded once and its keys/values repeated for the G samples.
+the prompt is encoded once and its keys/values repeated for the G samples. Both prefill from token ids or from
+`embeds` (soft-token models splice encoder outputs into the word embeddings), and `select(index)` keeps and reorders
+rows of the state (beam search). Positions count real tokens only (`positions_from_mask`): a left-padded row sees
+the positions an unpadded one does, in the prompt and in every decode step. The rollout engine (rollout/decode.py)
+drives them.
 
 With `static=True` (`prefill(..., static=True)`) every decode step has the same shapes and no host sync: keys and
 values are written at a position held in a device tensor and each step attends over the whole KV buffer with
@@ -27,6 +31,15 @@ from torch import Tensor, nn
 from transformers import DynamicCache, PreTrainedModel
 
 
+CUDA_GRAPHS = "posttrain_cuda_graphs"  # model attribute set by `use_cuda_graphs`, read by the rollout engine
+
+
+def use_cuda_graphs(model: PreTrainedModel, enabled: bool) -> None:
+    """Make the rollout engine replay the model's decode steps as CUDA graphs (`model.cuda_graphs`), where it can: a
+    Llama-family model on a CUDA device without autocast (autocast's weight cache cannot be captured)."""
+    setattr(unwrap(model), CUDA_GRAPHS, enabled)
+
+
 def positions_from_mask(mask: Tensor) -> Tensor:
     """Position ids for left-padded rows: 0 at the first real token (pads get 0 too)."""
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -42,13 +55,17 @@ class HFDecoder:
     def __init__(self, model: PreTrainedModel):
         self.model = model
 
-    def prefill(self, ids: Tensor, mask: Tensor, repeat: int, max_new_tokens: int) -> Tensor:
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask), use_cache=True, logits_to_keep=1)
-        self.cache: DynamicCache = out.past_key_values
+    def prefill(self, ids: Tensor | None, mask: Tensor, repeat: int, max_new_tokens: int, embeds: Tensor | None = None,
+                **inputs: Tensor) -> Tensor:
+        """`inputs`: further model inputs of the prompt (a native image-text model's pixel values)."""
+        inputs.update({"input_ids": ids} if embeds is None else {"inputs_embeds": embeds})
+        self.cache = DynamicCache()
+        out = self.model(**inputs, attention_mask=mask, position_ids=positions_from_mask(mask), cache=self.cache, use_cache=True, logits_to_keep=1)
         self.cache.batch_repeat_interleave(repeat)
-        self.mask = torch.ones(ids.shape[0] * repeat, ids.shape[1] + max_new_tokens, dtype=mask.dtype, device=ids.device)
-        self.mask[:, : ids.shape[1]] = mask.repeat_interleave(repeat, 0)
-        self.length = ids.shape[1]
+        b, p = mask.shape
+        self.mask = torch.ones(b * repeat, p + max_new_tokens, dtype=mask.dtype, device=mask.device)
+        self.mask[:, :p] = mask.repeat_interleave(repeat, 0)
+        self.length = p
         self.position = positions_from_mask(mask)[:, -1:].repeat_interleave(repeat, 0)
         return out.logits[:, -1].float().repeat_interleave(repeat, 0)
 
@@ -59,6 +76,26 @@ class HFDecoder:
             input_ids=token[:, None], attention_mask=self.mask[:, : self.length], position_ids=self.position, cache=self.cache, use_cache=True
         )
         return out.logits[:, -1].float()
+
+    def select(self, index: Tensor) -> None:
+        """Keep rows `index` [N'] of the state, in that order (a beam's surviving hypotheses)."""
+        self.cache.reorder_cache(index)
+        self.mask, self.position = self.mask[index], self.position[index]
+
+    def resume(self, keys: list[Tensor], values: list[Tensor], mask: Tensor, max_new_tokens: int) -> None:
+        """Continue from given keys/values (per layer [N, Hkv, S, D]; none for an empty prefix) of tokens under `mask`
+        [N, S] (0 on padding): the next `step` feeds the token after them."""
+        self.cache = DynamicCache(list(zip(keys, values))) if keys else DynamicCache()
+        n, s = mask.shape
+        self.mask = torch.ones(n, s + max_new_tokens, dtype=mask.dtype, device=mask.device)
+        self.mask[:, :s] = mask
+        self.length = s
+        self.position = mask.long().sum(-1, keepdim=True) - 1
+
+    def row_cache(self, row: int, start: int, end: int) -> tuple[list[Tensor], list[Tensor]]:
+        """Keys and values (per layer [Hkv, end - start, D]) of row `row` at buffer columns [start, end)."""
+        layers = self.cache.layers
+        return [layer.keys[row, :, start:end] for layer in layers], [layer.values[row, :, start:end] for layer in layers]
 
 
 def _plain(*modules: nn.Module) -> bool:
@@ -176,11 +213,12 @@ class FastLlamaDecoder:
             x = x + self._mlp(i, layer, x)
         return x
 
-    def prefill(self, ids: Tensor, mask: Tensor, repeat: int, max_new_tokens: int, static: bool = False) -> Tensor:
-        b, p = ids.shape
+    def prefill(self, ids: Tensor | None, mask: Tensor, repeat: int, max_new_tokens: int, static: bool = False,
+                embeds: Tensor | None = None) -> Tensor:
+        b, p = mask.shape
         rows = b * repeat
         capacity = p + max_new_tokens
-        dtype, device = self.lm.lm_head.weight.dtype, ids.device
+        dtype, device = self.lm.lm_head.weight.dtype, mask.device
         if not torch.is_grad_enabled():
             self._fuse_weights()
         valid = mask.bool()
@@ -194,7 +232,7 @@ class FastLlamaDecoder:
         prompt_keys, prompt_values = self.keys, self.values
         self.keys, self.values = [k[:b] for k in prompt_keys], [v[:b] for v in prompt_values]
         cos, sin = self._rope(positions, dtype)
-        x = self._layers(self.body.embed_tokens(ids), cos, sin, _prompt_mask(valid)[:, None] if self.padded else None, 0, causal=True)
+        x = self._layers(self.body.embed_tokens(ids) if embeds is None else embeds, cos, sin, _prompt_mask(valid)[:, None] if self.padded else None, 0, causal=True)
         self.keys, self.values = prompt_keys, prompt_values
         # share the prompt's keys/values across the group: rows b -> b*repeat .. b*repeat+repeat-1
         if repeat > 1:
@@ -223,6 +261,41 @@ class FastLlamaDecoder:
         x = self._layers(self.body.embed_tokens(token[:, None]), cos, sin, mask, self.length)
         self.length += 1
         return self._logits(x[:, -1])
+
+    def resume(self, keys: list[Tensor], values: list[Tensor], mask: Tensor, max_new_tokens: int) -> None:
+        """Continue from given keys/values (per layer [N, Hkv, S, D]; none for an empty prefix) of tokens under `mask`
+        [N, S] (0 on padding): the next `step` feeds the token after them, at position `mask.sum(-1)`."""
+        n, s = mask.shape
+        capacity = s + max_new_tokens
+        dtype, device = self.lm.lm_head.weight.dtype, mask.device
+        if not torch.is_grad_enabled():
+            self._fuse_weights()
+        self.keys = [torch.empty(n, self.n_kv, capacity, self.head_dim, dtype=dtype, device=device) for _ in self.body.layers]
+        self.values = [torch.empty_like(k) for k in self.keys]
+        for buffer, given in zip((*self.keys, *self.values), (*keys, *values)):
+            buffer[:, :, :s] = given
+        self.padded = not bool(mask.bool().all())
+        if self.padded:
+            self.key_valid = torch.ones(n, capacity, dtype=torch.bool, device=device)
+            self.key_valid[:, :s] = mask.bool()
+        ahead = mask.long().sum(-1, keepdim=True) + torch.arange(max_new_tokens, device=device)
+        self.step_cos, self.step_sin = self._rope(ahead, dtype)
+        self.prompt_length = self.length = s
+        self.static, self.graph = False, None
+
+    def row_cache(self, row: int, start: int, end: int) -> tuple[list[Tensor], list[Tensor]]:
+        """Keys and values (per layer [Hkv, end - start, D]) of row `row` at buffer columns [start, end)."""
+        return [k[row, :, start:end] for k in self.keys], [v[row, :, start:end] for v in self.values]
+
+    def select(self, index: Tensor) -> None:
+        """Keep rows `index` [N'] of the state, in that order (a beam's surviving hypotheses); not in static mode,
+        whose buffers a captured graph holds."""
+        if self.static:
+            raise RuntimeError("a static (CUDA-graph) decoder cannot reorder its rows")
+        self.keys, self.values = [k[index] for k in self.keys], [v[index] for v in self.values]
+        self.step_cos, self.step_sin = self.step_cos[index], self.step_sin[index]
+        if self.padded:
+            self.key_valid = self.key_valid[index]
 
     # -- the fixed-shape step (CUDA graphs) ----------------------------------------------------------------
 

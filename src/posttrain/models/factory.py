@@ -28,7 +28,7 @@ from posttrain.config import HUB_ID, LoraConfig, ModelConfig
 from posttrain.errors import UserError
 from posttrain.models.chat import PromptFormat, configure_prompts
 from posttrain.models.precision import apply_precision
-from posttrain.models.sampling import use_cuda_graphs
+from posttrain.models.decoders import use_cuda_graphs
 
 _ARCH = {"qwen2": Qwen2Config, "llama": LlamaConfig}
 

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from posttrain.config import Section
-from posttrain.models.sampling import generate
+from posttrain.rollout.sampling import generate
 from posttrain.objectives.pd_grpo import margin_rewards, parsed_scores, pd_grpo_rewards
 from posttrain.rewards import rewards
 from posttrain.rewards.trained import load_trained

@@ -1,5 +1,5 @@
 """Rollouts: the `RolloutBatch` contract that sampling fills and objectives read, and the `PolicyOutputs` of
-the trainer's one policy forward. Sampling itself lives in `posttrain.models.sampling`.
+the trainer's one policy forward. Sampling itself lives in `posttrain.rollout.decode` (the engine).
 
 Only the contract is imported here, so objectives can use it without loading transformers."""
 

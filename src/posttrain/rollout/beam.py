@@ -8,8 +8,8 @@ over tokens, so it is approximated by beam search on the additive prefix score
 
     score(y_<=t) = sum_{s<=t} [ log p(y_s|x,y_<s) + (1/beta) * (log p(y_s|x,c+,y_<s) - log p(y_s|x,c-,y_<s)) ]
 
-Each context has its own rows in one KV cache and every beam of every prompt and context advances in one forward
-per step. A beam expands by the `top_k` most likely tokens of the base model; the best finished hypothesis by
+Each context has its own rows in one KV cache (the rollout engine's decoder: models/decoders.py, `select` keeps the
+surviving beams) and every beam of every prompt and context advances in one forward per step. A beam expands by the `top_k` most likely tokens of the base model; the best finished hypothesis by
 score / length^length_penalty is the answer. With beta -> infinity (or c+ == c-) it is plain beam search.
 A hypothesis whose text completes a stop string finishes there, as at EOS (the token that completes it included).
 """
@@ -21,12 +21,12 @@ from collections.abc import Sequence
 import torch
 from pydantic import Field
 from torch import Tensor
-from transformers import DynamicCache
 
 from posttrain.config import Section
 from posttrain.models.chat import encode_prompts
-from posttrain.models.decoders import positions_from_mask
-from posttrain.models.sampling import StopStrings
+from posttrain.models.decoders import decoder_for
+from posttrain.models.precision import autocast
+from posttrain.rollout.sampling import StopStrings
 from posttrain.rollout.samplers import Sampled, SampleRequest, decoded, samplers, samples_from_rows, with_context
 
 
@@ -79,12 +79,9 @@ def beam_search(model, tokenizer, prompts: Sequence, max_new_tokens: int, width:
         spent[f"{name}_prompt"] = int(mask[j::c].sum())
     was_training = model.training
     model.eval()
-    cache = DynamicCache()
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions_from_mask(mask), cache=cache, use_cache=True, logits_to_keep=1)
-    cache.batch_repeat_interleave(b)  # rows (prompt, context, beam)
-    logits = out.logits[:, -1].float().repeat_interleave(b, 0)
-    attention = mask.repeat_interleave(b, 0)
-    position = positions_from_mask(mask)[:, -1:].repeat_interleave(b, 0)
+    decoder = decoder_for(model)
+    with autocast(model):
+        logits = decoder.prefill(ids, mask, b, max_new_tokens)  # rows (prompt, context, beam)
     scores = torch.full((n, b), float("-inf"), device=device)
     scores[:, 0] = 0.0  # one live beam to start: the others would repeat it
     tokens = torch.zeros(n, b, 0, dtype=torch.long, device=device)
@@ -125,18 +122,18 @@ def beam_search(model, tokenizer, prompts: Sequence, max_new_tokens: int, width:
         # rows (prompt, context, beam) <- (prompt, context, source beam)
         index = (torch.arange(n, device=device)[:, None, None] * c + torch.arange(c, device=device)[None, :, None]) * b
         index = (index + keep_src[:, None, :]).reshape(-1)
-        cache.reorder_cache(index)
+        decoder.select(index)
         tokens = torch.cat([tokens.gather(1, keep_src[:, :, None].expand(-1, -1, tokens.shape[2])), keep_tok[:, :, None]], dim=2)
         base_logps = torch.cat([base_logps.gather(1, keep_src[:, :, None].expand(-1, -1, base_logps.shape[2])),
                                 base.gather(1, keep_src[:, :, None].expand(-1, -1, base.shape[-1])).gather(-1, keep_tok[:, :, None])], dim=2)
         scores = keep_score
+        # a dead slot (score -inf) copies a live beam's rows and is fed EOS: it stays dead, so its rows never count
         live = (scores > float("-inf")).repeat_interleave(c, 0).reshape(n, c, b)  # [n, c, b]
-        attention = torch.cat([attention[index], live.reshape(-1, 1).long()], dim=1)
-        position = position[index] + 1
         for j, name in enumerate(names):
             spent[f"{name}_generated"] += int(live[:, j].sum())
         feed = keep_tok[:, None, :].expand(n, c, b).reshape(-1)
-        logits = model(input_ids=feed[:, None], attention_mask=attention, position_ids=position, cache=cache, use_cache=True).logits[:, -1].float()
+        with autocast(model):
+            logits = decoder.step(feed)
     model.train(was_training)
     best_tokens, best_logps, done, best_scores = [], [], [], []
     for i in range(n):

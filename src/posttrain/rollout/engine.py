@@ -5,7 +5,9 @@ except its last token, which has not been fed). A Metropolis-Hastings proposal k
 the rest: its prefix keys/values are a crop of the chain's own (nothing before `keep` is recomputed), the one
 token before the cut is fed again to get the distribution at the cut, and only the new suffix runs through
 the model. The proposals of many chains (prompts, samples, replicas) run as one batch: prefixes of different
-lengths are right-aligned in one cache (left padding masked out), one forward per step for every row.
+lengths are right-aligned in one cache (left padding masked out), one forward per step for every row. The cache is
+the rollout engine's decoder (models/decoders.py): `resume` continues from the stacked prefixes, `row_cache` hands
+each chain its own columns back.
 
 Per produced token the engine records the chosen token's raw logit and `logsumexp(a * logits)` for every
 power `a` of a ladder, so the log-prob of the token under the base model (a = 1) and under any proposal
@@ -22,10 +24,11 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
-from posttrain.models.decoders import positions_from_mask
-from posttrain.models.sampling import StopStrings, categorical
+from posttrain.models.decoders import decoder_for
+from posttrain.models.precision import autocast
+from posttrain.rollout.sampling import StopStrings, categorical
 
 
 @dataclass
@@ -64,7 +67,8 @@ class _Cached:
 
 
 class KVEngine:
-    """Continuations of a causal LM (any `model.forward` with a `DynamicCache`), batched across requests."""
+    """Continuations of a causal LM (the fast Llama-family decoder, else `model.forward` with a KV cache), batched
+    across requests."""
 
     def __init__(self, model: PreTrainedModel, ladder: Sequence[float], eos_id: int, pad_id: int, generator: torch.Generator | None,
                  stop: StopStrings | None = None):
@@ -78,18 +82,16 @@ class KVEngine:
         """Empty traces, `repeat` per prompt row (rows prompt-major); each prompt is encoded once, all but its last
         token (fed with the first proposal)."""
         head, head_mask = prompt_ids[:, :-1], prompt_mask[:, :-1]
-        keys, values = [], []
+        decoder = decoder_for(self.model)
         if head.shape[1] > 0:
-            cache = DynamicCache()
-            self.model(input_ids=head, attention_mask=head_mask, position_ids=positions_from_mask(head_mask), cache=cache, use_cache=True,
-                       logits_to_keep=1)
-            layers = cache.layers
-            keys, values = [layer.keys for layer in layers], [layer.values for layer in layers]
+            with autocast(self.model):
+                decoder.prefill(head, head_mask, 1, 0)
         self.forward_tokens["prompt"] += int(head_mask.sum())
         traces = []
         empty = torch.empty(0, dtype=torch.long, device=self.device)
         for row in range(prompt_ids.shape[0]):
-            cached = _Cached([k[row] for k in keys], [v[row] for v in values], head_mask[row], prompt_ids[row])
+            keys, values = decoder.row_cache(row, 0, head.shape[1]) if head.shape[1] > 0 else ([], [])
+            cached = _Cached(keys, values, head_mask[row], prompt_ids[row])
             for _ in range(repeat):
                 traces.append(Trace(empty, empty.float(), torch.empty(0, len(self.ladder), device=self.device), cached))
         return traces
@@ -102,14 +104,12 @@ class KVEngine:
         prefixes = [self._prefix(r) for r in requests]
         n = len(requests)
         width = max(p.mask.shape[0] for p in prefixes)
-        layers = len(prefixes[0].keys)
-        if layers == 0:  # a one-token prompt and nothing kept: no cache yet, the first forward builds it
-            cache = DynamicCache()
-        else:
-            cache = DynamicCache([(torch.stack([_right(p.keys[i], width) for p in prefixes]),
-                                   torch.stack([_right(p.values[i], width) for p in prefixes])) for i in range(layers)])
+        layers = len(prefixes[0].keys)  # 0: a one-token prompt and nothing kept, no cache yet
+        keys = [torch.stack([_right(p.keys[i], width) for p in prefixes]) for i in range(layers)]
+        values = [torch.stack([_right(p.values[i], width) for p in prefixes]) for i in range(layers)]
         mask = torch.stack([_right(p.mask, width) for p in prefixes])  # [n, width]
-        position = mask.sum(-1, keepdim=True).long()  # the next token's position: real tokens before it
+        decoder = decoder_for(self.model)
+        decoder.resume(keys, values, mask, max(r.max_new for r in requests))
         alphas = torch.tensor([r.alpha for r in requests], device=self.device)[:, None]
         ladder = torch.tensor(self.ladder, device=self.device)
         token = torch.stack([p.stream[-1] for p in prefixes])
@@ -122,16 +122,15 @@ class KVEngine:
         tails = [r.trace.tokens[: r.keep].tolist()[-self.stop.window :] for r in requests] if self.stop else []
         tokens, logits_kept, lses, fed = [], [], [], []
         while bool(active.any()):
-            mask = torch.cat([mask, active.long()[:, None]], dim=1)
             fed.append(active)
-            out = self.model(input_ids=token[:, None], attention_mask=mask, position_ids=position, cache=cache, use_cache=True)
+            with autocast(self.model):
+                logits = decoder.step(token)  # a row that is done feeds padding: nothing of it after its end is kept
             if not fed[1:]:  # the first fed token of a request keeping nothing is the prompt's last
                 from_prompt = int((active & (keeps == 0)).sum())
                 self.forward_tokens["prompt"] += from_prompt
                 self.forward_tokens["generated"] += int(active.sum()) - from_prompt
             else:
                 self.forward_tokens["generated"] += int(active.sum())
-            logits = out.logits[:, -1].float()
             scaled = alphas * logits
             token = categorical(torch.log_softmax(scaled, -1), self.generator)
             tokens.append(token)
@@ -146,19 +145,18 @@ class KVEngine:
                 stopped[[i for i, hit in zip(rows, hits) if hit]] = True
             active = active & (token != self.eos_id) & ~stopped & (produced < max_new)
             token = torch.where(active, token, torch.full_like(token, self.pad_id))
-            position = position + 1
         tokens_t, logit_t, lse_t = torch.stack(tokens, 1), torch.stack(logits_kept, 1), torch.stack(lses, 1)
         fed_t = torch.stack(fed, 1)  # [n, steps] which rows were fed at each step
-        layers_out = cache.layers
         out_traces = []
         for i, (r, p) in enumerate(zip(requests, prefixes)):
             k = int(produced[i])
             new_tokens = tokens_t[i, :k]
             size = p.mask.shape[0]
             fed_i = int(fed_t[i].sum())  # = k: the pending token and the produced tokens but the last
-            cols = slice(width - size, width + fed_i)  # this row's prefix and what it fed (its later columns are masked pads)
+            # this row's prefix and what it fed (its later columns are padding)
+            row_keys, row_values = decoder.row_cache(i, width - size, width + fed_i)
             cached = _Cached(
-                [layer.keys[i, :, cols] for layer in layers_out], [layer.values[i, :, cols] for layer in layers_out],
+                row_keys, row_values,
                 torch.cat([p.mask, torch.ones(fed_i, dtype=p.mask.dtype, device=self.device)]),
                 torch.cat([p.stream, new_tokens]),
             )

@@ -1,6 +1,6 @@
 """Inference-time samplers, registered by name: `eval.sampler` picks one, its settings sit in `eval.options.<name>`.
 
-greedy       argmax decoding (models/sampling.py `sample`, greedy).
+greedy       argmax decoding (rollout/decode.py `sample`, greedy).
 temperature  ancestral sampling from softmax(logits / T), T the caller's temperature (`eval.temperature`).
 beam         beam search on the summed log-prob, best finished hypothesis by score / length^length_penalty
              (Wu et al. 2016, "Google's Neural Machine Translation System", arXiv 1609.08144, eq. 14, without the
@@ -29,7 +29,7 @@ from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.models.chat import encode_prompts
-from posttrain.models.sampling import Samples, StopStrings, decode_completions, generate
+from posttrain.rollout.sampling import Samples, StopStrings, decode_completions, generate
 from posttrain.registry import Registry
 from posttrain.rollout.power import PowerOptions, PPTOptions, geometric_ladder, run_chains
 
@@ -73,7 +73,7 @@ def draw(name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
     parts = [fn(model, tokenizer, prompts[i : i + step], request, options, generator) for i in range(0, len(prompts), step)]
     if len(parts) == 1:
         return parts[0]
-    from posttrain.models.sampling import concat_samples
+    from posttrain.rollout.sampling import concat_samples
 
     totals: dict[str, int] = {}
     for part in parts:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from posttrain.models.sampling import StopStrings, encode_prompts, sample
+from posttrain.rollout.sampling import StopStrings, encode_prompts, sample
 
 if TYPE_CHECKING:
     from posttrain.trainers.online_rl import RLRun

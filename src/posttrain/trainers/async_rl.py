@@ -50,7 +50,7 @@ import torch.multiprocessing as mp
 
 from posttrain.config import RLConfig
 from posttrain.errors import UserError
-from posttrain.models.sampling import Samples, StopStrings, concat_samples, encode_prompts
+from posttrain.rollout.sampling import Samples, StopStrings, concat_samples, encode_prompts
 from posttrain.rollout.pool import Group, TrajectoryPool, pool_policies
 from posttrain.runtime import progress
 from posttrain.trainers import distributed

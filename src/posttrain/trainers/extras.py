@@ -29,7 +29,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.config import RLConfig
 from posttrain.errors import UserError, assert_no_grad
-from posttrain.models.sampling import decode_completions, encode_prompts, generate
+from posttrain.rollout.sampling import decode_completions, encode_prompts, generate
 from posttrain.models.teacher import teacher_forward
 from posttrain.models.value import token_values
 from posttrain.objectives import advantages, auxiliaries, losses, needs_of

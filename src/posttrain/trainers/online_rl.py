@@ -46,7 +46,7 @@ from posttrain.errors import UserError
 from posttrain.registry import Registry, update_section
 from posttrain.models.logprobs import completion_forward, sequence_logprobs
 from posttrain.models.value import critic_from_policy, load_critic, save_critic, token_values
-from posttrain.models.sampling import Samples, StopStrings, decode_completions, encode_prompts, sample
+from posttrain.rollout.sampling import Samples, StopStrings, decode_completions, encode_prompts, sample
 from posttrain.objectives import aggregations, advantages, auxiliaries, losses, needs_of, policy_reads, trains_critic
 from posttrain.objectives.presets import presets
 from posttrain.objectives.aggregation import aggregate

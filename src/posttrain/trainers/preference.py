@@ -20,7 +20,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from posttrain.data.preferences import PreferencePair
 from posttrain.models.logprobs import completion_logprobs
 from posttrain.objectives.preference import PairLogps, preference_objectives
-from posttrain.models.sampling import encode_prompts
+from posttrain.rollout.sampling import encode_prompts
 from posttrain.models.tokenizer import check_vocabulary
 from posttrain.runtime import progress
 from posttrain.trainers.common import optimizer_and_schedule

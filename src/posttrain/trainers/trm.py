@@ -36,7 +36,7 @@ from torch import Tensor
 from posttrain.config import RewardSpec, RLConfig, Section, SFTConfig
 from posttrain.data.preferences import PreferencePair
 from posttrain.errors import UserError
-from posttrain.models.sampling import generate
+from posttrain.rollout.sampling import generate
 from posttrain.rewards import reward_models
 from posttrain.rewards.trm import JUDGE, JUDGE_TASK, MARKS, SETTINGS_FILE, TAGS, judge, judge_prompt
 from posttrain.tasks import Example

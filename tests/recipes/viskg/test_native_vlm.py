@@ -24,7 +24,7 @@ def llava(tmp_path_factory):
 
 
 def test_a_native_llava_runs_viskg_sft_rl_and_eval_by_path(llava, tmp_path):
-    from posttrain.models.native_vlm import NativeVLM
+    from posttrain.recipes.viskg.native_vlm import NativeVLM
     from posttrain.recipes.viskg.vlm import VisionLanguage, load_vlm
     from posttrain.resolve import load
     from posttrain.recipes.viskg.stages import run_rl

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from posttrain.models.sampling import generate
+from posttrain.rollout.sampling import generate
 from posttrain.recipes.care import dialogue as D
 from posttrain.tasks.base import Example, Task
 

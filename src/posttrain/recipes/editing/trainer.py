@@ -10,7 +10,7 @@
 
 Only the parameters whose names contain one of `edit.params` are edited; each edit gets a fresh SGD optimiser
 (plain SGD keeps GLIME's constraint meaningful: the step is the constrained direction, not a per-coordinate
-rescaling of it). Greedy answers come from the shared generation helper (models/sampling.py `generate`). Every
+rescaling of it). Greedy answers come from the shared generation helper (rollout/sampling.py `generate`). Every
 optimiser step is guarded (trainers/loop.py: a non-finite step is skipped and counted); in a stage a checkpoint every
 `edit.checkpoint_every` edits holds the model, the replay generator, the memory of edit records and the history.
 """
@@ -28,7 +28,7 @@ from posttrain.recipes.editing.facts import Edit, FactSet, split_facts
 from posttrain.data.preferences import PreferencePair
 from posttrain.errors import UserError
 from posttrain.recipes.editing.objective import EditRecord, EditStep, edit_methods
-from posttrain.models.sampling import generate
+from posttrain.rollout.sampling import generate
 from posttrain.runtime import progress
 from posttrain.trainers.loop import TrainLoop
 from posttrain.trainers.preference import all_sequence_logps, encode_pairs, sequence_logps

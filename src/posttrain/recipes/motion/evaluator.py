@@ -9,9 +9,9 @@ embedding space and they are prepended to the text), built from a config with a 
 
 The same class reads the motion representation (flow + mask maps and object tracks) or RGB frames (3 channels,
 no tracks): only `channels` and `track_dim` differ. `save` / `load` write and read a directory (evaluator.json,
-model.safetensors, the tokenizer). The splice of the soft tokens before the prompt, the completion log-probs and the
-KV-cached sampling are models/soft_tokens.py's, shared with VisKG's vision-language model; the video encoder is this
-module's own (VisKG's is a patch encoder over one image).
+model.safetensors, the tokenizer). The splice of the soft tokens before the prompt and the completion log-probs are
+models/soft_tokens.py's, shared with VisKG's vision-language model, and sampling is the rollout engine's
+(rollout/decode.py's `sample_soft_tokens`); the video encoder is this module's own (VisKG's is a patch encoder over one image).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTraine
 
 from posttrain.errors import UserError
 from posttrain.models.soft_tokens import SoftTokenLM, sampled_logp
+from posttrain.rollout.decode import sample_soft_tokens
 
 PROMPT = "causes"  # the token the completion follows (any vocabulary word: the soft tokens carry the input)
 
@@ -87,7 +88,9 @@ class MotionEvaluator(SoftTokenLM):
     def generate(self, maps: Tensor, tracks: Tensor, max_new_tokens: int, temperature: float = 0.0,
                  generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
         """(completion ids [B, L], mask [B, L]: 1 up to and including the end-of-text token). Greedy at temperature 0."""
-        return self.generate_from(self.encoder(maps, tracks), *self._prompt(len(maps), maps.device), max_new_tokens, temperature, generator)
+        samples = sample_soft_tokens(self, self.encoder(maps, tracks), *self._prompt(len(maps), maps.device), max_new_tokens, temperature,
+                                     generator)
+        return samples.completion_ids, samples.completion_mask
 
     def decode(self, ids: Tensor, mask: Tensor) -> list[str]:
         eos = self.tokenizer.eos_token_id

@@ -60,7 +60,7 @@ def _build(path: str):
 @torch.no_grad()
 def final_state_values(critic, tokenizer, examples, completions, finished) -> Tensor:
     """[N] V(s_L): prompts encoded as the rollouts were (chat template), completions re-encoded (+ EOS when finished)."""
-    from posttrain.models.sampling import encode_prompts
+    from posttrain.rollout.sampling import encode_prompts
     from posttrain.models.value import final_values, state_values
 
     device = next(critic.parameters()).device

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from posttrain.models.sampling import generate
+from posttrain.rollout.sampling import generate
 from posttrain.models.value import critic_from_policy, state_values
 from posttrain.tasks import Example, Task
 from posttrain.trainers.common import optimizer_and_schedule
@@ -40,7 +40,7 @@ class Labelled:
 def labelled_rollouts(policy, tokenizer, task: Task, examples: Sequence[Example], samples: int, max_new_tokens: int, temperature: float,
                       generator: torch.Generator) -> Labelled:
     """`samples` rollouts of each example by `policy`, labelled by the task's verifier."""
-    from posttrain.models.sampling import encode_prompts
+    from posttrain.rollout.sampling import encode_prompts
 
     out, texts = generate(policy, tokenizer, list(examples), max_new_tokens, group_size=samples, temperature=temperature, generator=generator)
     rows = [e for e in examples for _ in range(samples)]

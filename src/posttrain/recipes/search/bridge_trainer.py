@@ -29,7 +29,7 @@ from posttrain.recipes.search.settings import BridgeConfig
 from posttrain.envs.retrievers import RetrievalPolicy
 from posttrain.envs.search import exact_match, token_f1
 from posttrain.models.logprobs import completion_forward
-from posttrain.models.sampling import decode_completions
+from posttrain.rollout.sampling import decode_completions
 from posttrain.recipes.search.bridge_objective import bridge_coefficients, importance_weights, penalty_weight, retrieval_contrastive_loss, retriever_pg_loss
 from posttrain.objectives.grpo import group_normalize
 from posttrain.objectives.policy_losses import clipped_surrogate

@@ -11,7 +11,7 @@ features, projected into the word-embedding space, enter the language model as s
     vlm.save(path);  VisionLanguageModel.load(path)        # path/: vlm.json, vision.safetensors, language_model/
     VisionLanguageModel.around(lm_path, image_size, patch_size)   # any transformers causal LM directory (or hub id,
                                                                    # downloaded by the user) + a fresh patch encoder
-    NativeVLM.load(path)      # models/native_vlm.py: a transformers image-text-to-text checkpoint (LLaVA, ...) with
+    NativeVLM.load(path)      # recipes/viskg/native_vlm.py: a transformers image-text-to-text checkpoint (LLaVA, ...) with
                               # its processor (image processor, tokenizer with an image token, chat template)
 
 `load_vlm(path)` picks by what the directory holds. `language_model/` is a plain transformers directory
@@ -32,6 +32,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase, Qwen2Con
 
 from posttrain.errors import UserError
 from posttrain.models.soft_tokens import SoftTokenLM
+from posttrain.rollout.decode import sample_soft_tokens
 
 SPEC = "vlm.json"
 VISION = "vision.safetensors"
@@ -145,15 +146,16 @@ class VisionLanguageModel(SoftTokenLM):
     @torch.no_grad()
     def generate(self, images: Tensor, prompt_ids: Tensor, prompt_mask: Tensor, max_new_tokens: int, temperature: float,
                  generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-        return self.generate_from(self.encoder(images), prompt_ids, prompt_mask, max_new_tokens, temperature, generator)
+        samples = sample_soft_tokens(self, self.encoder(images), prompt_ids, prompt_mask, max_new_tokens, temperature, generator)
+        return samples.completion_ids, samples.completion_mask
 
 
 def load_vlm(path: str | Path) -> VisionLanguage:
     """The vision-language model saved at `path`: a VisionLanguageModel directory (vlm.json) or a transformers
-    image-text-to-text checkpoint with its processor (models/native_vlm.py); anything else is one clear error."""
+    image-text-to-text checkpoint with its processor (recipes/viskg/native_vlm.py); anything else is one clear error."""
     path = Path(path)
     if (path / SPEC).is_file():
         return VisionLanguageModel.load(path)
-    from posttrain.models.native_vlm import NativeVLM
+    from posttrain.recipes.viskg.native_vlm import NativeVLM
 
     return NativeVLM.load(path)

@@ -10,7 +10,7 @@ A question becomes one user turn `[image, text]` through the processor's chat te
 generation prompt); the processor expands the image placeholder into the vision tower's number of image tokens, and
 the model splices the projected patch features in at those positions (LLaVA §4.1, the same soft tokens as the tiny
 model's, placed by the checkpoint's own template). Prompts are left-padded; positions count real tokens only, in the
-full forward and in KV-cached sampling alike (models/soft_tokens.py's `sample_with_cache`), so the log-probs of a
+full forward and in KV-cached sampling alike (the rollout engine, rollout/decode.py), so the log-probs of a
 sampled completion are those it was sampled under. Images are uint8 [B, S, S, 3]; the image processor resizes and
 normalises them to the tower's resolution. Tested on a tiny LLaVA (CLIP vision tower + Llama text model) built by
 `tiny_llava`; models whose text positions are multimodal (Qwen2-VL's M-RoPE) need their own position ids and are
@@ -24,11 +24,11 @@ from pathlib import Path
 
 import torch
 from torch import Tensor, nn
-from transformers import DynamicCache
 
 from posttrain.errors import UserError
 from posttrain.models.decoders import positions_from_mask
-from posttrain.models.soft_tokens import sample_with_cache, sampled_logp
+from posttrain.models.soft_tokens import sampled_logp
+from posttrain.rollout.decode import sample
 
 IMAGE_TOKEN = "<image>"
 # Qwen2's turn markers (models/tokenizer.py's CHAT_TEMPLATE) over content lists: an image part is the processor's
@@ -123,21 +123,13 @@ class NativeVLM(nn.Module):
     @torch.no_grad()
     def generate(self, images: Tensor, prompt_ids: Tensor, prompt_mask: Tensor, max_new_tokens: int, temperature: float,
                  generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-        cache, state = DynamicCache(), {"mask": prompt_mask}
-
-        def step(tokens: Tensor | None) -> Tensor:
-            if tokens is None:
-                ids, extra = prompt_ids, self.pixels(images)
-            else:
-                ids, extra = tokens[:, None], {}
-                state["mask"] = torch.cat([state["mask"], torch.ones_like(state["mask"][:, :1])], dim=1)
-            positions = positions_from_mask(state["mask"])[:, -ids.shape[1]:]
-            out = self.model(input_ids=ids, attention_mask=state["mask"], position_ids=positions, cache=cache, use_cache=True,
-                             logits_to_keep=1, **extra)
-            return out.logits[:, -1]
-
-        return sample_with_cache(step, len(prompt_ids), self.tokenizer.eos_token_id, self.tokenizer.pad_token_id, max_new_tokens,
-                                 temperature, generator)
+        """One completion per row (temperature 0: greedy); the pixel values enter the prompt's forward only."""
+        samples = sample(
+            self.model, prompt_ids, prompt_mask, prompt_inputs=self.pixels(images), group_size=1, max_new_tokens=max_new_tokens,
+            eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id, temperature=temperature if temperature > 0 else 1.0,
+            greedy=temperature <= 0, generator=generator,
+        )
+        return samples.completion_ids, samples.completion_mask
 
 
 def tiny_llava(corpus: list[str], image_size: int, patch_size: int, hidden_size: int, layers: int, heads: int, vocab_size: int = 400):

@@ -1,0 +1,211 @@
+"""The generation engine: one token-decode loop for every rollout.
+
+A model's incremental decoder (models/decoders.py: prefill once, then one token per step, positions counting real
+tokens only) is driven here, the one place that samples, records each produced token's log-prob under the sampling
+distribution (so an on-policy update needs no second forward for `old_logp`), ends rows at EOS or a stop string, and
+calls the hooks:
+
+- `between_steps(t)` runs before the forward that produces token t's logits (t >= 1): an asynchronous rollout worker
+  loads newer weights there (trainers/async_rl.py), and the rest of the rollout decodes under them;
+- an `Environment` answers each token the policy produces (multi-turn: envs/rollout.py). Its observation is fed
+  through the same KV cache, one token per step, as tokens the policy did not produce (log-prob 0, loss mask 0), so
+  a turn costs its new tokens only instead of re-encoding the transcript;
+- `embeds` replaces the prompt's token ids by input embeddings (soft-token models: encoder outputs spliced in front
+  of the words, `sample_soft_tokens`), after which decoding proceeds from token ids as usual; `prompt_inputs` are
+  further inputs of the prompt's forward (a native image-text model's pixel values).
+
+The loop only samples and records; masking after a row's end happens once, at the end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel
+
+from posttrain.models.decoders import CUDA_GRAPHS, FastLlamaDecoder, decoder_for, unwrap
+from posttrain.models.precision import autocast
+from posttrain.models.soft_tokens import SoftTokenLM
+
+
+@dataclass(frozen=True)
+class Samples:
+    completion_ids: Tensor  # [N, T] with N = prompts * group_size; pad after EOS
+    completion_mask: Tensor  # [N, T] 1 on tokens the policy produced, EOS included (the loss mask)
+    logp: Tensor  # [N, T] log-prob of each produced token under the sampling distribution (0 elsewhere)
+    finished: Tensor  # [N] True when the completion ended with EOS within the budget
+    attention_mask: Tensor | None = None  # [N, T] 1 on every real token, environment observations included
+
+    @property
+    def attention(self) -> Tensor:
+        """The attention mask over the completion (equal to `completion_mask` for single-turn samples)."""
+        return self.completion_mask if self.attention_mask is None else self.attention_mask
+
+
+class Environment(Protocol):
+    def respond(self, row: int, token: int) -> tuple[Sequence[int], bool]:
+        """(observation token ids, whether the episode is over) after row `row` produced `token`. An observation that
+        ends the episode (or the token budget) is recorded but not fed."""
+        ...
+
+
+def categorical(logp: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """One draw per row from the distribution with log-probs `logp` [N, V], by inverting its CDF with one
+    uniform number per row (`torch.multinomial` draws V exponentials per row)."""
+    cdf = logp.exp().cumsum(-1)
+    u = torch.rand(logp.shape[0], 1, generator=generator, device=logp.device, dtype=cdf.dtype) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=logp.shape[-1] - 1)
+
+
+@torch.no_grad()
+def sample(
+    model: PreTrainedModel,
+    prompt_ids: Tensor | None,
+    prompt_mask: Tensor,
+    *,
+    group_size: int,
+    max_new_tokens: int,
+    eos_id: int,
+    pad_id: int,
+    temperature: float = 1.0,
+    greedy: bool = False,
+    generator: torch.Generator | None = None,
+    stop: Callable[[Tensor], Tensor] | None = None,
+    between_steps: Callable[[int], None] | None = None,
+    cuda_graph: bool | None = None,
+    env: Environment | None = None,
+    embeds: Tensor | None = None,
+    prompt_inputs: Mapping[str, Tensor] | None = None,
+) -> Samples:
+    """Sample `group_size` completions for each prompt row of `prompt_ids` (left-padded; or of `embeds` [B, P, H]
+    under `prompt_mask`). A row ends at EOS or when `stop(tokens so far)` [N, t] -> [N] bool (a `StopStrings`) says
+    its text now holds a stop string, or when `env` ends its episode. `cuda_graph` (default: the model's
+    `model.cuda_graphs`, see `models.decoders.use_cuda_graphs`) replays each decode step as a CUDA graph where the
+    decoder supports it; elsewhere it is ignored. With `env`, `max_new_tokens` bounds the transcript (actions and
+    observations): an episode that reaches it ends unfinished."""
+    was_training = model.training
+    model.eval()
+    decoder = decoder_for(model)
+    if cuda_graph is None:
+        cuda_graph = getattr(unwrap(model), CUDA_GRAPHS, False)
+    graphed = cuda_graph and prompt_mask.device.type == "cuda" and isinstance(decoder, FastLlamaDecoder) and _no_autocast(model)
+    options = {"static": True} if graphed else {}
+    if embeds is not None:
+        options["embeds"] = embeds
+    options.update(prompt_inputs or {})
+    with autocast(model):
+        logits = decoder.prefill(prompt_ids, prompt_mask, group_size, max_new_tokens, **options)
+    n = logits.shape[0]
+    device = prompt_mask.device
+    tokens = torch.empty(n, max_new_tokens, dtype=torch.long, device=device)
+    logps = torch.empty(n, max_new_tokens, dtype=torch.float32, device=device)
+    ended = torch.zeros(n, dtype=torch.bool, device=device)
+    last = torch.full((n,), max_new_tokens, dtype=torch.long, device=device)  # index of each row's last produced token
+    turns = _Turns(env, n, device) if env is not None else None
+    steps = 0
+    for t in range(max_new_tokens):
+        logp_all = torch.log_softmax(logits if temperature == 1.0 else logits / temperature, dim=-1)
+        token = logp_all.argmax(-1) if greedy else categorical(logp_all, generator)
+        if turns is not None:
+            token = turns.feed(token)
+        tokens[:, t] = token
+        logps[:, t] = logp_all.gather(-1, token[:, None]).squeeze(-1)
+        steps = t + 1
+        hit = token == eos_id
+        if stop is not None:
+            hit |= stop(tokens[:, :steps])
+        if turns is not None:
+            hit = turns.respond(token, hit, ended, steps, max_new_tokens)
+        last = torch.where(hit & ~ended, t, last)
+        ended |= hit
+        if steps == max_new_tokens or bool(ended.all()):
+            break
+        if between_steps is not None:
+            between_steps(steps)
+        with autocast(model):
+            logits = decoder.step(token)
+    model.train(was_training)
+    tokens, logps = tokens[:, :steps], logps[:, :steps]
+    produced = torch.arange(steps, device=device)[None, :] <= last[:, None]  # up to and including the end
+    tokens = tokens.masked_fill(~produced, pad_id)
+    if turns is None:
+        return Samples(tokens, produced.long(), logps.masked_fill(~produced, 0.0), ended)
+    return turns.samples(tokens, logps, produced, pad_id)
+
+
+def sample_soft_tokens(lm: SoftTokenLM, soft: Tensor, prompt_ids: Tensor, prompt_mask: Tensor, max_new_tokens: int, temperature: float,
+                       generator: torch.Generator | None = None) -> Samples:
+    """One completion per row of a soft-token model: `soft` [B, N, H] encoder tokens in front of left-padded prompts
+    (`SoftTokenLM.splice`), decoded by its language model; temperature 0 is greedy."""
+    embeds, mask = lm.splice(soft, prompt_ids, prompt_mask)
+    tokenizer = lm.tokenizer
+    return sample(
+        lm.language_model, None, mask, embeds=embeds, group_size=1, max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_token_id,
+        pad_id=tokenizer.pad_token_id, temperature=temperature if temperature > 0 else 1.0, greedy=temperature <= 0, generator=generator,
+    )
+
+
+def _no_autocast(model: PreTrainedModel) -> bool:
+    return isinstance(autocast(model), nullcontext)
+
+
+class _Turns:
+    """The environment side of `sample`: which tokens the policy produced, the observations still to feed, how
+    each episode ended, and the observations that came with an episode's end (recorded, never fed)."""
+
+    def __init__(self, env: Environment, rows: int, device: torch.device):
+        self.env, self.device = env, device
+        self.pending: list[list[int]] = [[] for _ in range(rows)]
+        self.policy_columns: list[Tensor] = []  # [N] bool per step: the policy produced this token
+        self.finished = torch.zeros(rows, dtype=torch.bool, device=device)
+        self.tails: list[list[int]] = [[] for _ in range(rows)]
+
+    def feed(self, sampled: Tensor) -> Tensor:
+        """This step's tokens: the next observation token where one is pending, else the sampled one."""
+        acted = [not queue for queue in self.pending]
+        self.policy_columns.append(torch.tensor(acted, device=self.device))
+        if all(acted):
+            return sampled
+        forced = [queue.pop(0) if queue else 0 for queue in self.pending]
+        return torch.where(self.policy_columns[-1], sampled, torch.tensor(forced, device=self.device))
+
+    def respond(self, token: Tensor, hit: Tensor, ended: Tensor, length: int, budget: int) -> Tensor:
+        """Rows that end at this step: EOS (or a stop string) on a policy token, the environment's end, or the budget."""
+        acted = self.policy_columns[-1]
+        hit = hit & acted
+        self.finished |= hit & ~ended
+        over = hit.clone()
+        values, live = token.tolist(), (acted & ~hit & ~ended).nonzero().flatten().tolist()
+        for row in live:
+            observation, done = self.env.respond(row, values[row])
+            if done or length + len(observation) >= budget:
+                self.tails[row] = list(observation)
+                over[row] = True
+                self.finished[row] = done
+            else:
+                self.pending[row] = list(observation)
+        return over
+
+    def samples(self, tokens: Tensor, logps: Tensor, produced: Tensor, pad_id: int) -> Samples:
+        """The transcripts: fed tokens up to each row's end, then its closing observation; the loss mask and the
+        log-probs on policy tokens only, the attention mask on every real token."""
+        acted = torch.stack(self.policy_columns, dim=1) & produced
+        lengths = produced.sum(-1).tolist()
+        width = max(n + len(tail) for n, tail in zip(lengths, self.tails))
+        rows = tokens.shape[0]
+        ids = torch.full((rows, width), pad_id, dtype=torch.long, device=self.device)
+        policy = torch.zeros(rows, width, dtype=torch.long, device=self.device)
+        attention = torch.zeros_like(policy)
+        logp = torch.zeros(rows, width, device=self.device)
+        steps = tokens.shape[1]
+        ids[:, :steps], policy[:, :steps] = tokens, acted.long()
+        logp[:, :steps] = logps.masked_fill(~acted, 0.0)
+        for row, (n, tail) in enumerate(zip(lengths, self.tails)):
+            ids[row, n : n + len(tail)] = torch.tensor(tail, dtype=torch.long, device=self.device)
+            attention[row, : n + len(tail)] = 1
+        return Samples(ids, policy, logp, self.finished, attention)
