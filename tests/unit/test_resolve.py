@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from posttrain import config, resolve
+from posttrain import config, markers, resolve
 from posttrain.config import Registered
 from posttrain.errors import UserError
 from posttrain.registry import IMPORT_PATH
@@ -54,7 +54,7 @@ def test_every_marked_key_is_an_enum_of_what_it_admits_in_the_launchers_schema()
 
     specs = param_specs(PARAMS)
     registries = resolve.all_registries()
-    for key, marker in config.registered_keys(resolve.settings_model()).items():  # the recipes' sections too
+    for key, marker in markers.registered_keys(resolve.settings_model()).items():  # the recipes' sections too
         section = key.split(".")[0]
         if section == "orchestration":
             continue  # launcher settings are compile-time, not run parameters
