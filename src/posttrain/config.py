@@ -425,21 +425,26 @@ PresetExpander = Callable[[str, dict[str, Any]], dict[str, Any]]  # (preset name
 
 
 def load(params: Path | str, overrides: list[str] | tuple[str, ...] = (), expand_preset: PresetExpander | None = None,
-         model: type[Config] = Config) -> Config:
+         model: type[Config] = Config, known: type[Config] | None = None) -> Config:
     """Read `params` (YAML), apply `section.key=value` overrides (values parsed as YAML), validate the structure.
     A params file may start from another one (`extends: path`, relative to the file; see `read_params`).
     `expand_preset` turns `rl.preset` into its keys (below explicit overrides, above params.yaml); without it a
     preset is refused. Registry names are not checked here: `posttrain.resolve.load` does both. `model` is the
     settings class (`settings_model(...)` with the sections recipes and plugins add; the core sections alone by
-    default): a section no registered model takes is refused with its name."""
+    default): a section no registered model takes is refused with its name. `known` (default `model`) has every
+    registered section when `model` holds only those a stage reads: a section of `known` that `model` lacks is
+    taken out unvalidated, so a mistake in a section the run does not read cannot stop it."""
+    known = known or model
     raw = read_params(Path(params))
-    _apply_preset(raw, overrides, expand_preset, model)
+    _apply_preset(raw, overrides, expand_preset, known)
     for item in overrides:
-        _apply_override(raw, item, model)
+        _apply_override(raw, item, known)
+    for section in [s for s in raw if s in known.model_fields and s not in model.model_fields]:
+        del raw[section]
     try:
         return model.model_validate(raw)
     except ValidationError as e:
-        raise UserError(one_line(e, model)) from None
+        raise UserError(one_line(e, known)) from None  # `known`: a misspelt section's hint names any registered one
 
 
 EXTENDS = "extends"
