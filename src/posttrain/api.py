@@ -22,11 +22,12 @@ if TYPE_CHECKING:
     from posttrain.config import Config
 
 
-def load_settings(params: str | Path = "params.yaml", overrides: Sequence[str] = ()) -> Config:
-    """The validated settings of `params` with `overrides` (`section.key=value`) applied, as a stage reads them."""
+def load_settings(params: str | Path = "params.yaml", overrides: Sequence[str] = (), stage: str | None = None) -> Config:
+    """The validated settings of `params` with `overrides` (`section.key=value`) applied; with `stage`, those of the
+    sections that stage reads, as it reads them (a recipe's section it does not read is neither checked nor there)."""
     from posttrain import resolve
 
-    return resolve.load(params, tuple(overrides))
+    return resolve.load(params, tuple(overrides), stage)
 
 
 def local_inputs(locations: Mapping[str, str | Path]) -> dict[str, Path]:
@@ -51,5 +52,5 @@ def run_stage(stage: str, params: str | Path = "params.yaml", overrides: Sequenc
     with OutputLock(out_dir) if lock else contextlib.nullcontext():  # a second writer is refused before any work
         from posttrain import stages
 
-        cfg = load_settings(params, overrides)
+        cfg = load_settings(params, overrides, stage)
         return stages.execute(stage, cfg, local_inputs(inputs or {}), out_dir, launcher=launcher, resume=resume, locked=True)

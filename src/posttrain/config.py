@@ -1,28 +1,27 @@
 """Settings: one pydantic model per `params.yaml` section, frozen, unknown keys rejected.
 
-Every setting has its default on its model, and the comment on its line says what it means (`field_comments`:
+Every setting has its default on its model, and the comment on its line says what it means (`settings_help.field_comments`:
 the launchers' forms show it); a params file holds only what a run changes, and a section or key it leaves out
 takes the model's default. A component's own settings (`rl.options.<name>`) live on the options model it
 registers, with their defaults. `load(params, overrides)` reads and validates the structure; a bad key or value
 raises `UserError` with one line that names the key, before any work is done.
 
 This module is a leaf: it imports no component. A field whose value names a registry entry is marked
-`Registered("<registry>")`, and a per-component settings mapping is marked `OptionsOf("<registry>", ...)`;
-`posttrain.resolve` checks those markers against the registries (names, options, meta rules) at the CLI and
-preflight boundary, and the Airflow / Kubeflow schemas read the same markers.
+`Registered("<registry>")`, and a per-component settings mapping is marked `OptionsOf("<registry>", ...)`
+(posttrain.markers); `posttrain.resolve` checks those markers against the registries (names, options, meta rules) at
+the CLI and preflight boundary, and the Airflow / Kubeflow schemas read the same markers. What a setting means is the
+comment on its line (posttrain.settings_help reads it for the forms).
 """
 
 from __future__ import annotations
 
 import copy
 import difflib
-import functools
-import inspect
 import hashlib
 import json
 import re
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -31,36 +30,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from posttrain.errors import UserError
+from posttrain.markers import Options, OptionsOf, Registered
 
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # "org/name"; any other model path must exist on disk
 
-
-@dataclass(frozen=True)
-class Registered:
-    """Field metadata: the value (or each item of a tuple) names an entry of registry `registry`; with `meta`,
-    only entries whose registry meta holds that key qualify (`why` says what the others lack)."""
-
-    registry: str
-    meta: str | None = None
-    why: str = ""
-
-    def admits(self, entry_meta: dict[str, Any]) -> bool:
-        return self.meta is None or bool(entry_meta.get(self.meta))
-
-
-@dataclass(frozen=True, init=False)
-class OptionsOf:
-    """Field metadata: a `{name: {key: value}}` mapping of per-component settings, each name registered in one
-    of `registries` with an options model (registry meta `options`)."""
-
-    registries: tuple[str, ...]
-
-    def __init__(self, *registries: str):
-        object.__setattr__(self, "registries", registries)
-
-
-Options = dict[str, Any]  # name -> raw settings as read; name -> the parsed options model once resolved
 
 
 class Section(BaseModel):
@@ -406,7 +380,7 @@ class Config(Section):
     distill: DistillConfig = DistillConfig()  # the `distill` stage: the rl settings with a distillation method, a frozen teacher
     eval: EvalConfig = EvalConfig()
     reward_model: RewardModelConfig = RewardModelConfig()  # stage reward_model: a reward model trained on preference pairs from the SFT model
-    preference: PreferenceConfig = PreferenceConfig(data="task_pairs", n_pairs=4000, steps=200, lr=0.0003, checkpoint_every=50)  # stage preference: offline preference training of the SFT policy
+    preference: PreferenceConfig = PreferenceConfig()  # stage preference: offline preference training of the SFT policy
     orchestration: OrchestrationConfig = OrchestrationConfig()  # how Kubeflow and Airflow launch the stages; not a run setting (no stage reads it)
 
     def section_hash(self, *sections: str) -> str:
@@ -451,21 +425,26 @@ PresetExpander = Callable[[str, dict[str, Any]], dict[str, Any]]  # (preset name
 
 
 def load(params: Path | str, overrides: list[str] | tuple[str, ...] = (), expand_preset: PresetExpander | None = None,
-         model: type[Config] = Config) -> Config:
+         model: type[Config] = Config, known: type[Config] | None = None) -> Config:
     """Read `params` (YAML), apply `section.key=value` overrides (values parsed as YAML), validate the structure.
     A params file may start from another one (`extends: path`, relative to the file; see `read_params`).
     `expand_preset` turns `rl.preset` into its keys (below explicit overrides, above params.yaml); without it a
     preset is refused. Registry names are not checked here: `posttrain.resolve.load` does both. `model` is the
     settings class (`settings_model(...)` with the sections recipes and plugins add; the core sections alone by
-    default): a section no registered model takes is refused with its name."""
+    default): a section no registered model takes is refused with its name. `known` (default `model`) has every
+    registered section when `model` holds only those a stage reads: a section of `known` that `model` lacks is
+    taken out unvalidated, so a mistake in a section the run does not read cannot stop it."""
+    known = known or model
     raw = read_params(Path(params))
-    _apply_preset(raw, overrides, expand_preset, model)
+    _apply_preset(raw, overrides, expand_preset, known)
     for item in overrides:
-        _apply_override(raw, item, model)
+        _apply_override(raw, item, known)
+    for section in [s for s in raw if s in known.model_fields and s not in model.model_fields]:
+        del raw[section]
     try:
         return model.model_validate(raw)
     except ValidationError as e:
-        raise UserError(one_line(e, model)) from None
+        raise UserError(one_line(e, known)) from None  # `known`: a misspelt section's hint names any registered one
 
 
 EXTENDS = "extends"
@@ -516,126 +495,6 @@ def _apply_preset(raw: dict[str, Any], overrides: list[str] | tuple[str, ...], e
         raise UserError("rl.preset: presets are expanded by posttrain.resolve.load (this loader has no registry)")
     section = raw.get("rl") if isinstance(raw.get("rl"), dict) else {}
     raw["rl"] = {**section, **expand(str(name), section)}
-
-
-# --- what a setting means: the comment on its line -----------------------------------------------------------
-
-def field_comments(model: type[BaseModel]) -> dict[str, str]:
-    """`field -> its description` for a settings class (and the classes it inherits from): the comment on the
-    field's line, continued by comment lines aligned with it; a field's `description=` wins. The comment next to
-    a default is the one place a setting is documented; the launchers' forms and `posttrain settings` show it."""
-    found: dict[str, str] = {}
-    for klass in reversed(model.__mro__):
-        if klass is BaseModel or not (isinstance(klass, type) and issubclass(klass, BaseModel)) or klass.__module__.startswith("pydantic"):
-            continue
-        found.update(_comments_in(klass))
-    for name, field in model.model_fields.items():
-        if field.description:
-            found[name] = field.description
-    return {name: text for name, text in found.items() if name in model.model_fields}
-
-
-@functools.cache
-def _comments_in(klass: type) -> dict[str, str]:
-    try:
-        lines, _ = inspect.getsourcelines(klass)
-    except (OSError, TypeError):
-        return {}
-    found: dict[str, str] = {}
-    last, column, above = None, -1, []  # above: the comment lines right above a field (used when its line has none)
-    body_indent = None
-    for line in lines[1:]:
-        stripped = line.strip()
-        indent = len(line) - len(line.lstrip())
-        if stripped.startswith("#"):
-            if last is not None and indent == column:
-                found[last] += " " + stripped.lstrip("#").strip()
-            else:
-                last = None
-                above.append(stripped.lstrip("#").strip())
-            continue
-        match = _FIELD_LINE.match(line)
-        if match and (body_indent is None or indent == body_indent):
-            body_indent = indent
-            column, comment = _trailing_comment(line)
-            last = match["name"] if comment else None
-            if comment or above:
-                found[match["name"]] = comment or " ".join(above)
-        elif stripped:
-            last = None
-        above = []
-    return found
-
-
-_FIELD_LINE = re.compile(r"^\s+(?P<name>[a-z_][a-z0-9_]*)\s*:\s*[A-Za-z(\[]")
-
-
-def _trailing_comment(line: str) -> tuple[int, str]:
-    """(column, text) of the `# ...` comment at the end of a code line (a `#` inside a string is not one)."""
-    quote = None
-    for i, char in enumerate(line):
-        if char in "'\"" and quote in (None, char):
-            quote = None if quote else char
-        elif char == "#" and quote is None:
-            return i, line[i + 1 :].strip()
-    return -1, ""
-
-
-# --- the registry markers, for posttrain.resolve and the launchers' schemas -------------------------------
-
-Marker = Registered | OptionsOf
-
-
-def _marker(metadata: typing.Iterable[Any]) -> Marker | None:
-    return next((m for m in metadata if isinstance(m, (Registered, OptionsOf))), None)
-
-
-def _item_type(annotation: Any) -> Any:
-    """The item type of `tuple[X, ...]`, else None."""
-    if typing.get_origin(annotation) is tuple:
-        args = typing.get_args(annotation)
-        return args[0] if args else None
-    return None
-
-
-def _is_section(annotation: Any) -> bool:
-    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
-
-
-def marked_values(model: BaseModel, prefix: str = "") -> Iterator[tuple[str, Marker, Any, BaseModel]]:
-    """(dotted key, marker, value, owning section) for every marked field in `model`: nested sections and
-    tuples of sections are walked; a tuple of registered names yields one item per name (`key.i`)."""
-    for name, field in type(model).model_fields.items():
-        value, key = getattr(model, name), f"{prefix}{name}"
-        marker = _marker(field.metadata)
-        item = _item_type(field.annotation)
-        if marker is not None:
-            if value is not None:
-                yield key, marker, value, model
-        elif item is not None and typing.get_origin(item) is Annotated and _marker(item.__metadata__) is not None:
-            for i, v in enumerate(value):
-                yield f"{key}.{i}", _marker(item.__metadata__), v, model
-        elif isinstance(value, BaseModel):
-            yield from marked_values(value, f"{key}.")
-        elif item is not None and _is_section(item):
-            for i, v in enumerate(value):
-                yield from marked_values(v, f"{key}.{i}.")
-
-
-def registered_keys(model: type[BaseModel], prefix: str = "") -> dict[str, Registered]:
-    """`key -> marker` for the class: `rl.advantage`, `rl.aux[]` (each item), `rl.rewards[].name` (a field of each item)."""
-    keys: dict[str, Registered] = {}
-    for name, field in model.model_fields.items():
-        key, marker, item = f"{prefix}{name}", _marker(field.metadata), _item_type(field.annotation)
-        if isinstance(marker, Registered):
-            keys[key] = marker
-        elif item is not None and typing.get_origin(item) is Annotated and isinstance(_marker(item.__metadata__), Registered):
-            keys[f"{key}[]"] = _marker(item.__metadata__)
-        elif _is_section(field.annotation):
-            keys.update(registered_keys(field.annotation, f"{key}."))
-        elif item is not None and _is_section(item):
-            keys.update(registered_keys(item, f"{key}[]."))
-    return keys
 
 
 def override_value(key: str, value: str) -> Any:

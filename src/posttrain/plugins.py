@@ -16,7 +16,9 @@ with one line naming it.
 A plugin adds a stage through `registries["stages"]` (the CLI loads the plugins before it builds its commands, and
 the launchers read the same registry) and a settings section through `registries["sections"]`
 (`.register("my_section", help=..., default=...)(MySettings)`, a `config.Section` model): `params.yaml` and
-`--set my_section.key=...` then take it, and its stages read `cfg.my_section`. posttrain's own recipes
+`--set my_section.key=...` then take it, and the stages that declare it (`.register("my_stage", sections=("my_section",),
+...)`) read `cfg.my_section`; a stage's settings hold the core sections and those it declares, so a bad value in
+another recipe's section does not stop it. posttrain's own recipes
 (`posttrain.recipes.<name>`) are entry points of this group too.
 """
 

@@ -25,7 +25,8 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from posttrain import config
-from posttrain.config import OptionsOf, Registered
+from posttrain import markers
+from posttrain.markers import OptionsOf, Registered
 from posttrain.errors import UserError
 
 T = TypeVar("T")
@@ -145,7 +146,7 @@ def admitted(registry: Registry, marker: Registered) -> list[str]:
 
 
 def check_names(model: BaseModel, registries: Mapping[str, Registry], prefix: str = "") -> None:
-    for key, marker, value, _ in config.marked_values(model, prefix):
+    for key, marker, value, _ in markers.marked_values(model, prefix):
         if not isinstance(marker, Registered):
             continue
         registry = registries[marker.registry]
@@ -182,7 +183,7 @@ def parse_options(model: BaseModel, prefix: str, registries: Mapping[str, Regist
     update: dict[str, Any] = {}
     for name, info in type(model).model_fields.items():
         value = getattr(model, name)
-        marker = config._marker(info.metadata)
+        marker = markers.marker_of(info.metadata)
         if isinstance(marker, OptionsOf):
             defaults = info.get_default(call_default_factory=True) or {}  # a section's own defaults for some components (eval's power)
             merged = {**defaults, **{k: {**_raw(defaults.get(k)), **_raw(v)} for k, v in value.items()}}
@@ -209,7 +210,7 @@ def _parsed_block(owner: BaseModel, options: dict[str, Any], kinds: tuple[str, .
             raise UserError(config.one_line(e, schema, prefix=f"{where}.{name}.")) from None
     # every other component of these kinds runs on its options model's defaults (the settings hold them all, so a
     # derived section or a test reads any component's settings); one in use whose model has no defaults needs a block
-    used = {v for _, m, v, o in config.marked_values(owner) if isinstance(m, Registered) and m.registry in kinds}
+    used = {v for _, m, v, o in markers.marked_values(owner) if isinstance(m, Registered) and m.registry in kinds}
     for kind in kinds:
         for entry in registries[kind]:
             schema = entry.meta.get("options")

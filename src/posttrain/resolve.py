@@ -71,18 +71,28 @@ def all_registries() -> dict[str, Registry]:
     return registries
 
 
-def load(params: Path | str, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """`config.load` with presets expanded from the registry, then `check`: the settings a run uses."""
+def load(params: Path | str, overrides: list[str] | tuple[str, ...] = (), stage: str | None = None) -> Config:
+    """`config.load` with presets expanded from the registry, then `check`: the settings a run uses. For a `stage`,
+    only the sections it reads are validated (`settings_model(stage)`): a recipe's or plugin's section another stage
+    reads is left out, so a bad value there stops that stage only."""
     from posttrain.objectives.presets import expand
 
-    cfg = check(config.load(params, overrides, expand_preset=expand, model=settings_model()))
+    cfg = check(config.load(params, overrides, expand_preset=expand, model=settings_model(stage), known=settings_model()))
     _warn_credentials(overrides)
     return cfg
 
 
-def settings_model() -> type[Config]:
-    """The settings of a run: `Config`'s core sections and every section a recipe or plugin registered."""
-    added = all_registries()["sections"]
+def settings_model(stage: str | None = None) -> type[Config]:
+    """The settings of a run: `Config`'s core sections and every section a recipe or plugin registered; of a `stage`'s
+    run, the core sections and the added ones it reads (its registry meta `sections`, e.g. `sections=("dsp",)`)."""
+    registries = all_registries()
+    added = list(registries["sections"])
+    if stage is not None:
+        reads = tuple(registries["stages"].entry(stage).meta.get("sections", ()))
+        missing = [name for name in reads if name not in registries["sections"]]
+        if missing:
+            raise UserError(f"stage {stage!r} reads settings section {missing[0]!r}, which no recipe or plugin registered")
+        added = [e for e in added if e.name in reads]
     return config.settings_model(config.AddedSection(e.name, e.obj, e.meta.get("default"), e.meta.get("help", "")) for e in added)
 
 

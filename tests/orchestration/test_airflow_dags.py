@@ -103,6 +103,11 @@ def test_dagbag_loads_without_torch_or_posttrain_and_params_match_the_config(dag
     assert {"preflight", "data", "sft", "critic", "rl_rfpo", "eval_rl_rfpo", "finalize"} == set(found["tasks"]["posttrain_rfpo"])
     assert all("/recipes/rfpo/params.yaml" in found["commands"]["posttrain_rfpo"][t] for t in ("preflight", "finalize"))
     assert "critic.steps" in found["params"]["posttrain_rfpo"] and not any(name.startswith("critic.") for name in text_params)
+    # recipes/search/dvc.yaml reads two params files: a DAG per file, each stage on its own (bridge's other task and model)
+    assert {"preflight", "asct", "finalize"} == set(found["tasks"]["posttrain_search"])
+    assert {"preflight", "bridge", "finalize"} == set(found["tasks"]["posttrain_search_bridge"])
+    assert all("/recipes/search/bridge.yaml" in found["commands"]["posttrain_search_bridge"][t] for t in ("preflight", "finalize"))
+    assert found["params"]["posttrain_search_bridge"]["task.n_train"][0] == 12 and found["params"]["posttrain_search"]["task.n_train"][0] == 1000
     # the form's help text is the comment on the setting's line in its settings model (continued by aligned comment
     # lines, or the comment lines right above it), else the key and its default
     assert text_params["rl.preset"][2].startswith("a named method (objectives/presets.py)")

@@ -12,7 +12,7 @@ import yaml
 from helpers import repo_params, REPO
 from posttrain import resolve
 from posttrain.errors import UserError
-from posttrain.orchestration.graph import check_overrides, load_pipelines, load_tasks
+from posttrain.orchestration.graph import check_overrides, load_pipelines, load_tasks, pipeline_files
 from posttrain.orchestration.preflight import config_text, resolve_config
 from posttrain.orchestration.schema import param_specs, pipeline_spec, render
 
@@ -44,6 +44,47 @@ def test_image_and_rlhf_pipelines_come_from_their_own_dvc_files():
     assert rlhf["sft"].pipeline == "text" and rlhf["rl_rm"].pipeline == "rlhf"
     for pipeline in found.values():
         check_overrides(pipeline, REPO / "params.yaml")
+
+
+def test_every_recipe_runs_under_every_launcher():
+    """Each recipes/<name>/dvc.yaml is a Kubeflow pipeline (pipelines/compiled/) and an Airflow DAG (the spec the DAG
+    file reads), every one of its stages a task of them, on the params file its dvc.yaml command reads. recipes/search
+    reads two files (ASCT recipes/search/params.yaml, BRIDGE bridge.yaml: another task and model), so it is two
+    pipelines, `search` and `search_bridge`, each on one file, as `dvc repro recipes/search/dvc.yaml` runs them."""
+    spec = json.loads((REPO / "dags" / "posttrain_pipelines.json").read_text())
+    found = load_pipelines(REPO)
+    for dvc_yaml in sorted((REPO / "recipes").glob("*/dvc.yaml")):
+        recipe = dvc_yaml.parent.name
+        upstream = tuple(REPO / path for name, path in pipeline_files(REPO).items() if name != recipe)
+        stages = {t.id: t for t in load_tasks(dvc_yaml, REPO, upstream, recipe) if t.pipeline == recipe}
+        mine = {name: p for name, p in found.items() if name == recipe or name.startswith(f"{recipe}_")}
+        ran = {t.id: name for name, p in mine.items() for t in p.tasks if t.pipeline == recipe}
+        assert set(ran) == set(stages), recipe
+        for task_id, name in ran.items():
+            assert (REPO / "pipelines" / "compiled" / f"{name}.yaml").is_file(), name
+            assert [t["id"] for t in spec["pipelines"][name]] == [t.id for t in mine[name].tasks], name
+            assert spec["params_files"][name] == mine[name].params == stages[task_id].params, (name, task_id)
+    assert {name: [t.id for t in found[name].tasks] for name in ("search", "search_bridge")} == {"search": ["asct"], "search_bridge": ["bridge"]}
+    assert spec["defaults"]["search_bridge"]["task.n_train"] == 12 and spec["defaults"]["search"]["task.n_train"] == 1000
+
+
+def test_a_dvc_yaml_reading_two_params_files_is_one_pipeline_per_file(tmp_path, monkeypatch):
+    """Independent stages on two files: two pipelines; a stage downstream of one that reads another file: refused
+    (the launchers resolve one params file per run)."""
+    from posttrain.orchestration import graph
+
+    monkeypatch.setattr(graph, "PIPELINE_FILES", {"sub": "sub/dvc.yaml"})
+    (tmp_path / "sub").mkdir()
+    stages = {"data": {"cmd": "posttrain data --params params.yaml --out outputs/data"},
+              "data_b": {"cmd": "posttrain data --params b.yaml --out outputs/data_b"}}
+    (tmp_path / "sub" / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}))
+    found = load_pipelines(tmp_path)
+    assert {name: ([t.id for t in p.tasks], p.params) for name, p in found.items()} == {
+        "sub": (["data"], "sub/params.yaml"), "sub_b": (["data_b"], "sub/b.yaml")}
+    stages["sft"] = {"cmd": "posttrain sft --params b.yaml --in data=outputs/data --out outputs/sft"}
+    (tmp_path / "sub" / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}))
+    with pytest.raises(UserError, match="stage 'data' reads sub/params.yaml but a stage downstream of it reads sub/b.yaml"):
+        load_pipelines(tmp_path)
 
 
 def _repo_with(tmp_path: Path, cmd: str, variables=None) -> Path:

@@ -29,7 +29,7 @@ class HelloSettings(Section):
 def register(registries):
     registries["sections"].register("hello", help="the hello recipe: what its stage writes")(HelloSettings)
 
-    @registries["stages"].register("hello", inputs={}, resumable=False, gpu=False)
+    @registries["stages"].register("hello", sections=("hello",), inputs={}, resumable=False, gpu=False)
     def run(cfg, inputs, out_dir, tracker, resume=False):
         """Stage `hello`: the greeting, hello.times times."""
         (out_dir / "greeting.txt").write_text(" ".join([cfg.hello.greeting] * cfg.hello.times))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from posttrain import config, resolve
+from posttrain import config, markers, resolve
 from posttrain.config import Registered
 from posttrain.errors import UserError
 from posttrain.registry import IMPORT_PATH
@@ -54,7 +54,7 @@ def test_every_marked_key_is_an_enum_of_what_it_admits_in_the_launchers_schema()
 
     specs = param_specs(PARAMS)
     registries = resolve.all_registries()
-    for key, marker in config.registered_keys(resolve.settings_model()).items():  # the recipes' sections too
+    for key, marker in markers.registered_keys(resolve.settings_model()).items():  # the recipes' sections too
         section = key.split(".")[0]
         if section == "orchestration":
             continue  # launcher settings are compile-time, not run parameters
@@ -76,3 +76,41 @@ def test_every_marked_key_is_an_enum_of_what_it_admits_in_the_launchers_schema()
 def test_a_marker_can_admit_only_entries_with_a_meta_flag():
     marker = Registered("presets", meta="distill", why="is not a distillation method")
     assert marker.admits({"distill": True}) and not marker.admits({}) and Registered("presets").admits({})
+
+
+def test_a_stage_validates_the_core_sections_and_only_the_added_ones_it_reads(tmp_path):
+    """A bad value in a recipe's section stops the stages that read it (one line naming the key) and no other: the
+    `sft` stage's settings have no `dsp` section, so neither the file's nor an override's mistake there reaches it.
+    A whole run's settings (no stage: preflight, the launchers) still hold and check every section, and a section no
+    recipe registered is refused for every stage."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"extends: {PARAMS}\ndsp: {{steps: -1}}\n")
+    sft = resolve.load(bad, stage="sft")
+    assert not hasattr(sft, "dsp") and sft.sft == resolve.load(PARAMS).sft
+    assert not hasattr(resolve.load(PARAMS, ["dsp.steps=-1"], stage="sft"), "dsp")
+    for stage in ("dsp", "maze_data", None):
+        with pytest.raises(UserError) as err:
+            resolve.load(bad, stage=stage)
+        assert str(err.value) == "dsp.steps: Input should be greater than 0 (got -1)"
+    assert resolve.load(PARAMS, ["dsp.steps=7"], stage="dsp").dsp.steps == 7
+    with pytest.raises(UserError, match="unknown key 'dsp.stepz'"):  # an override still names a known key
+        resolve.load(PARAMS, ["dsp.stepz=7"], stage="sft")
+    bad.write_text(f"extends: {PARAMS}\ndspp: {{steps: 3}}\n")
+    with pytest.raises(UserError, match="unknown key 'dspp' \\(did you mean 'dsp'\\?\\)"):
+        resolve.load(bad, stage="sft")
+    with pytest.raises(UserError, match="unknown key 'sft.stepz'"):  # the core sections are checked for every stage
+        resolve.load(PARAMS, ["sft.stepz=1"], stage="dsp")
+
+
+def test_every_stage_declares_the_added_sections_its_pipelines_track():
+    """A stage reads the core sections and the added sections it declares (registry meta `sections`); each dvc.yaml
+    task that runs it lists those in its `params:`, so DVC reruns it when they change, and no other added section."""
+    from posttrain.orchestration.graph import load_pipelines
+
+    registries = resolve.all_registries()
+    added = set(registries["sections"].names())
+    for pipeline in load_pipelines(PARAMS.parent).values():
+        for task in pipeline.tasks:
+            declared = set(registries["stages"].entry(task.stage).meta.get("sections", ()))
+            assert declared <= added, task.stage
+            assert set(task.sections) & added == declared, (pipeline.name, task.id)

@@ -5,7 +5,8 @@ Every launcher runs the same tasks: a task is one expanded `dvc.yaml` stage (`ev
 upstream tasks are the ones whose outputs it depends on. Kubeflow and Airflow map those paths onto artifacts
 or a run directory. A pipeline is one `dvc.yaml` file (`PIPELINE_FILES`, and each recipe's `recipes/<name>/dvc.yaml`,
 which reads the recipe's own params file) plus the stages of the other files it reads from (`rlhf/dvc.yaml` starts
-from the root file's data and sft, as `dvc repro rlhf/dvc.yaml` does).
+from the root file's data and sft, as `dvc repro rlhf/dvc.yaml` does); a file whose stages read several params files
+is one pipeline per params file (`recipes/search/dvc.yaml`: `search` and `search_bridge`).
 `--set` overrides that every task of a pipeline passes are the pipeline's (`Pipeline.overrides`, applied once
 when the launcher resolves the settings); any others stay with their task. Whether a stage wants a GPU comes
 from its registry entry (`gpu=`), so a newly registered stage needs no edits here.
@@ -240,19 +241,43 @@ def _with_ancestors(ids: set[str], tasks: dict[str, Task]) -> set[str]:
 def load_pipelines(repo: Path) -> dict[str, Pipeline]:
     """Every pipeline present in `repo` (`pipeline_files`): its tasks (with the stages of the other files it reads
     from), the `--set` overrides all of them pass, which move from the tasks to the pipeline, and the params file
-    its own tasks read. A dvc.yaml whose stages read several params files is left out (DVC runs it; the launchers
-    resolve one file per run)."""
+    its own tasks read. A dvc.yaml whose stages read several params files is one pipeline per file (`_per_params_file`):
+    the launchers resolve one params file per run."""
     files = {name: Path(repo) / path for name, path in pipeline_files(repo).items()}
-    found = {}
+    found: dict[str, Pipeline] = {}
     for name, path in files.items():
         tasks = load_tasks(path, repo, tuple(f for n, f in files.items() if n != name), name)
-        shared = [a for a in tasks[0].extra_args if all(a in t.extra_args for t in tasks)] if tasks else []
-        tasks = [replace(t, extra_args=tuple(a for a in t.extra_args if a not in shared)) for t in tasks]
-        params = {t.params for t in tasks if t.pipeline == name}
-        if len(params) > 1:  # the launchers resolve one params file per run (recipes/search: params.yaml and bridge.yaml)
-            continue  # so such a pipeline runs under DVC only (docs/orchestration.md)
-        found[name] = Pipeline(name, tasks, tuple(a.removeprefix("--set=") for a in shared), params.pop() if params else PARAMS)
+        for pipeline_name, params, kept in _per_params_file(name, tasks):
+            if pipeline_name != name and (pipeline_name in files or pipeline_name in found):
+                raise UserError(f"{pipeline_files(repo)[name]}: its {params} stages would be pipeline {pipeline_name!r}, which exists already")
+            shared = [a for a in kept[0].extra_args if all(a in t.extra_args for t in kept)] if kept else []
+            kept = [replace(t, extra_args=tuple(a for a in t.extra_args if a not in shared)) for t in kept]
+            found[pipeline_name] = Pipeline(pipeline_name, kept, tuple(a.removeprefix("--set=") for a in shared), params)
     return found
+
+
+def _per_params_file(name: str, tasks: list[Task]) -> list[tuple[str, str, list[Task]]]:
+    """(pipeline name, params file, tasks) for each params file the own tasks of pipeline `name` read, each with the
+    tasks upstream of them. One file: the pipeline as it is. Several (recipes/search: ASCT reads params.yaml, BRIDGE
+    bridge.yaml, which sets another `task` and `model`): one pipeline per file, named `name` for the recipe's
+    params.yaml and `<name>_<file stem>` for another (search_bridge), so each runs on one resolved config as
+    `dvc repro` runs each stage on its own file. A stage upstream of another that reads another file is refused."""
+    by_id = {t.id: t for t in tasks}
+    own: dict[str, set[str]] = {}
+    for task in tasks:
+        if task.pipeline == name:
+            own.setdefault(task.params, set()).add(task.id)
+    if len(own) <= 1:
+        return [(name, next(iter(own), PARAMS), tasks)]
+    made = []
+    for params, ids in own.items():
+        kept = _with_ancestors(ids, by_id)
+        other = next((by_id[t] for t in sorted(kept) if by_id[t].pipeline == name and by_id[t].params != params), None)
+        if other is not None:
+            raise UserError(f"pipeline {name!r}: stage {other.id!r} reads {other.params} but a stage downstream of it reads {params}; "
+                            "the launchers resolve one params file per run")
+        made.append((name if Path(params).name == PARAMS else f"{name}_{Path(params).stem}", params, [t for t in tasks if t.id in kept]))
+    return made
 
 
 def _values(argv: list[str], flag: str) -> list[str]:

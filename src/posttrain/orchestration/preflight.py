@@ -17,7 +17,8 @@ import yaml
 from pydantic import BaseModel
 
 from posttrain import resolve
-from posttrain.config import Config, OptionsOf, _marker, read_params
+from posttrain.config import Config, read_params
+from posttrain.markers import OptionsOf, marker_of
 from posttrain.errors import UserError
 from posttrain.orchestration.schema import values_to_raw
 from posttrain.tracking import check_stores
@@ -60,9 +61,9 @@ def _absent_optional_is_null(raw: dict[str, Any], model: type[BaseModel] | None 
             raw[key] = None
         elif isinstance(values, dict) and isinstance(annotation, type) and issubclass(annotation, BaseModel):
             _absent_optional_is_null(values, annotation)
-        elif isinstance(_marker(field.metadata), OptionsOf) and isinstance(values, dict):  # per-method blocks, typed by their entry
+        elif isinstance(marker_of(field.metadata), OptionsOf) and isinstance(values, dict):  # per-method blocks, typed by their entry
             for name, block in values.items():
-                schema = resolve.option_schema(name, _marker(field.metadata).registries)
+                schema = resolve.option_schema(name, marker_of(field.metadata).registries)
                 if schema is not None and isinstance(block, dict):
                     _absent_optional_is_null(block, schema)
 

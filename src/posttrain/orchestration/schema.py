@@ -14,7 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from posttrain.config import Registered, field_comments, registered_keys
+from posttrain.markers import Registered, registered_keys
+from posttrain.settings_help import field_comments
 from posttrain.registry import IMPORT_PATH, Registry, admitted
 from posttrain.errors import UserError
 from posttrain.orchestration.graph import PARAMS, Task, check_overrides, load_pipelines, params_of
@@ -52,7 +53,7 @@ def _with_enum(schema: dict[str, Any], registry: Registry, marker: Registered) -
 def param_specs(params_yaml: Path) -> dict[str, dict[str, Any]]:
     """`section.key` -> {"default", "schema", "section", "description"} for every run setting (`resolve.settings_model()`). The
     default is the value a run of `params_yaml` gets (the file over the settings models' defaults); the description
-    the comment on the setting's line in its settings model (`config.field_comments`). Keys marked `Registered` in
+    the comment on the setting's line in its settings model (`settings_help.field_comments`). Keys marked `Registered` in
     config.py (the same markers `posttrain.resolve` checks) are enums of the registered names: a key itself, each
     item of a tuple (`rl.aux[]`), a field of each item (`rl.rewards[].name`), or a field of a nested settings
     object (`motion.rl.advantage`)."""

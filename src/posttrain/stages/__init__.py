@@ -30,7 +30,8 @@ stages: Registry = Registry("stage")
 # core sections of `config.Config` they make the settings of a run (`posttrain.resolve.settings_model`); meta `check`:
 # check(section, registries) raises UserError (one line) on a rule across the section and the registries (resolve.check)
 sections: Registry = Registry("settings section")
-# registry meta of a stage: inputs {name: default dir}, requires {name: [files]}, resumable; for the launchers
+# registry meta of a stage: inputs {name: default dir}, requires {name: [files]}, resumable, sections (the added sections it
+# reads: its settings are the core sections and these, posttrain.resolve.settings_model(stage)); for the launchers
 # (orchestration/graph.py): gpu (default True), deterministic (default True: cacheable); for tracking: rl_objective (default
 # False: whether the stage trains with the rl section's objective, so its run is tagged with the objective and arm)
 

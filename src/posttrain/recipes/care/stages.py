@@ -17,7 +17,7 @@ from posttrain.config import Config
 from posttrain.stages import stages
 
 
-@stages.register("care", inputs={}, resumable=True)
+@stages.register("care", sections=("care",), inputs={}, resumable=True)
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     from posttrain.trainers.loop import TrainLoop
     from posttrain.recipes.care.trainer import train_rubric_generator

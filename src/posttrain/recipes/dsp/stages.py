@@ -24,7 +24,7 @@ from posttrain.runtime import strict_json
 from posttrain.stages import stages
 
 
-@stages.register("maze_data", inputs={}, resumable=False, gpu=False)
+@stages.register("maze_data", sections=("dsp",), inputs={}, resumable=False, gpu=False)
 def run_data(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     """Stage `maze_data`: a seeded maze and reward-free noisy-exploration trajectories in it (DSP's offline data)."""
     from posttrain.recipes.dsp.maze import render
@@ -56,7 +56,7 @@ def read_data(cfg: Config, directory: Path):
     return data
 
 
-@stages.register("dsp", inputs={"data": "outputs/maze_data"}, requires={"data": ["dataset.npz"]}, resumable=True, gpu=False)
+@stages.register("dsp", sections=("dsp",), inputs={"data": "outputs/maze_data"}, requires={"data": ["dataset.npz"]}, resumable=True, gpu=False)
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     """Stage `dsp`: the subgoal flow with classifier-free guidance, the low-level policy and the baselines (DSP)."""
     from safetensors.torch import save_model

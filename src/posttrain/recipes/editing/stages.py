@@ -24,7 +24,7 @@ from posttrain.config import Config
 from posttrain.stages import stages
 
 
-@stages.register("knowledge", inputs={}, resumable=True)
+@stages.register("knowledge", sections=("edit",), inputs={}, resumable=True)
 def run_knowledge(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     """Stage `knowledge`: a base model that knows the synthetic fact set (`edit.facts`), the start of lifelong editing."""
     from posttrain.recipes.editing.facts import ROLES, build_fact_set
@@ -62,7 +62,7 @@ def run_knowledge(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, 
     return metrics
 
 
-@stages.register("edit", inputs={"base": "outputs/knowledge"}, requires={"base": ["model/config.json", "facts.json"]}, resumable=True)
+@stages.register("edit", sections=("edit",), inputs={"base": "outputs/knowledge"}, requires={"base": ["model/config.json", "facts.json"]}, resumable=True)
 def run_edit(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     """Stage `edit`: lifelong knowledge editing (as in GLIME, 2026). A stream of edits (new objects for chosen facts) is applied
     one by one to the `knowledge` stage's base model with `edit.method` (naive sequential fine-tuning, or GLIME)."""

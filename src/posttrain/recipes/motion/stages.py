@@ -49,7 +49,7 @@ def _gifs(videos, out: Path, tracker, n: int) -> None:
         tracker.log_artifacts(out / "gifs", "gifs")
 
 
-@stages.register("motion_data", inputs={}, gpu=False)
+@stages.register("motion_data", sections=("motion",), inputs={}, gpu=False)
 def run_data(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     """Stage `motion_data`: MotionInsight's annotated synthetic clips (train and held-out), with GIFs of the first held-out ones."""
     from posttrain.recipes.motion.videos import CAUSES, DIMENSIONS, make_videos
@@ -84,7 +84,7 @@ def _finish(model, sets, cfg: Config, history: list, out_dir: Path, tracker) -> 
     return metrics
 
 
-@stages.register("motion_sft", inputs={"data": DATA}, requires={"data": ["videos.npz", "annotations.json"]}, resumable=True, gpu=False)
+@stages.register("motion_sft", sections=("motion",), inputs={"data": DATA}, requires={"data": ["videos.npz", "annotations.json"]}, resumable=True, gpu=False)
 def run_sft(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     """Stage `motion_sft`: the MotionInsight evaluator (video encoder -> soft tokens -> tiny decoder) trained on the annotated judgements."""
     from posttrain.trainers.loop import TrainLoop
@@ -97,7 +97,7 @@ def run_sft(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume
     return {**_finish(model, sets, cfg, history, out_dir, tracker), "loss": history[-1]["loss"], **loop.metrics()}
 
 
-@stages.register("motion_grpo", inputs={"data": DATA, "sft": "outputs/motion_sft"},
+@stages.register("motion_grpo", sections=("motion",), inputs={"data": DATA, "sft": "outputs/motion_sft"},
                  requires={"data": ["videos.npz", "annotations.json"], "sft": ["model/evaluator.json"]}, resumable=True, gpu=False)
 def run_grpo(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     """Stage `motion_grpo`: GRPO on MotionInsight's reward (score accuracy + w_c cause F1 + w_f format) from the SFT evaluator."""

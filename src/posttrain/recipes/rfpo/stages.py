@@ -19,6 +19,7 @@ from posttrain.tasks import build_task
 
 @stages.register(
     "critic",
+    sections=("critic",),
     inputs={"data": "outputs/data", "policy": "outputs/sft"},
     requires={"data": ["train.jsonl", "heldout.jsonl"], "policy": ["model/config.json"]},
     resumable=True,

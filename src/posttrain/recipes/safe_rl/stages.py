@@ -21,7 +21,7 @@ from posttrain.runtime import strict_json
 from posttrain.stages import stages
 
 
-@stages.register("drive_encoder", inputs={}, resumable=True, gpu=False)
+@stages.register("drive_encoder", sections=("safe_rl",), inputs={}, resumable=True, gpu=False)
 def run_encoder(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     """Stage `drive_encoder`: a tiny CLIP trained by InfoNCE on the driving environment's frames and captions (VLM-Safe-RL);
     checkpointed every safe_rl.encoder.checkpoint_every steps, `--resume` continues from the newest."""
@@ -39,7 +39,7 @@ def run_encoder(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, re
     return metrics
 
 
-@stages.register("safe_rl", inputs={"encoder": "outputs/drive_encoder"}, resumable=True, gpu=False)
+@stages.register("safe_rl", sections=("safe_rl",), inputs={"encoder": "outputs/drive_encoder"}, resumable=True, gpu=False)
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     """Stage `safe_rl`: PPO-Lagrangian with frozen-CLIP shaping and the augmented multiplier update (VLM-Safe-RL) while driving."""
     from safetensors.torch import save_model

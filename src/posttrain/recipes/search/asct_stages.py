@@ -43,7 +43,7 @@ def search_setup(cfg: Config, seed: int):
     return env, train, heldout
 
 
-@stages.register("asct", inputs={}, resumable=True, gpu=False)
+@stages.register("asct", sections=("asct",), inputs={}, resumable=True, gpu=False)
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     """Stage `asct`: PPO on the search environment with ASCT's counterfactual-tree credit (or a baseline's)."""
     from posttrain.runtime import seed_everything

@@ -45,7 +45,7 @@ def learned_retriever(cfg: Config, task):
     return retriever
 
 
-@stages.register("bridge", inputs={}, resumable=True, gpu=False)
+@stages.register("bridge", sections=("bridge",), inputs={}, resumable=True, gpu=False)
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     """Stage `bridge`: the retriever (upper level) and the search policy's GRPO (lower level), trained together."""
     import torch

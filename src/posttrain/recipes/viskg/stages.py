@@ -40,7 +40,7 @@ def _finish(cfg: Config, vlm, history: list[dict], extra: dict[str, float], out_
     return metrics
 
 
-@stages.register("viskg_sft", inputs={}, resumable=True, gpu=False)
+@stages.register("viskg_sft", sections=("viskg",), inputs={}, resumable=True, gpu=False)
 def run_sft(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     """Stage `viskg_sft`: SFT with negative rationales of the vision-language model on the VQA set (VisKG)."""
     from posttrain.trainers.loop import TrainLoop
@@ -52,7 +52,7 @@ def run_sft(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume
     return _finish(cfg, vlm, history, extra, out_dir, tracker, "sft")
 
 
-@stages.register("viskg_rl", inputs={"model": "outputs/viskg_sft"}, resumable=True, gpu=False)
+@stages.register("viskg_rl", sections=("viskg",), inputs={"model": "outputs/viskg_sft"}, resumable=True, gpu=False)
 def run_rl(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     """Stage `viskg_rl`: GDPO (or GRPO) over accuracy, format and compactness rewards (VisKG)."""
     from posttrain.recipes.viskg.vlm import load_vlm

@@ -11,7 +11,7 @@ from posttrain.config import Config
 from posttrain.stages import stages
 
 
-@stages.register("city", inputs={}, gpu=False)
+@stages.register("city", sections=("city",), inputs={}, gpu=False)
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     from posttrain.recipes.image.vigor.synthetic import write_city
 

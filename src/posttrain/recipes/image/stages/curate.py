@@ -59,7 +59,7 @@ def sample_grid(images: np.ndarray, rows: int):
     return fig
 
 
-@stages.register("curate", inputs={"source": "outputs/images/city"}, gpu=False, requires={"source": ["panoramas.parquet", "tiles.parquet"]})
+@stages.register("curate", sections=("curate",), inputs={"source": "outputs/images/city"}, gpu=False, requires={"source": ["panoramas.parquet", "tiles.parquet"]})
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     from posttrain.data.validation import raise_if_failed
     from posttrain.recipes.image.vigor.curate import curate, read_sources, report

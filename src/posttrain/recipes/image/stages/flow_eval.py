@@ -34,6 +34,7 @@ def edit_grid(rows: list[tuple[str, list]]):
 
 @stages.register(
     "flow_eval",
+    sections=("flow", "flow_rl", "flow_eval"),
     inputs={"data": "outputs/images/curate", "sft": "outputs/images/flow_sft", "rl": "outputs/images/flow_rl"},
     requires={"data": ["quadruplets.parquet", "images.npz"], "sft": ["model/flow_config.json"], "rl": ["model/flow_config.json"]},
 )

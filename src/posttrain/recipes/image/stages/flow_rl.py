@@ -16,6 +16,7 @@ from posttrain.stages import stages
 
 @stages.register(
     "flow_rl",
+    sections=("flow", "flow_rl"),
     inputs={"data": "outputs/images/curate", "policy": "outputs/images/flow_sft"},
     requires={"data": ["quadruplets.parquet", "images.npz"], "policy": ["model/flow_config.json"]},
     resumable=True,

@@ -25,7 +25,7 @@ def starting_model(cfg: Config, image_size: int):
     return model
 
 
-@stages.register("flow_sft", inputs={"data": "outputs/images/curate"}, requires={"data": ["quadruplets.parquet", "images.npz"]}, resumable=True)
+@stages.register("flow_sft", sections=("flow", "flow_sft"), inputs={"data": "outputs/images/curate"}, requires={"data": ["quadruplets.parquet", "images.npz"]}, resumable=True)
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     from posttrain.recipes.image.vigor.edits import load_edits
     from posttrain.recipes.image.flow import save_flow_model
