@@ -1,4 +1,4 @@
-"""Build the kfp v2 pipelines: one per `dvc.yaml` pipeline (text, image, rlhf), plus the objective sweep.
+"""Build the kfp v2 pipelines: one per `dvc.yaml` pipeline (text and each recipe's), plus the objective sweep.
 
 Every pipeline takes the config sections as parameters (defaults: params.yaml) and `image`, runs a CPU
 preflight that validates them and resolves the settings, then the stages in the order of the graph, all

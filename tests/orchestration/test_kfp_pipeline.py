@@ -318,14 +318,13 @@ RLHF = COMPILED / "rlhf.yaml"
 @pytest.mark.heavy
 def test_local_execution_of_the_rlhf_yaml_matches_dvc_repro(dvc_repro_run, tmp_path):
     """rlhf.yaml (data and sft, then the reward-model, preference, knowledge-editing and CARE chains) run locally
-    gives every task the metrics and weights `dvc repro rlhf/dvc.yaml` gives it on the same config. About 8 minutes
-    on 2 cores (the chains' extra models train at the tiny config's sizes): `make test-heavy`."""
+    gives every task the metrics and weights `dvc repro recipes/rlhf/dvc.yaml` gives it on the same config. About 8
+    minutes on 2 cores (the chains' extra models train at the tiny config's sizes): `make test-heavy`."""
     repo = copy_repro_run(dvc_repro_run, tmp_path / "repo")
-    (repo / "rlhf").mkdir()
-    shutil.copy(REPO / "rlhf" / "dvc.yaml", repo / "rlhf" / "dvc.yaml")
-    rlhf_tasks = load_tasks(REPO / "rlhf" / "dvc.yaml", REPO, (REPO / "dvc.yaml",), "rlhf")
-    ran = ran_stages(dvc("repro", "rlhf/dvc.yaml", cwd=repo))
-    assert ran == {f"rlhf/dvc.yaml:{t.id}" for t in rlhf_tasks if t.id not in ("data", "sft")}, ran  # data, sft: the fixture's
+    shutil.copytree(REPO / "recipes" / "rlhf", repo / "recipes" / "rlhf")  # its dvc.yaml and params.yaml
+    rlhf_tasks = load_tasks(REPO / "recipes" / "rlhf" / "dvc.yaml", REPO, (REPO / "dvc.yaml",), "rlhf")
+    ran = ran_stages(dvc("repro", "recipes/rlhf/dvc.yaml", cwd=repo))
+    assert ran == {f"recipes/rlhf/dvc.yaml:{t.id}" for t in rlhf_tasks if t.id not in ("data", "sft")}, ran  # data, sft: the fixture's
     params = tiny_params(tmp_path)
     pipeline = LocalPipeline.load(RLHF, tmp_path / "kfp", tool_env())
     states = pipeline.run(run_arguments(params, [], RLHF, image=""))

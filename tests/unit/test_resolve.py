@@ -16,13 +16,13 @@ PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
 
 
 def test_the_structural_loader_checks_no_names_and_refuses_presets_without_a_registry():
-    # the root params.yaml holds recipes' sections (edit, care): the structural loader takes the model that has them
-    cfg = config.load(PARAMS, ["rl.advantage=no_such_estimator"], model=resolve.settings_model())  # structure only: the name is resolve's business
+    # the root params.yaml holds the core's sections only: the structural loader reads it with the core model alone
+    cfg = config.load(PARAMS, ["rl.advantage=no_such_estimator"])  # structure only: the name is resolve's business
     assert cfg.rl.advantage == "no_such_estimator"
     with pytest.raises(UserError, match="rl.advantage: unknown advantage estimator 'no_such_estimator'"):
         resolve.check(cfg)
     with pytest.raises(UserError, match="rl.preset: presets are expanded by posttrain.resolve.load"):
-        config.load(PARAMS, ["rl.preset=dapo"], model=resolve.settings_model())
+        config.load(PARAMS, ["rl.preset=dapo"])
 
 
 def test_options_are_parsed_once_and_unresolved_blocks_are_refused():
