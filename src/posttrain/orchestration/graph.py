@@ -310,12 +310,13 @@ def params_of(pipeline: Pipeline, params: Path, repo: Path) -> Path:
 
 
 def check_overrides(pipeline: Pipeline, params: Path) -> None:
-    """The `--set` values of a pipeline and of each of its tasks must validate against the config models."""
+    """The `--set` values of a pipeline and of each of its tasks must validate against the config models (the
+    sections each task's stage reads, as that stage will)."""
     from posttrain import resolve
 
     for task in pipeline.tasks:
         overrides = [*pipeline.overrides, *(a.removeprefix("--set=") for a in task.extra_args)]
         try:
-            resolve.load(params, overrides)
+            resolve.load(params, overrides, stage=task.stage)
         except UserError as e:
             raise UserError(f"pipeline {pipeline.name!r}, stage {task.id!r}: {e}") from None
