@@ -111,10 +111,16 @@ def _overrides(overrides: tuple[str, ...]) -> list[str]:
     return [arg for value in overrides for arg in ("--set", value)]
 
 
-def preflight_component(sections: list[str], with_objective: bool = False, overrides: tuple[str, ...] = (),
+def _stages(stages: tuple[str, ...]) -> list[str]:
+    return [arg for stage in stages for arg in ("--stage", stage)]
+
+
+def preflight_component(sections: list[str], stages: tuple[str, ...], with_objective: bool = False, overrides: tuple[str, ...] = (),
                         with_arms: bool = False) -> dsl.ContainerComponent:
     """CPU check of the run (config, MLflow, S3, credentials); outputs the resolved settings as `config`.
-    `overrides`: the pipeline's own settings (its dvc.yaml `--set`), applied over the parameters.
+    `stages`: the pipeline's, whose settings sections alone are checked and resolved (a bad value in a section none
+    of them reads stops no run of it); `overrides`: the pipeline's own settings (its dvc.yaml `--set`), applied over
+    the parameters.
     `with_objective`: one sweep arm's settings (`--sweep-arm`: a preset's every rl key, or an advantage);
     `with_arms`: the sweep's list of arms is checked (known names, none twice) before any arm starts."""
     parameters = [_param(s, dict) for s in sections]
@@ -130,20 +136,20 @@ def preflight_component(sections: list[str], with_objective: bool = False, overr
             argv += ["--sweep-arm", args["objective"]]
         if with_arms:
             argv += ["--sweep-arms", args["objectives"]]  # a list parameter renders as its JSON text
-        argv += [*_overrides(overrides), "--write-config", args["config"]]
+        argv += [*_overrides(overrides), *_stages(stages), "--write-config", args["config"]]
         return dsl.ContainerSpec(image=PLACEHOLDER_IMAGE, command=["posttrain"], args=argv)
 
     return _container_component("posttrain-preflight" + ("-objective" if with_objective else "-sweep" if with_arms else ""), parameters, build)
 
 
-def finalize_component(sections: list[str], overrides: tuple[str, ...] = ()) -> dsl.ContainerComponent:
+def finalize_component(sections: list[str], stages: tuple[str, ...], overrides: tuple[str, ...] = ()) -> dsl.ContainerComponent:
     """The exit task: reads the pipeline's final status and marks its unfinished MLflow runs FAILED
-    (in the experiment the pipeline's overrides name)."""
+    (in the experiment the pipeline's overrides name); like the preflight, it checks the `stages`' sections only."""
     parameters = [_param(s, dict) for s in sections]
     parameters += [_param("pipeline_run", str), _param("status", dsl.PipelineTaskFinalStatus)]
 
     def build(args):
-        argv = ["finalize", *_values_json(sections, args), *_overrides(overrides), "--pipeline-run", args["pipeline_run"], "--status-json", args["status"]]
+        argv = ["finalize", *_values_json(sections, args), *_overrides(overrides), *_stages(stages), "--pipeline-run", args["pipeline_run"], "--status-json", args["status"]]
         return dsl.ContainerSpec(image=PLACEHOLDER_IMAGE, command=["posttrain"], args=argv)
 
     return _container_component("posttrain-finalize", parameters, build)

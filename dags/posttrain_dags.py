@@ -8,8 +8,9 @@ as a Kubernetes pod on a GPU node pool when `orchestration.airflow.executor` is 
 Each DAG's trigger form holds the sections its stages read (their dvc.yaml `params:`) and the run-wide ones
 (pipeline, tracking, training), each key described by the comment on its line in its settings model. Every key has a default, so none is
 required: a field left empty is its params.yaml value. Params are validated against the generated JSON Schema when a run is triggered; the `preflight` task then
-validates them with the config models (the trigger's `conf` too: a key that is no setting, `rl.stepz`, is refused
-by name) and checks MLflow, S3 and credentials before any training starts. The `finalize` teardown and every
+validates the sections the DAG's stages read with the config models (the trigger's `conf` too: a key that is no
+setting, `rl.stepz`, is refused by name; a bad value in a section none of its stages reads stops no run) and
+checks MLflow, S3 and credentials before any training starts. The `finalize` teardown and every
 task's failure callback mark the run's unfinished MLflow runs FAILED; when any task failed or was skipped (a run
 marked failed), `finalize` fails too, so the DAG run ends failed rather than taking the teardown's success.
 The sweep's arms are presets or advantage estimators (`posttrain.orchestration.sweep`), each at most once.
@@ -144,9 +145,20 @@ def overrides_of(dag_id: str) -> list[str]:
     return [arg for value in values for arg in ("--set", value)]
 
 
+def stages_of(dag_id: str) -> list[str]:
+    """`--stage` arguments of the stages a DAG runs (the sweep: the text pipeline's and compare): its preflight and
+    finalize check the settings sections these read and no other, so a bad value in another recipe's section stops
+    no run of this DAG."""
+    name = dag_id.removeprefix("posttrain_")
+    tasks = SPEC["pipelines"]["text" if name == "sweep" else name]
+    stages = {t["stage"] for t in tasks} | ({"compare"} if name == "sweep" else set())
+    return [arg for stage in sorted(stages) for arg in ("--stage", stage)]
+
+
 def mark_failed(context) -> None:
     """Failure callback: a killed stage cannot close its own MLflow run."""
-    argv = ["finalize", "--params", params_file(context["dag"].dag_id), "--values-json", json.dumps(config_values(context["params"])), *overrides_of(context["dag"].dag_id)]
+    dag_id = context["dag"].dag_id
+    argv = ["finalize", "--params", params_file(dag_id), "--values-json", json.dumps(config_values(context["params"])), *overrides_of(dag_id), *stages_of(dag_id)]
     argv += ["--pipeline-run", context["run_id"], "--state", "failed"]
     subprocess.run([POSTTRAIN, *argv], cwd=REPO, timeout=300, check=False)
 
@@ -226,7 +238,7 @@ def build(dag_id: str, tasks: list[dict], sweep: bool = False) -> DAG:
         },
         description=" -> ".join(t["id"] for t in tasks) + (" -> objectives -> compare" if sweep else ""),
     ) as dag:
-        check = ["--params", params_file(dag_id), "--values-json", VALUES, *overrides_of(dag_id)]  # preflight writes them into the run's params.yaml
+        check = ["--params", params_file(dag_id), "--values-json", VALUES, *overrides_of(dag_id), *stages_of(dag_id)]  # preflight writes them into the run's params.yaml
         arms = ["--sweep-arms", "{{ params | objectives_of | tojson }}"] if sweep else []
         preflight = launch("preflight", ["preflight", *check, "--values-json", CONF, *arms, "--write-config", f"{RUN_DIR}/params.yaml"], gpu=False, retries=0)
         # no retries: a failed run makes it fail on purpose (its MLflow call has its own retries)
@@ -265,7 +277,7 @@ def objective_runs(text_tasks: list[dict], shared: set[str]):
         commands = []
         for objective in objectives_of(params):
             own = f"{run_dir}/objectives/{objective}"
-            steps = [["preflight", "--params", f"{run_dir}/params.yaml", "--sweep-arm", objective, "--write-config", f"{own}/params.yaml"]]
+            steps = [["preflight", "--params", f"{run_dir}/params.yaml", "--sweep-arm", objective, *stages_of("posttrain_sweep"), "--write-config", f"{own}/params.yaml"]]
             steps += [stage_argv(t, own, {s: run_dir for s in shared}) for t in per_objective]
             command = " && ".join(shell(s) for s in steps)
             commands.append([pod_command(command)] if IN_PODS else command)  # a pod's `arguments` is a list

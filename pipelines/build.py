@@ -1,4 +1,4 @@
-"""Build the kfp v2 pipelines: one per `dvc.yaml` pipeline (text, image, rlhf), plus the objective sweep.
+"""Build the kfp v2 pipelines: one per `dvc.yaml` pipeline (text and each recipe's), plus the objective sweep.
 
 Every pipeline takes the config sections as parameters (defaults: params.yaml) and `image`, runs a CPU
 preflight that validates them and resolves the settings, then the stages in the order of the graph, all
@@ -32,6 +32,12 @@ def pipeline_sections(tasks: list[Task]) -> list[str]:
     reads it (its dvc.yaml `params:`), so adding a recipe changes no other pipeline's compiled file."""
     read = {s for task in tasks for s in task.sections}
     return CORE_SECTIONS + sorted(s for s in settings_model().model_fields if s not in CORE_SECTIONS and s in read)
+
+
+def pipeline_stages(tasks: list[Task]) -> tuple[str, ...]:
+    """The stages a pipeline runs: its preflight and exit task check the settings sections these read, and no other,
+    so a bad value in another recipe's section stops no run of this pipeline."""
+    return tuple(sorted({task.stage for task in tasks}))
 
 
 def _configure(task: dsl.PipelineTask, image, orch: OrchestrationConfig, gpu: bool, cache: bool) -> None:
@@ -85,9 +91,9 @@ def _run_stages(tasks: list[Task], config_channel, image, orch: OrchestrationCon
 def build_pipeline(pipeline: Pipeline, cfg: Config):
     """The kfp pipeline running `pipeline.tasks` (topologically ordered) with `cfg` as the parameter defaults."""
     orch, name, tasks = cfg.orchestration, pipeline.name, pipeline.tasks
-    names = pipeline_sections(tasks)
-    preflight = preflight_component(names, overrides=pipeline.overrides)
-    finalize = finalize_component(names, overrides=pipeline.overrides)
+    names, stages = pipeline_sections(tasks), pipeline_stages(tasks)
+    preflight = preflight_component(names, stages, overrides=pipeline.overrides)
+    finalize = finalize_component(names, stages, overrides=pipeline.overrides)
 
     def body(*args):
         values = dict(zip(names + ["image"], args))
@@ -109,9 +115,9 @@ def build_sweep(tasks: list[Task], cfg: Config):
     orch = cfg.orchestration
     per_objective = _downstream_of("rl", tasks)
     shared = [t for t in tasks if t.id not in {p.id for p in per_objective}]
-    names = pipeline_sections(tasks)
-    preflight, finalize = preflight_component(names, with_arms=True), finalize_component(names)
-    objective_preflight = preflight_component(names, with_objective=True)
+    names, stages = pipeline_sections(tasks), tuple(sorted({*pipeline_stages(tasks), "compare"}))
+    preflight, finalize = preflight_component(names, stages, with_arms=True), finalize_component(names, stages)
+    objective_preflight = preflight_component(names, stages, with_objective=True)
 
     def body(*args):
         values = dict(zip(names + ["image", "objectives"], args))

@@ -165,6 +165,8 @@ def summary(
 
 
 ValuesJson = Annotated[list[str], typer.Option("--values-json", help='JSON object {"section.key": value} or {"section": {...}} (repeatable).')]
+PipelineStages = Annotated[list[str], typer.Option(
+    "--stage", help="A stage the pipeline runs (repeatable): only the settings sections its stages read are checked (default: every section).")]
 
 
 @app.command("preflight")
@@ -173,6 +175,7 @@ def preflight(
     overrides: Overrides = [],  # noqa: B006
     values_json: ValuesJson = [],  # noqa: B006
     inputs: Inputs = [],  # noqa: B006
+    stages: PipelineStages = [],  # noqa: B006
     write_config: Annotated[Path | None, typer.Option("--write-config", help="Write the resolved settings (YAML) here.")] = None,
     sweep_arm: Annotated[str, typer.Option("--sweep-arm", help="A sweep arm: a preset (all its rl keys) or an advantage estimator.")] = "",
     sweep_arms: Annotated[str, typer.Option("--sweep-arms", help="A sweep's arms (JSON list): each known, none twice.")] = "",
@@ -191,7 +194,7 @@ def preflight(
             raise UserError("--sweep-arms must be a JSON list of names")
         check_arms(arms)
     arm = arm_overrides(sweep_arm) if sweep_arm else []
-    cfg = resolve_config(params, values_json, [*overrides, *arm])
+    cfg = resolve_config(params, values_json, [*overrides, *arm], tuple(stages))
     problems = check(cfg, _input_locations(inputs))
     if problems:
         raise UserError("preflight failed: " + "; ".join(problems))
@@ -209,6 +212,7 @@ def finalize(
     params: Params = Path("params.yaml"),
     values_json: ValuesJson = [],  # noqa: B006
     overrides: Overrides = [],  # noqa: B006
+    stages: PipelineStages = [],  # noqa: B006
     status_json: Annotated[str, typer.Option("--status-json", help="Kubeflow's PipelineTaskFinalStatus, as JSON.")] = "",
     state: Annotated[str, typer.Option("--state", help="The pipeline run's final state, when not given by --status-json.")] = "",
     cleanup: Annotated[list[Path], typer.Option("--cleanup", help="Remove half-written stage outputs under DIR.")] = [],  # noqa: B006
@@ -227,7 +231,7 @@ def finalize(
         reason = f"pipeline {state}: {status.get('error', {}).get('message', '')}".strip(": ")
     else:
         reason = f"pipeline {state or 'ended'}"
-    cfg = resolve_config(params, values_json, overrides)
+    cfg = resolve_config(params, values_json, overrides, tuple(stages))
     failed = mark_unfinished_failed(cfg, pipeline_run, reason)
     removed = [p for root in cleanup if root.is_dir() for p in remove_leftovers(root)]
     # a run that went through: its final models into the Model Registry (posttrain-<stage>, tagged pipeline_run)

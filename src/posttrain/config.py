@@ -513,6 +513,11 @@ def override_value(key: str, value: str) -> Any:
     return parsed
 
 
+def check_key(key: str, root: type[BaseModel] = Config) -> None:
+    """Refuse a `section.key` that names no setting of `root`, with the line a `--set` of it would get."""
+    _apply_override({}, f"{key}=null", root)
+
+
 def _apply_override(raw: dict[str, Any], item: str, root: type[BaseModel] = Config) -> None:
     key, sep, value = item.partition("=")
     if not sep or not key:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -71,10 +72,11 @@ def all_registries() -> dict[str, Registry]:
     return registries
 
 
-def load(params: Path | str, overrides: list[str] | tuple[str, ...] = (), stage: str | None = None) -> Config:
+def load(params: Path | str, overrides: list[str] | tuple[str, ...] = (), stage: str | Iterable[str] | None = None) -> Config:
     """`config.load` with presets expanded from the registry, then `check`: the settings a run uses. For a `stage`,
     only the sections it reads are validated (`settings_model(stage)`): a recipe's or plugin's section another stage
-    reads is left out, so a bad value there stops that stage only."""
+    reads is left out, so a bad value there stops that stage only. Several stages (a pipeline's, for its preflight):
+    the sections any of them reads."""
     from posttrain.objectives.presets import expand
 
     cfg = check(config.load(params, overrides, expand_preset=expand, model=settings_model(stage), known=settings_model()))
@@ -82,16 +84,20 @@ def load(params: Path | str, overrides: list[str] | tuple[str, ...] = (), stage:
     return cfg
 
 
-def settings_model(stage: str | None = None) -> type[Config]:
+def settings_model(stage: str | Iterable[str] | None = None) -> type[Config]:
     """The settings of a run: `Config`'s core sections and every section a recipe or plugin registered; of a `stage`'s
-    run, the core sections and the added ones it reads (its registry meta `sections`, e.g. `sections=("dsp",)`)."""
+    run, the core sections and the added ones it reads (its registry meta `sections`, e.g. `sections=("dsp",)`); of
+    several stages (a pipeline's), the core sections and the added ones any of them reads."""
     registries = all_registries()
     added = list(registries["sections"])
     if stage is not None:
-        reads = tuple(registries["stages"].entry(stage).meta.get("sections", ()))
-        missing = [name for name in reads if name not in registries["sections"]]
-        if missing:
-            raise UserError(f"stage {stage!r} reads settings section {missing[0]!r}, which no recipe or plugin registered")
+        reads = set()
+        for name in (stage,) if isinstance(stage, str) else stage:
+            sections = tuple(registries["stages"].entry(name).meta.get("sections", ()))
+            missing = [section for section in sections if section not in registries["sections"]]
+            if missing:
+                raise UserError(f"stage {name!r} reads settings section {missing[0]!r}, which no recipe or plugin registered")
+            reads.update(sections)
         added = [e for e in added if e.name in reads]
     return config.settings_model(config.AddedSection(e.name, e.obj, e.meta.get("default"), e.meta.get("help", "")) for e in added)
 

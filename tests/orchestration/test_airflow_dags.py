@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 
@@ -99,6 +100,12 @@ def test_dagbag_loads_without_torch_or_posttrain_and_params_match_the_config(dag
     assert {"preflight", "maze_data", "dsp", "finalize"} == set(found["tasks"]["posttrain_dsp"])
     assert all("/recipes/dsp/params.yaml" in found["commands"]["posttrain_dsp"][t] for t in ("preflight", "finalize"))
     assert "dsp.steps" in found["params"]["posttrain_dsp"] and not any(name.startswith("dsp.") for name in text_params)
+    # preflight and finalize check the sections the DAG's stages read, and no other: a bad dsp value stops no text run
+    text_stages = {"data", "sft", "rl", "distill", "eval"}
+    for dag, stages in {"posttrain_text": text_stages, "posttrain_sweep": text_stages | {"compare"}, "posttrain_dsp": {"maze_data", "dsp"}}.items():
+        for task_id in ("preflight", "finalize"):
+            argv = shlex.split(found["commands"][dag][task_id])
+            assert {argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--stage"} == stages, (dag, task_id)
     # recipes/rfpo/dvc.yaml starts from the core pipeline's data and sft, on the recipe's params file (which adds `critic`)
     assert {"preflight", "data", "sft", "critic", "rl_rfpo", "eval_rl_rfpo", "finalize"} == set(found["tasks"]["posttrain_rfpo"])
     assert all("/recipes/rfpo/params.yaml" in found["commands"]["posttrain_rfpo"][t] for t in ("preflight", "finalize"))

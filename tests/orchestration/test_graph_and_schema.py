@@ -38,7 +38,7 @@ def test_image_and_rlhf_pipelines_come_from_their_own_dvc_files():
     by_id = {t.id: t for t in image.tasks}
     assert by_id["flow_eval"].inputs == {"data": "curate", "sft": "flow_sft", "rl": "flow_rl"}
     assert by_id["flow_rl"].out == "outputs/images/flow_rl" and not by_id["curate"].gpu and by_id["flow_sft"].gpu
-    rlhf = {t.id: t for t in found["rlhf"].tasks}  # wdir: .. and the root file's data and sft, as dvc repro does
+    rlhf = {t.id: t for t in found["rlhf"].tasks}  # wdir: ../.. and the root file's data and sft, as dvc repro does
     assert set(rlhf) == {"data", "sft", "reward_model", "rl_rm", "preference", "eval@rl_rm", "eval@preference", "knowledge", "edit", "care"}
     assert rlhf["rl_rm"].inputs == {"data": "data", "policy": "sft", "reward_model": "reward_model"}
     assert rlhf["sft"].pipeline == "text" and rlhf["rl_rm"].pipeline == "rlhf"

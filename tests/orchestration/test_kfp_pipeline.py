@@ -14,7 +14,7 @@ from orch_helpers import dvc, tiny_params, tool_env
 from kfp_local import LocalPipeline, kill_group
 from tracking_server import compare_pipeline_run
 
-from helpers import REPO, WALL_CLOCK, copy_repro_run, ran_stages
+from helpers import REPO, WALL_CLOCK, copy_repro_run, posttrain_main, ran_stages
 from posttrain.orchestration.graph import load_tasks
 from posttrain.orchestration.submit import run_arguments
 from posttrain.stages import stages
@@ -77,6 +77,34 @@ def test_every_task_runs_a_cli_stage_in_the_image_parameter():
     assert {t.stage for t in load_tasks(REPO / "dvc.yaml") if t.pipeline == "text"} | {"preflight", "finalize"} == names
 
 
+def preflight_stages(container: dict) -> list[str]:
+    args = container["args"]
+    return [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--stage"]
+
+
+def test_a_pipelines_preflight_checks_the_sections_its_stages_read_and_no_other(monkeypatch, capsys, tmp_path):
+    """A bad value in the dsp recipe's section stops the dsp pipeline's preflight with one line naming the key, and
+    not the text pipeline's, whose stages read no dsp settings (each preflight run with the `--stage` arguments its
+    compiled pipeline passes); a misspelt key there is refused by name all the same."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"extends: {REPO / 'params.yaml'}\ndsp: {{steps: -1}}\n")
+    store = [f"--set=tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}", f"--set=tracking.artifact_root={tmp_path / 'art'}"]
+
+    def preflight(pipeline: str, *values: str) -> tuple[int, str, str]:
+        container = next(c for _, c in container_tasks(compiled(COMPILED / f"{pipeline}.yaml")[0]).values() if command_name(c) == "preflight")
+        stages = [arg for stage in preflight_stages(container) for arg in ("--stage", stage)]
+        assert stages, pipeline
+        return posttrain_main(monkeypatch, capsys, "preflight", f"--params={bad}", *store, *stages, *values, f"--write-config={tmp_path / pipeline}.yaml")
+
+    code, out, err = preflight("text")
+    assert code == 0 and "preflight ok" in out, err
+    assert "dsp" not in yaml.safe_load((tmp_path / "text.yaml").read_text())  # the stages' settings file holds what they read
+    code, _, err = preflight("dsp")
+    assert code == 2 and err.strip() == "posttrain: error: dsp.steps: Input should be greater than 0 (got -1)", err
+    code, _, err = preflight("text", "--values-json", '{"dsp.stepz": 3}')
+    assert code == 2 and "unknown key 'dsp.stepz'" in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_image_and_rlhf_pipelines_run_their_stages_with_their_overrides():
     from posttrain.orchestration.graph import load_pipelines
 
@@ -91,6 +119,8 @@ def test_image_and_rlhf_pipelines_run_their_stages_with_their_overrides():
             overrides = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--set"]
             # the pipeline's own settings reach the settings resolver and the exit task, and no stage repeats them
             assert overrides == (list(pipeline.overrides) if stage in ("preflight", "finalize") else []), (name, task_name_)
+            if stage in ("preflight", "finalize"):  # they check the sections these stages read, and no other
+                assert preflight_stages(container) == sorted({t.stage for t in pipeline.tasks}), (name, task_name_)
             label = spec["components"][task["componentRef"]["name"]]["executorLabel"]
             wants_gpu = stage in stages and stages.entry(stage).meta.get("gpu", True)
             assert ("accelerator" in container.get("resources", {})) == wants_gpu, (name, task_name_)
@@ -318,14 +348,13 @@ RLHF = COMPILED / "rlhf.yaml"
 @pytest.mark.heavy
 def test_local_execution_of_the_rlhf_yaml_matches_dvc_repro(dvc_repro_run, tmp_path):
     """rlhf.yaml (data and sft, then the reward-model, preference, knowledge-editing and CARE chains) run locally
-    gives every task the metrics and weights `dvc repro rlhf/dvc.yaml` gives it on the same config. About 8 minutes
-    on 2 cores (the chains' extra models train at the tiny config's sizes): `make test-heavy`."""
+    gives every task the metrics and weights `dvc repro recipes/rlhf/dvc.yaml` gives it on the same config. About 8
+    minutes on 2 cores (the chains' extra models train at the tiny config's sizes): `make test-heavy`."""
     repo = copy_repro_run(dvc_repro_run, tmp_path / "repo")
-    (repo / "rlhf").mkdir()
-    shutil.copy(REPO / "rlhf" / "dvc.yaml", repo / "rlhf" / "dvc.yaml")
-    rlhf_tasks = load_tasks(REPO / "rlhf" / "dvc.yaml", REPO, (REPO / "dvc.yaml",), "rlhf")
-    ran = ran_stages(dvc("repro", "rlhf/dvc.yaml", cwd=repo))
-    assert ran == {f"rlhf/dvc.yaml:{t.id}" for t in rlhf_tasks if t.id not in ("data", "sft")}, ran  # data, sft: the fixture's
+    shutil.copytree(REPO / "recipes" / "rlhf", repo / "recipes" / "rlhf")  # its dvc.yaml and params.yaml
+    rlhf_tasks = load_tasks(REPO / "recipes" / "rlhf" / "dvc.yaml", REPO, (REPO / "dvc.yaml",), "rlhf")
+    ran = ran_stages(dvc("repro", "recipes/rlhf/dvc.yaml", cwd=repo))
+    assert ran == {f"recipes/rlhf/dvc.yaml:{t.id}" for t in rlhf_tasks if t.id not in ("data", "sft")}, ran  # data, sft: the fixture's
     params = tiny_params(tmp_path)
     pipeline = LocalPipeline.load(RLHF, tmp_path / "kfp", tool_env())
     states = pipeline.run(run_arguments(params, [], RLHF, image=""))

@@ -26,5 +26,6 @@ def test_gpu_build_pins_the_pypi_torch_that_pyproject_names(tmp_path):
 def test_image_installs_the_package_and_runs_posttrain():
     assert "pip install -c constraints.txt ." in DOCKERFILE
     assert 'ENTRYPOINT ["posttrain"]' in DOCKERFILE
+    assert "COPY recipes ./recipes" in DOCKERFILE  # a recipe DAG's pods read its params file (recipes/rlhf/params.yaml)
     assert "ARG BASE=" in DOCKERFILE and "ARG TORCH_INDEX_URL" in DOCKERFILE  # CUDA base by default, CPU variant by args
     assert "ARG WHEELS=" in DOCKERFILE and "ARG CA_BUNDLE=" in DOCKERFILE  # docker/build_local.sh: local torch wheel, proxy CA

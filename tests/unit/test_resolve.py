@@ -16,13 +16,13 @@ PARAMS = Path(__file__).resolve().parents[2] / "params.yaml"
 
 
 def test_the_structural_loader_checks_no_names_and_refuses_presets_without_a_registry():
-    # the root params.yaml holds recipes' sections (edit, care): the structural loader takes the model that has them
-    cfg = config.load(PARAMS, ["rl.advantage=no_such_estimator"], model=resolve.settings_model())  # structure only: the name is resolve's business
+    # the root params.yaml holds the core's sections only: the structural loader reads it with the core model alone
+    cfg = config.load(PARAMS, ["rl.advantage=no_such_estimator"])  # structure only: the name is resolve's business
     assert cfg.rl.advantage == "no_such_estimator"
     with pytest.raises(UserError, match="rl.advantage: unknown advantage estimator 'no_such_estimator'"):
         resolve.check(cfg)
     with pytest.raises(UserError, match="rl.preset: presets are expanded by posttrain.resolve.load"):
-        config.load(PARAMS, ["rl.preset=dapo"], model=resolve.settings_model())
+        config.load(PARAMS, ["rl.preset=dapo"])
 
 
 def test_options_are_parsed_once_and_unresolved_blocks_are_refused():
@@ -81,8 +81,8 @@ def test_a_marker_can_admit_only_entries_with_a_meta_flag():
 def test_a_stage_validates_the_core_sections_and_only_the_added_ones_it_reads(tmp_path):
     """A bad value in a recipe's section stops the stages that read it (one line naming the key) and no other: the
     `sft` stage's settings have no `dsp` section, so neither the file's nor an override's mistake there reaches it.
-    A whole run's settings (no stage: preflight, the launchers) still hold and check every section, and a section no
-    recipe registered is refused for every stage."""
+    A run of no stage in particular holds and checks every section; a pipeline's (its preflight) the sections any of
+    its stages reads; a section no recipe registered is refused for every stage."""
     bad = tmp_path / "bad.yaml"
     bad.write_text(f"extends: {PARAMS}\ndsp: {{steps: -1}}\n")
     sft = resolve.load(bad, stage="sft")
@@ -92,6 +92,9 @@ def test_a_stage_validates_the_core_sections_and_only_the_added_ones_it_reads(tm
         with pytest.raises(UserError) as err:
             resolve.load(bad, stage=stage)
         assert str(err.value) == "dsp.steps: Input should be greater than 0 (got -1)"
+    assert not hasattr(resolve.load(bad, stage=("data", "sft", "rl", "eval")), "dsp")
+    with pytest.raises(UserError, match="dsp.steps: Input should be greater than 0"):
+        resolve.load(bad, stage=("sft", "maze_data"))
     assert resolve.load(PARAMS, ["dsp.steps=7"], stage="dsp").dsp.steps == 7
     with pytest.raises(UserError, match="unknown key 'dsp.stepz'"):  # an override still names a known key
         resolve.load(PARAMS, ["dsp.stepz=7"], stage="sft")

@@ -4,8 +4,8 @@ Every launcher runs the same tasks: a task is one expanded `dvc.yaml` stage (`ev
 `${var}` filled from `vars`), its command is `posttrain <stage> --in name=outputs/X --out outputs/Y`, and its
 upstream tasks are the ones whose outputs it depends on. Kubeflow and Airflow map those paths onto artifacts
 or a run directory. A pipeline is one `dvc.yaml` file (`PIPELINE_FILES`, and each recipe's `recipes/<name>/dvc.yaml`,
-which reads the recipe's own params file) plus the stages of the other files it reads from (`rlhf/dvc.yaml` starts
-from the root file's data and sft, as `dvc repro rlhf/dvc.yaml` does); a file whose stages read several params files
+which reads the recipe's own params file) plus the stages of the other files it reads from (`recipes/rlhf/dvc.yaml`
+starts from the root file's data and sft, as `dvc repro recipes/rlhf/dvc.yaml` does); a file whose stages read several params files
 is one pipeline per params file (`recipes/search/dvc.yaml`: `search` and `search_bridge`).
 `--set` overrides that every task of a pipeline passes are the pipeline's (`Pipeline.overrides`, applied once
 when the launcher resolves the settings); any others stay with their task. Whether a stage wants a GPU comes
@@ -27,7 +27,7 @@ from posttrain.errors import UserError
 
 OUTPUTS = "outputs/"
 # pipeline name -> its dvc.yaml, relative to the repository root (the root file is the embedded default)
-PIPELINE_FILES = {"text": "dvc.yaml", "rlhf": "rlhf/dvc.yaml"}
+PIPELINE_FILES = {"text": "dvc.yaml"}
 RECIPES = "recipes"  # recipes/<name>/dvc.yaml: the pipeline of recipe <name>, found without an entry here
 PARAMS = "params.yaml"  # the params file a task reads when its command names none (`--params`)
 
@@ -310,12 +310,13 @@ def params_of(pipeline: Pipeline, params: Path, repo: Path) -> Path:
 
 
 def check_overrides(pipeline: Pipeline, params: Path) -> None:
-    """The `--set` values of a pipeline and of each of its tasks must validate against the config models."""
+    """The `--set` values of a pipeline and of each of its tasks must validate against the config models (the
+    sections each task's stage reads, as that stage will)."""
     from posttrain import resolve
 
     for task in pipeline.tasks:
         overrides = [*pipeline.overrides, *(a.removeprefix("--set=") for a in task.extra_args)]
         try:
-            resolve.load(params, overrides)
+            resolve.load(params, overrides, stage=task.stage)
         except UserError as e:
             raise UserError(f"pipeline {pipeline.name!r}, stage {task.id!r}: {e}") from None

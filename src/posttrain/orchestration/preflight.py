@@ -17,16 +17,20 @@ import yaml
 from pydantic import BaseModel
 
 from posttrain import resolve
-from posttrain.config import Config, read_params
+from posttrain.config import Config, check_key, read_params
 from posttrain.markers import OptionsOf, marker_of
 from posttrain.errors import UserError
 from posttrain.orchestration.schema import values_to_raw
 from posttrain.tracking import check_stores
 
 
-def resolve_config(params: Path, values_json: list[str], overrides: list[str]) -> Config:
-    """params.yaml (or, when `values_json` carries every section, those values alone) + values + overrides."""
+def resolve_config(params: Path, values_json: list[str], overrides: list[str], stages: tuple[str, ...] = ()) -> Config:
+    """params.yaml (or, when `values_json` carries every section, those values alone) + values + overrides.
+    `stages` (a pipeline's): only the settings sections they read are validated and kept, as each of those stages
+    will read them, so a bad value in a section none of them reads stops no run of that pipeline; a key given there
+    must still be a setting. No `stages`: every registered section."""
     raw: dict[str, Any] = read_params(params) if params.is_file() else {}
+    given: list[str] = []
     for text in values_json:
         try:
             values = json.loads(text)
@@ -37,13 +41,26 @@ def resolve_config(params: Path, values_json: list[str], overrides: list[str]) -
         for section, section_values in values_to_raw(values).items():
             base = raw.get(section) if isinstance(raw.get(section), dict) else {}
             raw[section] = {**base, **section_values}
+            given += [f"{section}.{key}" for key in section_values]
     if not raw:
         raise UserError(f"params file not found: {params} (and no --values-json given)")
+    if stages:
+        _are_settings(given, resolve.settings_model(stages))
     _absent_optional_is_null(raw)
     with tempfile.TemporaryDirectory() as tmp:
         merged = Path(tmp) / "params.yaml"
         merged.write_text(yaml.safe_dump(raw, sort_keys=False))
-        return resolve.load(merged, overrides)
+        return resolve.load(merged, overrides, stages or None)
+
+
+def _are_settings(keys: list[str], read: type[BaseModel]) -> None:
+    """Each `section.key` of a section the run does not read (left out unvalidated) must still name a setting: a
+    misspelt key in a trigger's conf is refused by name, whichever section it is in."""
+    known = resolve.settings_model()
+    for name in keys:
+        section = name.partition(".")[0]
+        if section in known.model_fields and section not in read.model_fields:
+            check_key(name, known)
 
 
 def without_nulls(section: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""CARE's settings section `care` (stage care, rlhf/dvc.yaml; the root params.yaml's `care`)."""
+"""CARE's settings section `care` (stage care, recipes/rlhf/dvc.yaml; recipes/rlhf/params.yaml's `care`)."""
 
 from __future__ import annotations
 

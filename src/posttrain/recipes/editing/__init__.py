@@ -1,7 +1,7 @@
 """Lifelong knowledge editing (as in GLIME, 2026; docs/editing.md): the synthetic fact set (`facts`), the edit methods
 and their registry `edit_methods` (`objective`: naive; `glime`), the trainer that applies a stream of edits and
 measures it (`trainer`), the stages `knowledge` and `edit` (`stages`) and the settings section `edit` (`settings`).
-Pipeline: the `knowledge` and `edit` stages of rlhf/dvc.yaml (settings in the root params.yaml).
+Pipeline: the `knowledge` and `edit` stages of recipes/rlhf/dvc.yaml (settings: recipes/rlhf/params.yaml).
 Loaded as the plugin entry point `editing` (pyproject.toml): importing it registers the stages, the section and the
 methods; `register` adds the recipe's own registry `edit_methods` to the registries.
 """

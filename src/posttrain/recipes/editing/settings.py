@@ -1,4 +1,4 @@
-"""Lifelong knowledge editing's settings section `edit` (stages knowledge + edit; the root params.yaml's `edit`)."""
+"""Lifelong knowledge editing's settings section `edit` (stages knowledge + edit; recipes/rlhf/params.yaml's `edit`)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ class FactsConfig(Section):  # edit.facts: the synthetic fact set (recipes/editi
         return self
 
 
-@sections.register("edit", help="stages knowledge + edit (rlhf/dvc.yaml): lifelong knowledge editing on a synthetic fact set")
+@sections.register("edit", help="stages knowledge + edit (recipes/rlhf/dvc.yaml): lifelong knowledge editing on a synthetic fact set")
 class EditConfig(Section):
     """Stages `knowledge` (a base model that knows the fact set) and `edit` (a stream of knowledge edits, as in GLIME)."""
 

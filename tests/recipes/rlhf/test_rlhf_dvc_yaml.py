@@ -1,15 +1,17 @@
-"""rlhf/dvc.yaml (the reward-model and preference chains outside the default `dvc repro`) maps paths and params
+"""recipes/rlhf/dvc.yaml (the reward-model and preference chains outside the default `dvc repro`) maps paths and params
 onto real CLI stages, runs them from the repository root, and only consumes outputs some stage produces."""
 
 from __future__ import annotations
 
 import shlex
 
-from helpers import REPO
-from posttrain.resolve import all_registries, settings_model
-from test_dvc_yaml import expanded_stages
+import yaml
 
-RLHF = REPO / "rlhf" / "dvc.yaml"
+from helpers import REPO, expanded_stages
+from posttrain.resolve import all_registries, settings_model
+
+RLHF = REPO / "recipes" / "rlhf" / "dvc.yaml"
+PARAMS = "recipes/rlhf/params.yaml"
 
 
 def test_rlhf_commands_inputs_outputs_and_params():
@@ -18,7 +20,7 @@ def test_rlhf_commands_inputs_outputs_and_params():
     produced = {o for s in [*root.values(), *rlhf.values()] for o in s.get("outs", [])}
     assert {"reward_model", "rl_rm", "preference", "eval@rl_rm", "eval@preference", "knowledge", "edit", "care"} == set(rlhf)
     for name, stage in rlhf.items():
-        assert stage["wdir"] == "..", name  # paths below are relative to the repository root
+        assert stage["wdir"] == "../..", name  # paths below are relative to the repository root
         argv = shlex.split(stage["cmd"])
         assert argv[0] == "posttrain" and argv[1] in stages and argv[argv.index("--launcher") + 1] == "dvc", name
         entry = stages.entry(argv[1])
@@ -26,7 +28,12 @@ def test_rlhf_commands_inputs_outputs_and_params():
         assert set(inputs) <= set(entry.meta["inputs"]), (name, inputs)
         out = argv[argv.index("--out") + 1]
         assert all(o.startswith(out + "/") for o in stage["outs"]), name
-        assert {p.split(".")[0] for p in stage["params"]} <= set(settings_model().model_fields), name  # a section or section.key
+        assert argv[argv.index("--params") + 1] == PARAMS, name  # the core params.yaml plus rlhf's own sections
+        for entry in stage["params"]:  # DVC reads each key from the file that holds it
+            files = {"params.yaml": [entry]} if isinstance(entry, str) else entry
+            for path, keys in files.items():
+                held = set(yaml.safe_load((REPO / path).read_text())) & set(settings_model().model_fields)
+                assert path in ("params.yaml", PARAMS) and {k.split(".")[0] for k in keys} <= held, (name, entry)
         for dep in stage["deps"]:
             assert not dep.startswith("outputs/") or dep in produced, (name, dep)
             assert (REPO / dep).exists() or dep.startswith("outputs/"), (name, dep)
