@@ -66,6 +66,9 @@ def _recorded(*path: str) -> Callable[[dict], float | None]:
 TEACHER_MARGIN = 0.05  # a teacher must beat its student's start by 5 points of held-out accuracy to teach it anything
 FLOOR = 0.05  # a student below 5% held-out accuracy gives RL or distillation almost no correct sample to work from
 
+SFT_SOLVES_TWO_STEP = Premise("SFT start's held-out greedy on two-step problems", lambda r: _row(r, "sft", "wp_greedy_accuracy_steps_2"),
+                              at_least=FLOOR, arms=("sft_rl",))
+
 PREMISES: dict[str, list[Premise]] = {
     "gats_vs_opd": [
         Premise("teacher held-out greedy minus the student's start", _lead("teacher_heldout", "sft_heldout"), at_least=TEACHER_MARGIN),
@@ -78,8 +81,8 @@ PREMISES: dict[str, list[Premise]] = {
         Premise("teacher held-out greedy minus the student's start", _lead("teacher_heldout", "sft_heldout"), at_least=TEACHER_MARGIN),
     ],
     # RL's own gain on two-step problems needs a start that solves some of them (GRPO from the checkpoint: 5%, no gain)
-    "smollm2_sft_rl": [Premise("SFT start's held-out greedy on two-step problems", lambda r: _row(r, "sft", "wp_greedy_accuracy_steps_2"),
-                               at_least=FLOOR, arms=("sft_rl",))],
+    "smollm2_sft_rl": [SFT_SOLVES_TWO_STEP],
+    "smollm2_sft_rl_low_lr": [SFT_SOLVES_TWO_STEP],
     "sipo_vs_grpo": [Premise("student start held-out greedy", _recorded("sft_heldout", "greedy_accuracy"), at_least=FLOOR)],
     "rfpo_vs_ppo": [Premise("success critic's held-out AUC", _recorded("critic", "heldout_auc"), at_least=0.65, arms=("rfpo", "rfpo_raw"))],
     # chance is about 0.3 on this task (docs/viskg.md: the answer is another object's colour or shape)

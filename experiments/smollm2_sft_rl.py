@@ -13,7 +13,10 @@ problems (one- and two-step apart) and on reasoning-gym arithmetic.
 Premise (experiments/_premises.py): RL's own gain on two-step problems needs a start that solves some of them, so
 the `sft_rl` vs `sft` rows count only seeds whose SFT start is above the floor on two-step problems.
 
-    .venv/bin/python experiments/smollm2_sft_rl.py [--sft-steps N] [--steps N] [--work DIR] [--set key=value ...] [--json FILE]
+With `--rl-lr X` the RL runs at that learning rate instead of the example's (claim `smollm2_sft_rl_low_lr`), reusing
+the shared outputs and the seeds' SFT checkpoints of a run in the same `--work`: does a gentler RL add to the SFT start?
+
+    .venv/bin/python experiments/smollm2_sft_rl.py [--sft-steps N] [--rl-lr X] [--steps N] [--work DIR] [--set key=value ...] [--json FILE]
 """
 
 from __future__ import annotations
@@ -30,6 +33,11 @@ import _claims as C
 from smollm2_rl import ARITHMETIC, CHECKPOINT, REPO, stage
 
 SFT = ["--set", "sft.batch_size=8", "--set", "sft.n_examples=0", "--set", "sft.checkpoint_every=1000"]
+
+
+def claim_of(argv: list[str]) -> str:
+    """`smollm2_sft_rl_low_lr` when the command sets the RL's learning rate (`--rl-lr`), else `smollm2_sft_rl`."""
+    return "smollm2_sft_rl_low_lr" if "--rl-lr" in argv else "smollm2_sft_rl"
 
 
 def worked(solution: str) -> str:
@@ -65,6 +73,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sft-steps", type=int, default=40, help="SFT steps of 8 worked solutions (default 40: 320 solutions)")
     p.add_argument("--sft-lr", type=float, default=2e-5)
+    p.add_argument("--rl-lr", type=float, default=None, help="rl.lr (default: examples/smollm2/params.yaml's)")
     p.add_argument("--steps", type=int, default=None, help="rl.steps (default: examples/smollm2/params.yaml's)")
     p.add_argument("--work", type=Path, default=REPO / "outputs" / "claims" / "smollm2_sft_rl")
     p.add_argument("--set", dest="overrides", action="append", default=[], help="section.key=value, for every stage")
@@ -89,14 +98,15 @@ def main() -> None:
     sft_sets = [*SFT, "--set", f"sft.steps={args.sft_steps}", "--set", f"sft.lr={args.sft_lr}", "--set", f"model.path={work}/import/model"]
     sft, seconds["sft"] = stage("sft", "--in", "data=data", "--out", f"{run}/sft", overrides=[*seeded, *sft_sets], cwd=work)
     wp_sft, ar_sft, seconds["eval_sft"] = evaluate(f"{run}/sft", f"{run}/sft", seeded, work)
-    rl, seconds["rl"] = stage("rl", "--in", "data=data", "--in", f"policy={run}/sft", "--out", f"{run}/rl", overrides=seeded, cwd=work)
-    wp_rl, ar_rl, seconds["eval_rl"] = evaluate(f"{run}/rl", f"{run}/rl", seeded, work)
+    rl_out, rl_sets = (f"{run}/rl", []) if args.rl_lr is None else (f"{run}/rl_lr{args.rl_lr:g}", ["--set", f"rl.lr={args.rl_lr}"])
+    rl, seconds["rl"] = stage("rl", "--in", "data=data", "--in", f"policy={run}/sft", "--out", rl_out, overrides=[*seeded, *rl_sets], cwd=work)
+    wp_rl, ar_rl, seconds["eval_rl"] = evaluate(rl_out, rl_out, seeded, work)
 
-    history = json.loads((work / run / "rl" / "history.json").read_text())
+    history = json.loads((work / rl_out / "history.json").read_text())
     table = [{"arm": name, **{f"wp_{k}": v for k, v in wp.items()}, **{f"ar_{k}": v for k, v in ar.items()}}
              for name, wp, ar in (("base", wp_base, ar_base), ("sft", wp_sft, ar_sft), ("sft_rl", wp_rl, ar_rl))]
     results = {
-        "checkpoint": CHECKPOINT, "seed": args.seed, "sft_steps": args.sft_steps, "sft_lr": args.sft_lr, "table": table,
+        "checkpoint": CHECKPOINT, "seed": args.seed, "sft_steps": args.sft_steps, "sft_lr": args.sft_lr, "rl_lr": args.rl_lr, "table": table,
         "sft_metrics": sft, "rl_metrics": rl, "seconds": seconds,
         "wall_seconds_sft_rl_and_eval": seconds["sft"] + seconds["rl"] + seconds["eval_rl"],
         "rl_seconds_per_step": seconds["rl"] / max(len(history), 1), "threads": os.environ.get("OMP_NUM_THREADS"),
@@ -112,4 +122,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    C.run_seeds(main, "smollm2_sft_rl")
+    C.run_seeds(main, claim_of(sys.argv[1:]))
