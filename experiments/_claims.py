@@ -155,8 +155,6 @@ COMPARISONS: dict[str, list[Compare]] = {
                        for m in ("wp_greedy_accuracy_steps_2", "wp_greedy_accuracy_steps_1", "wp_greedy_accuracy", "ar_greedy_accuracy")],
     "smollm2_sft_rl_low_lr": [compare(m, "sft_rl", "sft") for m in ("wp_greedy_accuracy_steps_2", "wp_greedy_accuracy_steps_1", "wp_greedy_accuracy",
                                                                    "ar_greedy_accuracy")],
-    "smollm2_sft_rl_hot": [compare(m, "sft_rl", "sft") for m in ("wp_greedy_accuracy_steps_2", "wp_greedy_accuracy_steps_1", "wp_greedy_accuracy",
-                                                                "ar_greedy_accuracy", "wp_sampled_accuracy")],
 }
 
 

@@ -83,7 +83,6 @@ PREMISES: dict[str, list[Premise]] = {
     # RL's own gain on two-step problems needs a start that solves some of them (GRPO from the checkpoint: 5%, no gain)
     "smollm2_sft_rl": [SFT_SOLVES_TWO_STEP],
     "smollm2_sft_rl_low_lr": [SFT_SOLVES_TWO_STEP],
-    "smollm2_sft_rl_hot": [SFT_SOLVES_TWO_STEP],
     "sipo_vs_grpo": [Premise("student start held-out greedy", _recorded("sft_heldout", "greedy_accuracy"), at_least=FLOOR)],
     "rfpo_vs_ppo": [Premise("success critic's held-out AUC", _recorded("critic", "heldout_auc"), at_least=0.65, arms=("rfpo", "rfpo_raw"))],
     # chance is about 0.3 on this task (docs/viskg.md: the answer is another object's colour or shape)

@@ -15,11 +15,8 @@ the `sft_rl` vs `sft` rows count only seeds whose SFT start is above the floor o
 
 With `--rl-lr X` the RL runs at that learning rate instead of the example's (claim `smollm2_sft_rl_low_lr`), reusing
 the shared outputs and the seeds' SFT checkpoints of a run in the same `--work`: does a gentler RL add to the SFT start?
-With `--rl-temperature T` too (claim `smollm2_sft_rl_hot`: lr 1e-5, T = 1) it samples more diverse groups: after SFT,
-sampling at 0.7 draws eight identical answers in most groups (entropy 0.03-0.07 per token), so few groups carry an
-advantage and Adam's normalised steps follow little more than noise.
 
-    .venv/bin/python experiments/smollm2_sft_rl.py [--sft-steps N] [--rl-lr X] [--rl-temperature T] [--steps N] [--work DIR] [--set key=value ...] [--json FILE]
+    .venv/bin/python experiments/smollm2_sft_rl.py [--sft-steps N] [--rl-lr X] [--steps N] [--work DIR] [--set key=value ...] [--json FILE]
 """
 
 from __future__ import annotations
@@ -39,10 +36,7 @@ SFT = ["--set", "sft.batch_size=8", "--set", "sft.n_examples=0", "--set", "sft.c
 
 
 def claim_of(argv: list[str]) -> str:
-    """`smollm2_sft_rl_hot` when the command sets the RL's sampling temperature (`--rl-temperature`),
-    `smollm2_sft_rl_low_lr` when it sets only its learning rate (`--rl-lr`), else `smollm2_sft_rl`."""
-    if "--rl-temperature" in argv:
-        return "smollm2_sft_rl_hot"
+    """`smollm2_sft_rl_low_lr` when the command sets the RL's learning rate (`--rl-lr`), else `smollm2_sft_rl`."""
     return "smollm2_sft_rl_low_lr" if "--rl-lr" in argv else "smollm2_sft_rl"
 
 
@@ -80,7 +74,6 @@ def main() -> None:
     p.add_argument("--sft-steps", type=int, default=40, help="SFT steps of 8 worked solutions (default 40: 320 solutions)")
     p.add_argument("--sft-lr", type=float, default=2e-5)
     p.add_argument("--rl-lr", type=float, default=None, help="rl.lr (default: examples/smollm2/params.yaml's)")
-    p.add_argument("--rl-temperature", type=float, default=None, help="rl.temperature (default: examples/smollm2/params.yaml's)")
     p.add_argument("--steps", type=int, default=None, help="rl.steps (default: examples/smollm2/params.yaml's)")
     p.add_argument("--work", type=Path, default=REPO / "outputs" / "claims" / "smollm2_sft_rl")
     p.add_argument("--set", dest="overrides", action="append", default=[], help="section.key=value, for every stage")
@@ -105,11 +98,7 @@ def main() -> None:
     sft_sets = [*SFT, "--set", f"sft.steps={args.sft_steps}", "--set", f"sft.lr={args.sft_lr}", "--set", f"model.path={work}/import/model"]
     sft, seconds["sft"] = stage("sft", "--in", "data=data", "--out", f"{run}/sft", overrides=[*seeded, *sft_sets], cwd=work)
     wp_sft, ar_sft, seconds["eval_sft"] = evaluate(f"{run}/sft", f"{run}/sft", seeded, work)
-    rl_out, rl_sets = f"{run}/rl", []
-    if args.rl_lr is not None:
-        rl_out, rl_sets = f"{rl_out}_lr{args.rl_lr:g}", [*rl_sets, "--set", f"rl.lr={args.rl_lr}"]
-    if args.rl_temperature is not None:
-        rl_out, rl_sets = f"{rl_out}_t{args.rl_temperature:g}", [*rl_sets, "--set", f"rl.temperature={args.rl_temperature}"]
+    rl_out, rl_sets = (f"{run}/rl", []) if args.rl_lr is None else (f"{run}/rl_lr{args.rl_lr:g}", ["--set", f"rl.lr={args.rl_lr}"])
     rl, seconds["rl"] = stage("rl", "--in", "data=data", "--in", f"policy={run}/sft", "--out", rl_out, overrides=[*seeded, *rl_sets], cwd=work)
     wp_rl, ar_rl, seconds["eval_rl"] = evaluate(rl_out, rl_out, seeded, work)
 
@@ -117,7 +106,7 @@ def main() -> None:
     table = [{"arm": name, **{f"wp_{k}": v for k, v in wp.items()}, **{f"ar_{k}": v for k, v in ar.items()}}
              for name, wp, ar in (("base", wp_base, ar_base), ("sft", wp_sft, ar_sft), ("sft_rl", wp_rl, ar_rl))]
     results = {
-        "checkpoint": CHECKPOINT, "seed": args.seed, "sft_steps": args.sft_steps, "sft_lr": args.sft_lr, "rl_lr": args.rl_lr, "rl_temperature": args.rl_temperature, "table": table,
+        "checkpoint": CHECKPOINT, "seed": args.seed, "sft_steps": args.sft_steps, "sft_lr": args.sft_lr, "rl_lr": args.rl_lr, "table": table,
         "sft_metrics": sft, "rl_metrics": rl, "seconds": seconds,
         "wall_seconds_sft_rl_and_eval": seconds["sft"] + seconds["rl"] + seconds["eval_rl"],
         "rl_seconds_per_step": seconds["rl"] / max(len(history), 1), "threads": os.environ.get("OMP_NUM_THREADS"),
