@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from helpers import REPO, micro_params
+from posttrain.objectives.loss_settings import LossSettings
 from posttrain import resolve
 from posttrain.errors import UserError
 from posttrain.objectives import advantages, aggregations, losses, needs_of
@@ -180,7 +181,7 @@ def test_nan_rewards_are_sanitised(name):
 
 
 def loss_cfg(low=0.2, high=0.2, agg="token_mean", max_new_tokens=None):
-    return SimpleNamespace(clip_eps_low=low, clip_eps_high=high, loss_agg=agg, max_new_tokens=max_new_tokens)
+    return LossSettings(clip_eps_low=low, clip_eps_high=high, loss_agg=agg, max_new_tokens=max_new_tokens)
 
 
 def loss_and_grad(name, offsets, adv, mask, cfg):

@@ -52,6 +52,7 @@ from posttrain.objectives.presets import presets
 from posttrain.objectives.aggregation import aggregate
 from posttrain.objectives.diagnostics import composition_metrics
 from posttrain.objectives.kl import k3_kl
+from posttrain.objectives.loss_settings import LossSettings
 from posttrain.objectives.off_policy import corrections, dropped_share, mismatch_figures, weighted_advantages
 from posttrain.objectives.value_loss import CriticOutputs
 from posttrain.rewards import reward_matrix, rewards
@@ -433,7 +434,7 @@ class OnlineRL:
         optimizer step each) and one schedule step. With `rl.dynamic_sampling`, `more_prompts(n)` supplies refill prompts.
         `collected` (batch, texts, prompts, metrics): a batch sampled elsewhere (the async workers) instead of a rollout."""
         cfg, policy = self.cfg, self.run.policy
-        estimate, policy_loss = advantages.get(cfg.advantage), losses.get(cfg.loss)
+        estimate, policy_loss, loss_settings = advantages.get(cfg.advantage), losses.get(cfg.loss), LossSettings.of(cfg)
         self.step_index += 1
         batch, texts, prompts, metrics = collected or self.collect(prompts, more_prompts)
         self.check_scored(batch)
@@ -451,7 +452,7 @@ class OnlineRL:
                     metrics.update(mismatch_figures(batch.old_logp, proximal, batch.completion_mask))
                 fixed = correct(batch.old_logp, proximal, batch.completion_mask, cfg.options_for(cfg.correction), **reads_adv)
                 metrics["mismatch/masked_share"] = dropped_share(fixed, batch.completion_mask)
-                loss, loss_metrics = policy_loss(outputs.logp, fixed.old_logp, weighted_advantages(adv, fixed.weight), fixed.mask, cfg)
+                loss, loss_metrics = policy_loss(outputs.logp, fixed.old_logp, weighted_advantages(adv, fixed.weight), fixed.mask, loss_settings)
                 loss_metrics.update(fixed.metrics)
             else:
                 loss, loss_metrics = torch.zeros((), device=self.device), {}

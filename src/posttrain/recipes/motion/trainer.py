@@ -31,6 +31,7 @@ from posttrain.models.tokenizer import word_tokenizer
 from posttrain.objectives import advantages as estimators
 from posttrain.objectives import losses
 from posttrain.objectives.kl import k3_kl
+from posttrain.objectives.loss_settings import LossSettings
 from posttrain.recipes.motion.reward import WORDS, cause_f1, motion_reward, parse, render
 from posttrain.trainers.loop import TrainLoop
 
@@ -120,7 +121,7 @@ def train_grpo(cfg, model: MotionEvaluator, data: VideoSet, seed: int, loop: Tra
     parts = {"optimizer": optimizer, "draws": draws}
     start, saved = loop.restore(model, parts)
     history = list(saved.get("history", []))
-    core, loss_fn = estimators.entry(r.advantage).meta["on_rewards"], losses.get(r.loss)
+    core, loss_fn, settings = estimators.entry(r.advantage).meta["on_rewards"], losses.get(r.loss), LossSettings.of(r)
     weights = torch.tensor([1.0, r.w_cause, r.w_format])
     for step in range(start + 1, r.steps + 1):
         videos = torch.randint(len(data), (r.videos_per_step,), generator=draws)
@@ -133,7 +134,7 @@ def train_grpo(cfg, model: MotionEvaluator, data: VideoSet, seed: int, loop: Tra
         adv = core(rewards, group, weights, r)
         model.train()
         logp = model.token_logp(maps, tracks, ids)
-        loss, m = loss_fn(logp, logp.detach(), adv, mask, r)  # one update per batch: old_logp is the sampling policy's
+        loss, m = loss_fn(logp, logp.detach(), adv, mask, settings)  # one update per batch: old_logp is the sampling policy's
         kl = torch.zeros(())
         if reference is not None:
             with torch.no_grad():
