@@ -4,6 +4,7 @@
     generate(prompts, ...) -> Samples         `group_size` completions per prompt, prompt-major, log-probs recorded
     decode(samples, stop) -> list[str]        the produced text of each completion
     forward(batch, temperature, ...) -> PolicyOutputs   completion log-probs under the current weights (with gradient)
+    over(model) -> Policy                     the same policy over another copy of the model (the frozen reference)
 
 `model` is the module an update changes (optimised, checkpointed, reduced across ranks). The trainer copies a
 prompt's `inputs` onto each of its samples as `batch.extras` under the same names, so `forward` finds them on the
@@ -11,9 +12,10 @@ batch, micro-batches and dynamic sampling's kept groups included.
 
 `CausalLMPolicy` is the language-model path (chat template, the rollout engine with stop strings or a multi-turn
 task's episode sampler, one forward over prompt + completion); a recipe brings its own for another kind of model
-(VisKG's vision-language model: recipes/viskg/policy.py). A policy that is not a causal LM gives the completion
-log-probs only: parts that read full distributions, hidden states, frozen copies of the policy, or another sampler
-are refused up front by the trainer.
+(VisKG's vision-language model: recipes/viskg/policy.py; MotionInsight's evaluator: recipes/motion/policy.py). A policy
+that is not a causal LM gives the completion log-probs only, its own and its frozen reference's (the `ref_logp` of the
+KL term, through `over`): parts that read full distributions, hidden states, other providers' extras, or another
+sampler are refused up front by the trainer.
 """
 
 from __future__ import annotations
@@ -62,6 +64,9 @@ class Policy(Protocol):
         """The batch's completion log-probs at `temperature` under the current weights (and, where the model gives them,
         the full distributions, hidden states and entropy asked for)."""
 
+    def over(self, model: nn.Module) -> Policy:
+        """The same policy over another copy of the model (the frozen reference of the KL term)."""
+
 
 class CausalLMPolicy:
     """A transformers causal LM and its tokenizer: the path every core RL run takes. `episodes(tokenizer)`, when given,
@@ -90,3 +95,6 @@ class CausalLMPolicy:
         out = completion_forward(self.model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.attention_mask,
                                  temperature, full=full, hidden=hidden, entropy=entropy)
         return PolicyOutputs(logp=out.logp, entropy=out.entropy, logprobs=out.logprobs, hidden=out.hidden)
+
+    def over(self, model: nn.Module) -> CausalLMPolicy:
+        return CausalLMPolicy(model, self.tokenizer, self.episodes)

@@ -255,7 +255,8 @@ class OnlineRL:
 
     def context(self, need: str) -> ExtraContext:
         run = self.run
-        return ExtraContext(run.policy, run.tokenizer, run.task, self.cfg, self.models, self.step_index, self.generator, self.states.get(need))
+        return ExtraContext(run.policy, run.tokenizer, run.task, self.cfg, self.models, self.step_index, self.generator, self.states.get(need),
+                            self.policy)
 
     def rollout(self, prompts: list[Example]) -> tuple[RolloutBatch, list[str], dict[str, float]]:
         """Sample, decode and score one batch of prompts; returns the batch, the texts and rollout metrics."""
@@ -492,12 +493,13 @@ class OnlineRL:
 
 
 def check_log_probs_only(cfg: RLConfig, needs: frozenset[str], reads: frozenset[str], policy: str) -> None:
-    """A policy other than a causal LM gives completion log-probs only: refuse, in one line, the settings whose parts
-    read more of it (full distributions, hidden states, scored sequences), read it through a frozen copy or a
-    provider (the reference's KL, a teacher), draw with another sampler, or run the async workers."""
+    """A policy other than a causal LM gives completion log-probs only (its own, and its reference's for the KL term):
+    refuse, in one line, the settings whose parts read more of it (full distributions, hidden states, scored
+    sequences), need another provider's extras (a teacher's, the greedy baseline's), draw with another sampler, or run
+    the async workers."""
     refused = [f"rl.sampler {cfg.sampler}"] if cfg.sampler != "temperature" else []
     refused += [f"rl.mode {cfg.mode}"] if cfg.mode != "sync" else []
-    refused += [f"the need {n!r}" for n in sorted(needs)] + [f"reading {r!r}" for r in sorted(reads - {"logp"})]
+    refused += [f"the need {n!r}" for n in sorted(needs - {"ref_logp"})] + [f"reading {r!r}" for r in sorted(reads - {"logp"})]
     refused += [f"rl.aux {', '.join(cfg.aux)}"] if cfg.aux else []
     if refused:
         raise UserError(f"{policy} gives completion log-probs only, so it cannot take {'; '.join(refused)}")

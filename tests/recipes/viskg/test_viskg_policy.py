@@ -62,7 +62,7 @@ def test_micro_batches_give_the_whole_batch_gradient():
     assert torch.allclose(grads[0], grads[1], atol=1e-5)
 
 
-@pytest.mark.parametrize("update,refused", [({"beta": 0.04}, "ref_logp"), ({"sampler": "power"}, "rl.sampler power"),
+@pytest.mark.parametrize("update,refused", [({"advantage": "remax"}, "greedy_rewards"), ({"sampler": "power"}, "rl.sampler power"),
                                              ({"mode": "async"}, "rl.mode async")])
 def test_what_reads_more_than_log_probs_is_refused_in_one_line(update, refused):
     cfg = micro()
