@@ -6,8 +6,8 @@
   each sample (`batch.extras["maps"]`, `["tracks"]`). `over(reference)` reads the frozen SFT evaluator the same way,
   for the k3 KL term (`motion.rl.beta`).
 - `MotionTask`: each video's annotation (scores and failure causes) and the reward's weights.
-- the rewards `motion_score_accuracy`, `motion_cause_f1`, `motion_format` (recipes/motion/reward.py's terms) make the
-  reward matrix [B, 3], weighted 1, w_cause, w_format.
+- the rewards `motion_score_accuracy`, `motion_cause_f1`, `motion_format` (registered in recipes/motion/reward.py: its
+  terms, read through the task) make the reward matrix [B, 3], weighted 1, w_cause, w_format.
 """
 
 from __future__ import annotations
@@ -15,11 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from torch import Tensor
 
 from posttrain.recipes.motion.evaluator import MotionEvaluator
 from posttrain.recipes.motion.reward import motion_reward
-from posttrain.rewards import rewards
 from posttrain.rollout import PolicyOutputs, RolloutBatch
 from posttrain.rollout.policy import Prompts
 from posttrain.rollout.sampling import Samples, StopStrings
@@ -67,24 +65,3 @@ class MotionTask:
         i = example.metadata["video"]
         return motion_reward(text, self.scores[i], self.causes[i], self.w_cause, self.w_format)
 
-
-def _term(task: MotionTask, examples, completions: Sequence[str], name: str) -> Tensor:
-    return torch.tensor([task.terms(c, e)[name] for c, e in zip(completions, examples)], dtype=torch.float32)
-
-
-@rewards.register("motion_score_accuracy", tasks=("motion",))
-def motion_score_accuracy(task: MotionTask, examples, completions: Sequence[str], finished) -> Tensor:
-    """MotionInsight's score accuracy: the mean over dimensions of 1 - |judged - annotated| (stage motion_grpo)."""
-    return _term(task, examples, completions, "score_accuracy")
-
-
-@rewards.register("motion_cause_f1", tasks=("motion",))
-def motion_cause_f1(task: MotionTask, examples, completions: Sequence[str], finished) -> Tensor:
-    """MotionInsight's failure-cause F1 of the judgement against the annotation (stage motion_grpo)."""
-    return _term(task, examples, completions, "cause_f1")
-
-
-@rewards.register("motion_format", tasks=("motion",))
-def motion_format(task: MotionTask, examples, completions: Sequence[str], finished) -> Tensor:
-    """MotionInsight's format term: 1 when the judgement parses (stage motion_grpo)."""
-    return _term(task, examples, completions, "format")

@@ -7,8 +7,8 @@
   Sampling is the rollout engine's (the model's `sample`), its log-probs recorded as old_logp.
 - `VisKGTask`: what the rewards read besides the text (the representation's tag, the graph budget T_budget, the
   policy's token counter) and the verifier of the run's `accuracy` figure.
-- the rewards `viskg_accuracy`, `viskg_format`, `viskg_compactness` (recipes/viskg/rewards.py's r_acc, r_fmt, r_kg)
-  make the reward matrix [B, 3]; the estimator (`viskg.rl.advantage`: GDPO normalises each column in its group, GRPO
+- the rewards `viskg_accuracy`, `viskg_format`, `viskg_compactness` (registered in recipes/viskg/rewards.py: r_acc,
+  r_fmt, r_kg, read through the task) make the reward matrix [B, 3]; the estimator (`viskg.rl.advantage`: GDPO normalises each column in its group, GRPO
   their weighted sum) sees them with viskg.rl.weights.
 """
 
@@ -21,7 +21,6 @@ from torch import Tensor
 
 from posttrain.recipes.viskg.rewards import reward_row
 from posttrain.recipes.viskg.vlm import VisionLanguage
-from posttrain.rewards import rewards
 from posttrain.rollout import PolicyOutputs, RolloutBatch
 from posttrain.rollout.policy import Prompts
 from posttrain.rollout.sampling import Samples, StopStrings
@@ -41,6 +40,9 @@ class VisionLanguagePolicy:
 
     def __init__(self, vlm: VisionLanguage):
         self.model, self.tokenizer = vlm, vlm.tokenizer
+
+    def over(self, model: VisionLanguage) -> VisionLanguagePolicy:
+        return VisionLanguagePolicy(model)
 
     def encode(self, prompts: Sequence[Example], device: torch.device) -> Prompts:
         images = torch.stack([e.metadata["image"] for e in prompts])
@@ -73,24 +75,3 @@ class VisKGTask:
     def correctness_reward(self, text: str, finished: bool, example: Example) -> float:
         return self.reward_row(text, example)[0]
 
-
-def _column(task: VisKGTask, examples, completions: Sequence[str], k: int) -> Tensor:
-    return torch.tensor([task.reward_row(c, e)[k] for c, e in zip(completions, examples)], dtype=torch.float32)
-
-
-@rewards.register("viskg_accuracy", tasks=("viskg",))
-def viskg_accuracy(task: VisKGTask, examples, completions: Sequence[str], finished) -> Tensor:
-    """VisKG's r_acc: 1 when the <answer> block is the true answer (stage viskg_rl)."""
-    return _column(task, examples, completions, 0)
-
-
-@rewards.register("viskg_format", tasks=("viskg",))
-def viskg_format(task: VisKGTask, examples, completions: Sequence[str], finished) -> Tensor:
-    """VisKG's r_fmt: 1 when the graph, think and answer blocks come in order and the graph parses (stage viskg_rl)."""
-    return _column(task, examples, completions, 1)
-
-
-@rewards.register("viskg_compactness", tasks=("viskg",))
-def viskg_compactness(task: VisKGTask, examples, completions: Sequence[str], finished) -> Tensor:
-    """VisKG's r_kg: 1 - min(1, graph tokens / T_budget) when the graph parses, else 0 (stage viskg_rl)."""
-    return _column(task, examples, completions, 2)
