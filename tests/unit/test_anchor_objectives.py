@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from helpers import REPO, micro_params
+from posttrain.objectives.loss_settings import LossSettings
 from posttrain import resolve
 from posttrain.errors import UserError
 from posttrain.objectives import advantages, aggregations, losses, needs_of
@@ -180,7 +181,7 @@ def test_nan_rewards_are_sanitised(name):
 
 
 def loss_cfg(low=0.2, high=0.2, agg="token_mean", max_new_tokens=None):
-    return SimpleNamespace(clip_eps_low=low, clip_eps_high=high, loss_agg=agg, max_new_tokens=max_new_tokens)
+    return LossSettings(clip_eps_low=low, clip_eps_high=high, loss_agg=agg, max_new_tokens=max_new_tokens)
 
 
 def loss_and_grad(name, offsets, adv, mask, cfg):
@@ -271,6 +272,16 @@ def test_dynamic_sampling_selects_and_concatenates_groups():
     assert both.group.tolist() == [0, 0, 1, 1]
     assert both.completion_ids.shape == (4, 5) and both.completion_mask[:2, 3:].sum() == 0
     assert both.prompt_ids.shape == (4, 4) and both.prompt_mask[:2].tolist() == [[0, 0, 1, 1]] * 2  # left-padded
+
+
+def test_dynamic_sampling_keeps_each_rows_prompt_inputs():
+    """A policy's per-prompt inputs (rollout/policy.py's Prompts.inputs, e.g. images) ride on the batch as one extra row
+    per sample: selecting groups and concatenating batches keeps each row's own."""
+    batch = make_batch([1.0, 1.0, 0.0, 1.0, 0.5, 0.0], [0, 0, 1, 1, 2, 2]).with_extras(images=torch.arange(6.0)[:, None].expand(6, 3))
+    kept = select_groups(batch, informative_groups(batch))
+    assert kept.extras["images"][:, 0].tolist() == [2.0, 3.0, 4.0, 5.0]
+    other = make_batch([0.0, 2.0], [0, 0]).with_extras(images=torch.full((2, 3), 9.0))
+    assert concat([kept, other], pad_id=0).extras["images"][:, 0].tolist() == [2.0, 3.0, 4.0, 5.0, 9.0, 9.0]
 
 
 def test_composition_metrics_collapse_and_share():

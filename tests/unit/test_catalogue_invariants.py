@@ -4,11 +4,13 @@ reduces to on-policy, where its clip / mask / gate binds, and the estimators' de
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from posttrain.objectives.loss_settings import LossSettings
 from posttrain.objectives import advantages, losses
 from posttrain.objectives.clip_cov import ClipCovOptions
 from posttrain.objectives.dppo import DPPOOptions
@@ -37,7 +39,7 @@ POLICY_GRADIENT = ["dual_clip", "dppo_tv", "dppo_kl", "dppo_reg", "ipo", "sapo",
 
 
 def cfg(agg="token_mean", low=0.2, high=0.2):
-    return SimpleNamespace(loss_agg=agg, clip_eps_low=low, clip_eps_high=high, max_new_tokens=4, options_for=OPTIONS.get)
+    return LossSettings(loss_agg=agg, clip_eps_low=low, clip_eps_high=high, max_new_tokens=4, options=OPTIONS)
 
 
 def on_policy():
@@ -139,7 +141,7 @@ def test_clip_cov_drops_a_candidate_token():
     logp = torch.log(torch.tensor([[0.9, 0.1, 0.5, 0.5]])).requires_grad_()
     adv = torch.tensor([[3.0, -3.0, 0.0, 0.0]])
     options = {"clip_cov": ClipCovOptions(ratio=0.25, lb=0.5, ub=5.0)}
-    c = SimpleNamespace(**{**vars(cfg()), "options_for": options.get})
+    c = replace(cfg(), options=options)
     loss, m = losses.get("clip_cov")(logp, logp.detach(), adv, torch.ones(1, 4), c)
     assert m["clip_fraction"] == 0.25  # one of the two candidates (cov 1.7 and 1.7 > lb) is dropped
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import anchor_transcriptions as ref
+from posttrain.objectives.loss_settings import LossSettings
 from posttrain.objectives import advantages, losses
 from posttrain.objectives.clip_cov import ClipCovOptions
 from posttrain.objectives.dppo import DPPOOptions
@@ -46,8 +47,7 @@ def batch_tensors(seed=0, spread=0.4):
 
 
 def cfg_for(agg="token_mean", low=0.2, high=0.28, **options):
-    return SimpleNamespace(loss_agg=agg, clip_eps_low=low, clip_eps_high=high, max_new_tokens=T,
-                           options_for=lambda name: options.get(name))
+    return LossSettings(loss_agg=agg, clip_eps_low=low, clip_eps_high=high, max_new_tokens=T, options=options)
 
 
 def compare(ours, theirs, logp):

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from posttrain.objectives.loss_settings import LossSettings
 from posttrain.objectives import advantages, aggregations, losses, needs_of
 from posttrain.objectives.aggregation import seq_mean, token_mean
 from posttrain.objectives.grpo import grpo, group_normalize, group_stats
@@ -40,7 +41,7 @@ def adv_cfg(std_scaling="group", std_eps=1e-4):
 
 
 def loss_cfg(low=0.2, high=0.2, agg="token_mean"):
-    return SimpleNamespace(clip_eps_low=low, clip_eps_high=high, loss_agg=agg)
+    return LossSettings(clip_eps_low=low, clip_eps_high=high, loss_agg=agg)
 
 
 # ---------------------------------------------------------------- advantages

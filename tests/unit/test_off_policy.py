@@ -4,11 +4,11 @@ caps and masks where they bind, the decoupled loss against its formula, and the 
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
 
+from posttrain.objectives.loss_settings import LossSettings
 from posttrain.objectives.off_policy import (
     DecoupledOptions, MISOptions, TISOptions, corrections, mismatch_figures, weighted_advantages,
 )
@@ -34,7 +34,7 @@ LOG = math.log
 
 
 def cfg(agg="token_mean"):
-    return SimpleNamespace(clip_eps_low=0.2, clip_eps_high=0.2, loss_agg=agg, max_new_tokens=3)
+    return LossSettings(clip_eps_low=0.2, clip_eps_high=0.2, loss_agg=agg, max_new_tokens=3)
 
 
 def corrected_loss(name, logp, behaviour, proximal, adv, mask, options=None, agg="token_mean"):

@@ -60,7 +60,7 @@ class SoftTokenLM(nn.Module):
         return self.run(full, torch.cat([mask, completion_mask.to(mask.dtype)], dim=1)).logits[:, embeds.shape[1] - 1:-1]
 
     def completion_logp_from(self, soft: Tensor, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
-                             completion_mask: Tensor) -> Tensor:
-        """[B, T] log-probabilities of the completion tokens (0 where completion_mask is 0)."""
+                             completion_mask: Tensor, temperature: float = 1.0) -> Tensor:
+        """[B, T] log-probabilities of the completion tokens at `temperature` (0 where completion_mask is 0)."""
         logits = self.completion_logits(soft, prompt_ids, prompt_mask, completion_ids, completion_mask)
-        return sampled_logp(logits, completion_ids, completion_mask)
+        return sampled_logp(logits if temperature == 1.0 else logits / temperature, completion_ids, completion_mask)

@@ -13,7 +13,7 @@ Each part is registered by name with what it reads, and the trainer computes exa
 - `options=Model`: its settings (`rl.options.<name>`), parsed once by `posttrain.resolve`.
 
     AdvantageEstimator(batch, cfg) -> Tensor [B] or [B, T]
-    PolicyLoss(logp, old_logp, advantages, mask, cfg) -> (loss, metrics)
+    PolicyLoss(logp, old_logp, advantages, mask, settings: LossSettings) -> (loss, metrics)   (objectives/loss_settings.py)
     Aggregation(values [B, T], mask [B, T], *, max_len=None) -> scalar
     AuxiliaryTerm(batch, policy: PolicyOutputs, cfg, module) -> (loss, metrics), added to the policy loss
 

@@ -20,7 +20,8 @@ from posttrain.objectives import aggregations
 
 
 def aggregate(cfg, values: Tensor, mask: Tensor) -> Tensor:
-    """Apply the configured aggregation `cfg.loss_agg`, with L_max = cfg.max_new_tokens when it is set."""
+    """Apply the configured aggregation `cfg.loss_agg`, with L_max = cfg.max_new_tokens when it is set (`cfg`: a
+    `LossSettings`, or a section with those fields, as the trainer's own terms pass)."""
     return aggregations.get(cfg.loss_agg)(values, mask, max_len=getattr(cfg, "max_new_tokens", None))
 
 

@@ -14,13 +14,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from posttrain.objectives.loss_settings import LossSettings
 from posttrain.objectives import losses
 from posttrain.objectives.aggregation import aggregate
 from posttrain.objectives.policy_losses import per_token
 
 
 @losses.register("cispo", needs=())
-def cispo(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg) -> tuple[Tensor, dict[str, float]]:
+def cispo(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: LossSettings) -> tuple[Tensor, dict[str, float]]:
     adv = per_token(advantages, logp)
     ratio = torch.exp(logp - old_logp).detach()
     weight = torch.clamp(ratio, max=1.0 + cfg.clip_eps_high)

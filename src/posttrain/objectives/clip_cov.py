@@ -18,6 +18,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
+from posttrain.objectives.loss_settings import LossSettings
 from posttrain.config import Section
 from posttrain.objectives import losses
 from posttrain.objectives.aggregation import aggregate
@@ -40,7 +41,7 @@ def centred_covariance(adv: Tensor, logp: Tensor, mask: Tensor) -> Tensor:
 
 
 @losses.register("clip_cov", needs=(), options=ClipCovOptions)
-def clip_cov(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg) -> tuple[Tensor, dict[str, float]]:
+def clip_cov(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: LossSettings) -> tuple[Tensor, dict[str, float]]:
     opts: ClipCovOptions = cfg.options_for("clip_cov")
     adv = per_token(advantages, logp)
     ratio = torch.exp(logp - old_logp)

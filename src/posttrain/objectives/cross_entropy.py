@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from posttrain.objectives.loss_settings import LossSettings
 from posttrain.objectives import losses
 from posttrain.objectives.aggregation import aggregate
 from posttrain.objectives.token_stats import masked_mean
 
 
 @losses.register("cross_entropy", needs=())
-def cross_entropy(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg) -> tuple[Tensor, dict[str, float]]:
+def cross_entropy(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: LossSettings) -> tuple[Tensor, dict[str, float]]:
     return -aggregate(cfg, logp, mask), {"nll": -masked_mean(logp, mask), "clip_fraction": 0.0}

@@ -20,6 +20,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
+from posttrain.objectives.loss_settings import LossSettings
 from posttrain.config import Section
 from posttrain.objectives import losses
 from posttrain.objectives.aggregation import aggregate
@@ -55,7 +56,7 @@ def kl_valid(logp: Tensor, old_logp: Tensor, adv: Tensor, opts: DPPOOptions) -> 
     return torch.where(adv > 0, (kl <= opts.delta_high) | (logp <= old_logp), (kl <= opts.delta_low) | up)
 
 
-def dppo(name: str, valid_fn, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg) -> tuple[Tensor, dict[str, float]]:
+def dppo(name: str, valid_fn, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: LossSettings) -> tuple[Tensor, dict[str, float]]:
     opts: DPPOOptions = cfg.options_for(name)
     adv = per_token(advantages, logp)
     with torch.no_grad():
@@ -67,10 +68,10 @@ def dppo(name: str, valid_fn, logp: Tensor, old_logp: Tensor, advantages: Tensor
 
 
 @losses.register("dppo_tv", needs=(), options=DPPOOptions)
-def dppo_tv(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg) -> tuple[Tensor, dict[str, float]]:
+def dppo_tv(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: LossSettings) -> tuple[Tensor, dict[str, float]]:
     return dppo("dppo_tv", tv_valid, logp, old_logp, advantages, mask, cfg)
 
 
 @losses.register("dppo_kl", needs=(), options=DPPOKLOptions)
-def dppo_kl(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg) -> tuple[Tensor, dict[str, float]]:
+def dppo_kl(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: LossSettings) -> tuple[Tensor, dict[str, float]]:
     return dppo("dppo_kl", kl_valid, logp, old_logp, advantages, mask, cfg)

@@ -18,6 +18,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
+from posttrain.objectives.loss_settings import LossSettings
 from posttrain.config import Section
 from posttrain.objectives import losses
 from posttrain.objectives.aggregation import aggregate
@@ -39,7 +40,7 @@ def regularised_surrogate(logp: Tensor, old_logp: Tensor, adv: Tensor, masked: T
 
 
 @losses.register("dppo_reg", needs=(), options=DPPORegOptions)
-def dppo_reg(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg) -> tuple[Tensor, dict[str, float]]:
+def dppo_reg(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: LossSettings) -> tuple[Tensor, dict[str, float]]:
     opts: DPPORegOptions = cfg.options_for("dppo_reg")
     adv = per_token(advantages, logp)
     with torch.no_grad():

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pydantic import Field
 from torch import Tensor
 
+from posttrain.objectives.loss_settings import LossSettings
 from posttrain.config import Section
 from posttrain.objectives import losses
 from posttrain.objectives.aggregation import aggregate
@@ -27,7 +28,7 @@ class DROOptions(Section):
 
 
 @losses.register("dro", needs=(), options=DROOptions)
-def dro(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg) -> tuple[Tensor, dict[str, float]]:
+def dro(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: LossSettings) -> tuple[Tensor, dict[str, float]]:
     beta = cfg.options_for("dro").beta
     log_ratio = logp - old_logp
     objective = logp * per_token(advantages, logp) - 0.5 * beta * log_ratio**2

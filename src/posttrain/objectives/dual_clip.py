@@ -18,6 +18,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
+from posttrain.objectives.loss_settings import LossSettings
 from posttrain.config import Section
 from posttrain.objectives import losses
 from posttrain.objectives.aggregation import aggregate
@@ -37,7 +38,7 @@ def bounded_ratio(logp: Tensor, old_logp: Tensor) -> Tensor:
 
 
 @losses.register("dual_clip", needs=(), options=DualClipOptions)
-def dual_clip(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg) -> tuple[Tensor, dict[str, float]]:
+def dual_clip(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: LossSettings) -> tuple[Tensor, dict[str, float]]:
     c = cfg.options_for("dual_clip").c
     adv = per_token(advantages, logp)
     ratio = bounded_ratio(logp, old_logp)

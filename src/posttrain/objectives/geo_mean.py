@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from posttrain.objectives.loss_settings import LossSettings
 from posttrain.objectives import losses
 from posttrain.objectives.aggregation import aggregate
 from posttrain.objectives.policy_losses import per_token
@@ -24,7 +25,7 @@ from posttrain.objectives.token_stats import masked_share
 
 
 @losses.register("geo_mean", needs=())
-def geo_mean(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg) -> tuple[Tensor, dict[str, float]]:
+def geo_mean(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: LossSettings) -> tuple[Tensor, dict[str, float]]:
     adv = per_token(advantages, logp)
     m = mask.to(logp.dtype)
     length = m.sum(-1, keepdim=True) + 1e-8

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from posttrain.objectives.loss_settings import LossSettings
 from posttrain.objectives import advantages as estimators
 from posttrain.objectives import losses
 from posttrain.objectives.aggregation import aggregate
@@ -24,7 +25,7 @@ from posttrain.rollout import RolloutBatch
 
 
 @losses.register("gpg", needs=())
-def gpg_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg) -> tuple[Tensor, dict[str, float]]:
+def gpg_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: LossSettings) -> tuple[Tensor, dict[str, float]]:
     return -aggregate(cfg, per_token(advantages, logp) * logp, mask), {"clip_fraction": 0.0}
 
 

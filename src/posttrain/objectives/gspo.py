@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from posttrain.objectives.loss_settings import LossSettings
 from posttrain.objectives import losses
 from posttrain.objectives.aggregation import aggregate
 from posttrain.objectives.policy_losses import per_token
@@ -27,7 +28,7 @@ def sequence_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
 
 
 @losses.register("gspo", needs=())
-def gspo(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg) -> tuple[Tensor, dict[str, float]]:
+def gspo(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: LossSettings) -> tuple[Tensor, dict[str, float]]:
     adv = per_token(advantages, logp)
     ratio = torch.exp(sequence_log_ratio(logp, old_logp, mask))  # [B, 1]
     unclipped = ratio * adv

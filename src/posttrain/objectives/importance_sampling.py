@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from posttrain.objectives.loss_settings import LossSettings
 from posttrain.objectives import losses
 from posttrain.objectives.aggregation import aggregate
 from posttrain.objectives.policy_losses import per_token
@@ -20,7 +21,7 @@ from posttrain.objectives.token_stats import masked_mean
 
 
 @losses.register("importance_sampling", needs=())
-def importance_sampling(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg) -> tuple[Tensor, dict[str, float]]:
+def importance_sampling(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: LossSettings) -> tuple[Tensor, dict[str, float]]:
     ratio = torch.exp(logp - old_logp)
     loss = -aggregate(cfg, ratio * per_token(advantages, logp), mask)
     return loss, {"ratio_mean": masked_mean(ratio, mask), "clip_fraction": 0.0}

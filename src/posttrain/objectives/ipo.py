@@ -15,6 +15,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
+from posttrain.objectives.loss_settings import LossSettings
 from posttrain.config import Section
 from posttrain.objectives import losses
 from posttrain.objectives.aggregation import aggregate
@@ -30,7 +31,7 @@ class IPOOptions(Section):
 
 
 @losses.register("ipo", needs=(), options=IPOOptions)
-def ipo(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg) -> tuple[Tensor, dict[str, float]]:
+def ipo(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: LossSettings) -> tuple[Tensor, dict[str, float]]:
     opts: IPOOptions = cfg.options_for("ipo")
     adv = per_token(advantages, logp)
     with torch.no_grad():

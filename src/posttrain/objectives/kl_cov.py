@@ -16,6 +16,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
+from posttrain.objectives.loss_settings import LossSettings
 from posttrain.config import Section
 from posttrain.objectives import losses
 from posttrain.objectives.aggregation import aggregate
@@ -30,7 +31,7 @@ class KLCovOptions(Section):
 
 
 @losses.register("kl_cov", needs=(), options=KLCovOptions)
-def kl_cov(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg) -> tuple[Tensor, dict[str, float]]:
+def kl_cov(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: LossSettings) -> tuple[Tensor, dict[str, float]]:
     opts: KLCovOptions = cfg.options_for("kl_cov")
     adv = per_token(advantages, logp)
     log_ratio = logp - old_logp

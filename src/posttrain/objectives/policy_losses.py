@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from posttrain.objectives.loss_settings import LossSettings
 from posttrain.objectives import losses
 from posttrain.objectives.aggregation import aggregate
 
@@ -23,7 +24,7 @@ def per_token(advantages: Tensor, like: Tensor) -> Tensor:
 
 
 @losses.register("clip", needs=())
-def clipped_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg) -> tuple[Tensor, dict[str, float]]:
+def clipped_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: LossSettings) -> tuple[Tensor, dict[str, float]]:
     adv = per_token(advantages, logp)
     ratio = torch.exp(logp - old_logp)
     unclipped = ratio * adv

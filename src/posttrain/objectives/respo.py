@@ -22,6 +22,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
+from posttrain.objectives.loss_settings import LossSettings
 from posttrain.config import Section
 from posttrain.objectives import losses
 from posttrain.objectives.aggregation import aggregate
@@ -58,7 +59,7 @@ def phi_neg(log_w: Tensor, opts: ReSPOOptions) -> Tensor:
 
 
 @losses.register("respo", needs=(), options=ReSPOOptions)
-def respo(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg) -> tuple[Tensor, dict[str, float]]:
+def respo(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: LossSettings) -> tuple[Tensor, dict[str, float]]:
     opts: ReSPOOptions = cfg.options_for("respo")
     adv = per_token(advantages, logp)
     with torch.no_grad():

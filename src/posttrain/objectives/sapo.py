@@ -20,6 +20,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
+from posttrain.objectives.loss_settings import LossSettings
 from posttrain.config import Section
 from posttrain.objectives import losses
 from posttrain.objectives.aggregation import aggregate
@@ -34,7 +35,7 @@ class SAPOOptions(Section):
 
 
 @losses.register("sapo", needs=(), options=SAPOOptions)
-def sapo(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg) -> tuple[Tensor, dict[str, float]]:
+def sapo(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: LossSettings) -> tuple[Tensor, dict[str, float]]:
     opts: SAPOOptions = cfg.options_for("sapo")
     adv = per_token(advantages, logp)
     ratio = bounded_ratio(logp, old_logp)

@@ -22,6 +22,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
+from posttrain.objectives.loss_settings import LossSettings
 from posttrain.config import Section
 from posttrain.objectives import losses
 from posttrain.objectives.aggregation import aggregate
@@ -47,7 +48,7 @@ def gamma_weight(log_w: Tensor, adv: Tensor, opts: VESPOOptions) -> Tensor:
 
 
 @losses.register("vespo", needs=(), options=VESPOOptions)
-def vespo(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg) -> tuple[Tensor, dict[str, float]]:
+def vespo(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: LossSettings) -> tuple[Tensor, dict[str, float]]:
     opts: VESPOOptions = cfg.options_for("vespo")
     adv = per_token(advantages, logp)
     with torch.no_grad():

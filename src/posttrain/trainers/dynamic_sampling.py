@@ -2,7 +2,8 @@
 rewards are all equal has zero group-relative advantage and teaches nothing, so drop it and sample more
 prompts until the batch holds `prompts_per_step` informative groups (or the extra-rollout bound is hit).
 
-These helpers select and concatenate rollout batches; `online_rl.collect` runs the loop.
+These helpers select and concatenate rollout batches; `online_rl.collect` runs the loop. A rollout's extras are the
+prompts' other inputs (a policy's `Prompts.inputs`, e.g. images: one row per sample), kept with their rows.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ def select_groups(batch: RolloutBatch, keep: Tensor) -> RolloutBatch:
         completion_ids=batch.completion_ids[rows], completion_mask=batch.completion_mask[rows],
         group=new_id[index][rows], old_logp=batch.old_logp[rows], rewards=batch.rewards[rows],
         reward_names=batch.reward_names, reward_weights=batch.reward_weights, attention_mask=batch.attention_mask[rows],
+        extras={name: value[rows] for name, value in batch.extras.items()},
     )
 
 
@@ -56,4 +58,5 @@ def concat(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
         rewards=torch.cat([b.rewards for b in batches]),
         reward_names=batches[0].reward_names, reward_weights=batches[0].reward_weights,
         attention_mask=torch.cat([right(b.attention_mask, 0) for b in batches]),
+        extras={name: torch.cat([b.extras[name] for b in batches]) for name in batches[0].extras},
     )

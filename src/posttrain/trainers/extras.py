@@ -29,6 +29,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.config import RLConfig
 from posttrain.errors import UserError, assert_no_grad
+from posttrain.rollout.policy import CausalLMPolicy, Policy
 from posttrain.rollout.sampling import decode_completions, encode_prompts, generate
 from posttrain.models.teacher import teacher_forward
 from posttrain.models.value import token_values
@@ -54,6 +55,7 @@ class ExtraContext:
     step: int  # 1-based index of the current update
     generator: torch.Generator
     state: Any = None  # this provider's declared state
+    adapter: Policy | None = None  # the run's Policy (rollout/policy.py); None or a CausalLMPolicy: a causal LM's way
 
     def model(self, role: str, need: str) -> PreTrainedModel:
         if role not in self.models:
@@ -145,8 +147,13 @@ def episode_sampler(ctx: ExtraContext):
 
 @extras.register("ref_logp", role="reference")
 def reference_logp(ctx: ExtraContext, prompts, batch) -> Tensor:
-    """[B, T] sampled-token log-probs under the frozen reference (the starting policy)."""
-    return score_as_student(ctx.model("reference", "ref_logp"), ctx, batch).logp
+    """[B, T] sampled-token log-probs under the frozen reference (the starting policy); a policy that is not a causal LM
+    reads its reference its own way (`Policy.over`)."""
+    reference = ctx.model("reference", "ref_logp")
+    if ctx.adapter is not None and not isinstance(ctx.adapter, CausalLMPolicy):
+        with torch.no_grad():
+            return ctx.adapter.over(reference).forward(batch, ctx.cfg.temperature).logp
+    return score_as_student(reference, ctx, batch).logp
 
 
 @extras.register("values", role="critic")

@@ -17,6 +17,11 @@ The objective is whatever `rl.advantage` / `rl.loss` / `rl.loss_agg` / `rl.aux` 
   the first rl.critic.warmup_steps updates only those parts are stepped, so the policy does not move. Otherwise
   the critic is frozen (RFPO's pretrained critic).
 
+The model is reached through a `Policy` (rollout/policy.py: encode prompts, generate samples with recorded log-probs,
+completion log-probs): `CausalLMPolicy` over `run.policy` unless `run.adapter` brings another (VisKG's
+vision-language model), which then gets the same step: dynamic sampling, off-policy corrections, micro-batches,
+checkpoints and diagnostics.
+
 Rollouts come from `rl.sampler` (rollout/samplers.py): `temperature` is the policy's own sampling at
 rl.temperature (the log-probs recorded on the way are old_logp); another sampler (power, ppt) is not the policy's
 distribution, so old_logp is recomputed as the policy's log-prob of the drawn tokens (docs/samplers.md).
@@ -31,9 +36,8 @@ import math
 import random
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -46,12 +50,14 @@ from posttrain.errors import UserError
 from posttrain.registry import Registry, update_section
 from posttrain.models.logprobs import completion_forward, sequence_logprobs
 from posttrain.models.value import critic_from_policy, load_critic, save_critic, token_values
-from posttrain.rollout.sampling import Samples, StopStrings, decode_completions, encode_prompts, sample
+from posttrain.rollout.policy import CausalLMPolicy, Policy
+from posttrain.rollout.sampling import Samples, StopStrings
 from posttrain.objectives import aggregations, advantages, auxiliaries, losses, needs_of, policy_reads, trains_critic
 from posttrain.objectives.presets import presets
 from posttrain.objectives.aggregation import aggregate
 from posttrain.objectives.diagnostics import composition_metrics
 from posttrain.objectives.kl import k3_kl
+from posttrain.objectives.loss_settings import LossSettings
 from posttrain.objectives.off_policy import corrections, dropped_share, mismatch_figures, weighted_advantages
 from posttrain.objectives.value_loss import CriticOutputs
 from posttrain.rewards import reward_matrix, rewards
@@ -128,6 +134,7 @@ class RLRun:
     keep_checkpoints: int = 2  # training.keep_checkpoints
     checkpoint_section: str = "rl"  # the section whose checkpoint_every set cfg.checkpoint_every (named in the divergence line)
     critic_out: Path | None = None  # where a trained critic is saved at the end (models/value.save_critic)
+    adapter: Policy | None = None  # how `policy` is encoded, sampled and scored (rollout/policy.py); None: a causal LM's way
 
 
 @dataclass(frozen=True)
@@ -182,6 +189,10 @@ class OnlineRL:
         self.needs = needs_of(cfg)
         self.reads = policy_reads(cfg)
         self.models = dict(run.models)
+        episodes = run.task.sampler if hasattr(run.task, "sampler") else None
+        self.policy: Policy = run.adapter or CausalLMPolicy(policy, run.tokenizer, episodes)
+        if not isinstance(self.policy, CausalLMPolicy):
+            check_log_probs_only(cfg, self.needs, self.reads, type(self.policy).__name__)
         if cfg.sampler != "temperature" and hasattr(run.task, "sampler"):
             raise UserError(f"rl.sampler: {cfg.sampler} draws single-turn answers; task {run.task.cfg.name!r} samples whole episodes (use temperature)")
         missing = sorted(roles_needed(cfg, optional=False) - set(self.models) - {"reference", "critic"})
@@ -244,26 +255,24 @@ class OnlineRL:
 
     def context(self, need: str) -> ExtraContext:
         run = self.run
-        return ExtraContext(run.policy, run.tokenizer, run.task, self.cfg, self.models, self.step_index, self.generator, self.states.get(need))
+        return ExtraContext(run.policy, run.tokenizer, run.task, self.cfg, self.models, self.step_index, self.generator, self.states.get(need),
+                            self.policy)
 
     def rollout(self, prompts: list[Example]) -> tuple[RolloutBatch, list[str], dict[str, float]]:
         """Sample, decode and score one batch of prompts; returns the batch, the texts and rollout metrics."""
-        cfg, tok, run = self.cfg, self.run.tokenizer, self.run
-        prompt_ids, prompt_mask = encode_prompts(tok, prompts, self.device)  # the chat template's, when there is one
+        cfg, run = self.cfg, self.run
+        encoded = self.policy.encode(prompts, self.device)
         start = time.perf_counter()
-        stop = StopStrings(tok, cfg.stop)  # multi-turn envs sample whole episodes, by their own rules
+        stop = StopStrings(run.tokenizer, cfg.stop)
         extra: dict[str, float] = {}
         texts = None
         if cfg.sampler != "temperature":
-            samples, texts, extra = self.sampler_rollout(prompts, prompt_ids, prompt_mask)
+            samples, texts, extra = self.sampler_rollout(prompts, encoded.ids, encoded.mask)
         else:
-            sampler = run.task.sampler(tok) if hasattr(run.task, "sampler") else partial(sample, stop=stop or None)
-            samples = sampler(
-                run.policy, prompt_ids, prompt_mask, group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
-                eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, temperature=cfg.temperature, generator=self.generator,
-            )
+            samples = self.policy.generate(encoded, group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
+                                           temperature=cfg.temperature, generator=self.generator, stop=stop)
         seconds = time.perf_counter() - start
-        batch, texts = self.score(prompts, prompt_ids, prompt_mask, samples, stop, texts)
+        batch, texts = self.score(prompts, encoded.ids, encoded.mask, samples, stop, texts, encoded.inputs)
         tokens = float(samples.completion_mask.sum())
         metrics = {"tokens_per_s": tokens / max(seconds, 1e-9), "completion_length": tokens / batch.size, **extra}
         expanded = [e for e in prompts for _ in range(cfg.group_size)]
@@ -275,11 +284,11 @@ class OnlineRL:
         return batch, texts, metrics
 
     def score(self, prompts: list[Example], prompt_ids, prompt_mask, samples, stop: StopStrings,
-              texts: list[str] | None = None) -> tuple[RolloutBatch, list[str]]:
+              texts: list[str] | None = None, inputs: Mapping[str, Tensor] | None = None) -> tuple[RolloutBatch, list[str]]:
         """Decode (unless the sampler already gave the `texts`) and score the samples of `prompts` (group_size rows
-        each, prompt-major) into a RolloutBatch."""
+        each, prompt-major) into a RolloutBatch; the prompts' other `inputs` (Prompts.inputs) go on it as extras."""
         cfg, run = self.cfg, self.run
-        texts = decode_completions(run.tokenizer, samples, stop) if texts is None else texts
+        texts = self.policy.decode(samples, stop) if texts is None else texts
         expanded = [e for e in prompts for _ in range(cfg.group_size)]
         rewards, names, weights = reward_matrix(cfg.rewards, run.task, expanded, texts, samples.finished.tolist(), **reward_context(cfg, samples))
         batch = RolloutBatch(
@@ -293,6 +302,7 @@ class OnlineRL:
             rewards=rewards.to(self.device),
             reward_names=names,
             reward_weights=weights.to(self.device),
+            extras={name: value.repeat_interleave(cfg.group_size, 0) for name, value in (inputs or {}).items()},
         )
         return batch, texts
 
@@ -393,20 +403,15 @@ class OnlineRL:
 
     def _policy_outputs(self, batch: RolloutBatch) -> PolicyOutputs:
         policy, reads = self.run.policy, self.reads
-        out = None
-        if reads & {"logp", "logprobs", "hidden"}:
-            out = completion_forward(
-                policy, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.attention_mask, self.cfg.temperature,
-                full="logprobs" in reads, hidden="hidden" in reads, entropy=True,
-            )
         scored = {}
         for read in sorted(r for r in reads if r.startswith("scores:")):
             name = read.removeprefix("scores:")
             packed = batch.extras[name]  # [B, 3, W]: token ids, attention mask, loss mask
             scored[name] = sequence_logprobs(policy, packed[:, 0], packed[:, 1])
-        if out is None:
+        if not reads & {"logp", "logprobs", "hidden"}:
             return PolicyOutputs(logp=None, scored=scored)
-        return PolicyOutputs(logp=out.logp, entropy=out.entropy, logprobs=out.logprobs, hidden=out.hidden, scored=scored)
+        out = self.policy.forward(batch, self.cfg.temperature, full="logprobs" in reads, hidden="hidden" in reads, entropy=True)
+        return replace(out, scored=scored)
 
     def check_scored(self, batch: RolloutBatch) -> None:
         """A completion every reward left unscored (NaN: the function returned None or NaN) gets no advantage, so a
@@ -433,7 +438,7 @@ class OnlineRL:
         optimizer step each) and one schedule step. With `rl.dynamic_sampling`, `more_prompts(n)` supplies refill prompts.
         `collected` (batch, texts, prompts, metrics): a batch sampled elsewhere (the async workers) instead of a rollout."""
         cfg, policy = self.cfg, self.run.policy
-        estimate, policy_loss = advantages.get(cfg.advantage), losses.get(cfg.loss)
+        estimate, policy_loss, loss_settings = advantages.get(cfg.advantage), losses.get(cfg.loss), LossSettings.of(cfg)
         self.step_index += 1
         batch, texts, prompts, metrics = collected or self.collect(prompts, more_prompts)
         self.check_scored(batch)
@@ -451,7 +456,7 @@ class OnlineRL:
                     metrics.update(mismatch_figures(batch.old_logp, proximal, batch.completion_mask))
                 fixed = correct(batch.old_logp, proximal, batch.completion_mask, cfg.options_for(cfg.correction), **reads_adv)
                 metrics["mismatch/masked_share"] = dropped_share(fixed, batch.completion_mask)
-                loss, loss_metrics = policy_loss(outputs.logp, fixed.old_logp, weighted_advantages(adv, fixed.weight), fixed.mask, cfg)
+                loss, loss_metrics = policy_loss(outputs.logp, fixed.old_logp, weighted_advantages(adv, fixed.weight), fixed.mask, loss_settings)
                 loss_metrics.update(fixed.metrics)
             else:
                 loss, loss_metrics = torch.zeros((), device=self.device), {}
@@ -485,6 +490,19 @@ class OnlineRL:
         if outputs.entropy is not None:
             metrics["entropy"] = float(aggregate(cfg, outputs.entropy, batch.completion_mask))
         return StepResult(batch, texts, prompts, metrics)
+
+
+def check_log_probs_only(cfg: RLConfig, needs: frozenset[str], reads: frozenset[str], policy: str) -> None:
+    """A policy other than a causal LM gives completion log-probs only (its own, and its reference's for the KL term):
+    refuse, in one line, the settings whose parts read more of it (full distributions, hidden states, scored
+    sequences), need another provider's extras (a teacher's, the greedy baseline's), draw with another sampler, or run
+    the async workers."""
+    refused = [f"rl.sampler {cfg.sampler}"] if cfg.sampler != "temperature" else []
+    refused += [f"rl.mode {cfg.mode}"] if cfg.mode != "sync" else []
+    refused += [f"the need {n!r}" for n in sorted(needs - {"ref_logp"})] + [f"reading {r!r}" for r in sorted(reads - {"logp"})]
+    refused += [f"rl.aux {', '.join(cfg.aux)}"] if cfg.aux else []
+    if refused:
+        raise UserError(f"{policy} gives completion log-probs only, so it cannot take {'; '.join(refused)}")
 
 
 def _row_dim(name: str) -> int:

@@ -29,8 +29,7 @@ def test_a_native_llava_runs_viskg_sft_rl_and_eval_by_path(llava, tmp_path):
     from posttrain.resolve import load
     from posttrain.recipes.viskg.stages import run_rl
     from posttrain.tracking import Tracker
-    from posttrain.trainers.loop import TrainLoop
-    from posttrain.recipes.viskg.trainer import build_model, encode_prompts, rl_step, split, train_sft
+    from posttrain.recipes.viskg.trainer import build_model, encode_prompts, rl_step, rl_trainer, split, train_sft
 
     params = micro_params(tmp_path)
     cfg = load(params, [*MICRO, f"viskg.model.path={llava}"])
@@ -43,7 +42,7 @@ def test_a_native_llava_runs_viskg_sft_rl_and_eval_by_path(llava, tmp_path):
 
     history, _ = train_sft(cfg.viskg, vlm, 0)  # SFT lowers the NLL of the targets given the images
     assert history[-1]["loss"] < 0.5 * history[0]["loss"]
-    row = rl_step(cfg.viskg, vlm, qs, images, 0, 1, torch.optim.AdamW(vlm.parameters(), lr=1e-4), TrainLoop())
+    row = rl_step(cfg.viskg, *rl_trainer(cfg.viskg, vlm, 0), 0, 1)  # the core RL step over the native model
     assert row["varied_format"] > 0 and 0 < row["reward_format"] < 1 and row["advantage_abs"] > 0  # a reward spread to act on
 
     # greedy sampling with the KV cache picks the argmax of the full forward at every position
@@ -52,6 +51,11 @@ def test_a_native_llava_runs_viskg_sft_rl_and_eval_by_path(llava, tmp_path):
     logits = vlm.model(input_ids=torch.cat([ids, out], 1), attention_mask=full, position_ids=(full.cumsum(-1) - 1).clamp(min=0),
                        **vlm.pixels(images[:3])).logits
     assert torch.equal(logits[:, ids.shape[1] - 1:-1].argmax(-1)[kept.bool()], out[kept.bool()])
+    # the RL step's recorded log-probs are the update's; a sampled image token is a plain token there, as in sampling
+    drawn = vlm.sample(images[:3], ids, mask, 8, 1.0, torch.Generator().manual_seed(0))
+    assert torch.allclose(vlm.completion_logp(images[:3], ids, mask, drawn.completion_ids, drawn.completion_mask), drawn.logp, atol=1e-5)
+    forced = torch.cat([torch.full((3, 1), image_token), drawn.completion_ids], 1)
+    assert torch.isfinite(vlm.completion_logp(images[:3], ids, mask, forced, torch.ones_like(forced))).all()
 
     vlm.save(tmp_path / "sft")  # the viskg_rl stage reads the SFT'd checkpoint by path and writes it back natively (no MLflow here)
     metrics = run_rl(load(params, MICRO), {"model": tmp_path / "sft"}, tmp_path / "outputs" / "viskg_rl", Tracker())

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from posttrain.objectives.loss_settings import LossSettings
 from posttrain.objectives import losses
 
 
 @losses.register("none", needs=(), reads_logp=False)
-def no_policy_gradient(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg) -> tuple[Tensor, dict[str, float]]:
+def no_policy_gradient(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: LossSettings) -> tuple[Tensor, dict[str, float]]:
     return (logp * 0.0).sum(), {"clip_fraction": 0.0}

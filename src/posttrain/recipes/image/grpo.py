@@ -33,6 +33,7 @@ from posttrain.recipes.image.vigor.edits import Edits
 from posttrain.recipes.image.flow import ConditionalFlowModel
 from posttrain.objectives import advantages as estimators
 from posttrain.objectives import losses
+from posttrain.objectives.loss_settings import LossSettings
 from posttrain.objectives.flow_grpo import clip_advantages, gaussian_kl, sde_step
 from posttrain.recipes.image.rewards import image_reward_matrix
 from posttrain.runtime import progress
@@ -88,14 +89,14 @@ def policy_update(model: ConditionalFlowModel, reference: ConditionalFlowModel |
                   text: Tensor, adv: Tensor, sigmas: list[float], cfg: FlowRLConfig) -> dict[str, float]:
     """Accumulate the per-step clipped surrogate (+ beta KL) gradients over the stochastic head of the chain
     (Flow-GRPO's `timestep_fraction`; the deterministic tail has no density and is not trained)."""
-    loss_fn = losses.get(cfg.loss)
+    loss_fn, settings = losses.get(cfg.loss), LossSettings.of(cfg)
     steps = stochastic_steps(cfg)  # the stochastic transitions are the trained ones
     mask = torch.ones(adv.shape[0], 1)
     totals = {"loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0}
     for j, (sigma, sigma_prev) in enumerate(zip(sigmas[:steps], sigmas[1 : steps + 1])):
         x, prev = trajectory.states[j], trajectory.states[j + 1]
         step = sde_step(x, model(x, torch.tensor(sigma), conditions, text), sigma, sigma_prev, cfg.noise_level, sigmas[1], prev=prev)
-        loss, metrics = loss_fn(step.logp[:, None], trajectory.logp[j][:, None], adv, mask, cfg)
+        loss, metrics = loss_fn(step.logp[:, None], trajectory.logp[j][:, None], adv, mask, settings)
         if reference is not None and cfg.beta > 0 and float(step.scale) > 0:
             with torch.no_grad():
                 ref = sde_step(x, reference(x, torch.tensor(sigma), conditions, text), sigma, sigma_prev, cfg.noise_level, sigmas[1], prev=prev)

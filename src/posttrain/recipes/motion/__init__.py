@@ -5,4 +5,4 @@ Llama decoder (`evaluator`), SFT then GRPO with the spec's reward (`reward`, `tr
 Loaded as the plugin entry point `motion` (pyproject.toml): importing it registers the stages and the section.
 """
 
-from posttrain.recipes.motion import settings, stages  # noqa: F401  (registers the section and the stages)
+from posttrain.recipes.motion import reward, settings, stages  # noqa: F401  (registers the rewards, the section and the stages)

@@ -26,7 +26,7 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTraine
 
 from posttrain.errors import UserError
 from posttrain.models.soft_tokens import SoftTokenLM, sampled_logp
-from posttrain.rollout.decode import sample_soft_tokens
+from posttrain.rollout.decode import Samples, sample_soft_tokens
 
 PROMPT = "causes"  # the token the completion follows (any vocabulary word: the soft tokens carry the input)
 
@@ -66,18 +66,19 @@ class MotionEvaluator(SoftTokenLM):
         self.spec = dict(spec)
         self.prompt_id = tokenizer.convert_tokens_to_ids(PROMPT)
 
-    def _prompt(self, n: int, device) -> tuple[Tensor, Tensor]:
+    def prompt(self, n: int, device) -> tuple[Tensor, Tensor]:
+        """(ids [n, 1], mask [n, 1]) of the one prompt token the judgement follows."""
         ids = torch.full((n, 1), self.prompt_id, dtype=torch.long, device=device)
         return ids, torch.ones_like(ids)
 
     def prefix(self, maps: Tensor, tracks: Tensor) -> Tensor:
         """[B, soft_tokens + 1, H]: the soft tokens and the prompt token's embedding."""
         soft = self.encoder(maps, tracks)
-        return self.splice(soft, *self._prompt(len(soft), soft.device))[0]
+        return self.splice(soft, *self.prompt(len(soft), soft.device))[0]
 
     def token_logits(self, maps: Tensor, tracks: Tensor, completion: Tensor) -> Tensor:
         """[B, L, V] logits of each completion token [B, L] given the video and the tokens before it."""
-        prompt = self._prompt(len(maps), maps.device)
+        prompt = self.prompt(len(maps), maps.device)
         return self.completion_logits(self.encoder(maps, tracks), *prompt, completion, torch.ones_like(completion))
 
     def token_logp(self, maps: Tensor, tracks: Tensor, completion: Tensor) -> Tensor:
@@ -85,11 +86,16 @@ class MotionEvaluator(SoftTokenLM):
         return sampled_logp(self.token_logits(maps, tracks, completion), completion, torch.ones_like(completion))
 
     @torch.no_grad()
+    def sample(self, maps: Tensor, tracks: Tensor, max_new_tokens: int, temperature: float = 0.0,
+               generator: torch.Generator | None = None) -> Samples:
+        """One judgement per video from the rollout engine, each token's log-prob recorded. Greedy at temperature 0."""
+        return sample_soft_tokens(self, self.encoder(maps, tracks), *self.prompt(len(maps), maps.device), max_new_tokens, temperature,
+                                  generator)
+
     def generate(self, maps: Tensor, tracks: Tensor, max_new_tokens: int, temperature: float = 0.0,
                  generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-        """(completion ids [B, L], mask [B, L]: 1 up to and including the end-of-text token). Greedy at temperature 0."""
-        samples = sample_soft_tokens(self, self.encoder(maps, tracks), *self._prompt(len(maps), maps.device), max_new_tokens, temperature,
-                                     generator)
+        """(completion ids [B, L], mask [B, L]: 1 up to and including the end-of-text token) of `sample`."""
+        samples = self.sample(maps, tracks, max_new_tokens, temperature, generator)
         return samples.completion_ids, samples.completion_mask
 
     def decode(self, ids: Tensor, mask: Tensor) -> list[str]:

@@ -14,7 +14,13 @@ a perfect prediction earns exactly 1 + w_c + w_f. F1 of two empty cause sets is 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from posttrain.rewards import rewards
 
 CAUSES = ("teleport", "deformation", "gravity_violation", "identity_swap", "frozen")  # the failure causes (recipes/motion/videos.py)
 DIMENSIONS = ("consistency", "continuity", "plausibility")
@@ -70,3 +76,27 @@ def motion_reward(text: str, scores: dict[str, float], causes, w_cause: float, w
     accuracy = sum(1.0 - abs(judged.scores[d] - scores[d]) for d in DIMENSIONS) / len(DIMENSIONS)  # range 1 on [0, 1]
     f1 = cause_f1(judged.causes, causes)
     return {"score_accuracy": accuracy, "cause_f1": f1, "format": 1.0, "reward": accuracy + w_cause * f1 + w_format}
+
+
+# -- registered, for the core RL step (stage motion_grpo): the task is recipes/motion/policy.py's MotionTask -------------
+
+def _term(task, examples, completions: Sequence[str], name: str) -> Tensor:
+    return torch.tensor([task.terms(c, e)[name] for c, e in zip(completions, examples)], dtype=torch.float32)
+
+
+@rewards.register("motion_score_accuracy", tasks=("motion",))
+def motion_score_accuracy(task, examples, completions: Sequence[str], finished) -> Tensor:
+    """MotionInsight's score accuracy: the mean over dimensions of 1 - |judged - annotated| (stage motion_grpo)."""
+    return _term(task, examples, completions, "score_accuracy")
+
+
+@rewards.register("motion_cause_f1", tasks=("motion",))
+def motion_cause_f1(task, examples, completions: Sequence[str], finished) -> Tensor:
+    """MotionInsight's failure-cause F1 of the judgement against the annotation (stage motion_grpo)."""
+    return _term(task, examples, completions, "cause_f1")
+
+
+@rewards.register("motion_format", tasks=("motion",))
+def motion_format(task, examples, completions: Sequence[str], finished) -> Tensor:
+    """MotionInsight's format term: 1 when the judgement parses (stage motion_grpo)."""
+    return _term(task, examples, completions, "format")

@@ -50,6 +50,10 @@ class MotionRLConfig(Section):  # motion.rl: stage motion_grpo, GRPO with Motion
     max_grad_norm: float = Field(1.0, gt=0)
     clip_eps_low: float = Field(0.2, ge=0)
     clip_eps_high: float = Field(0.2, ge=0)
+    epochs_per_batch: int = Field(1, gt=0)  # >1 reuses a rollout batch (the ratio then moves off 1)
+    correction: Annotated[str, Registered("corrections")] = "none"  # off-policy correction of the loss (objectives/off_policy.py; docs/async.md)
+    dynamic_sampling: bool = False  # DAPO: drop the videos whose judgements all got equal rewards, draw more to refill
+    dynamic_sampling_max_rollouts: int = Field(4, ge=0)  # bound on the extra rollouts per step
     std_scaling: Literal["group", "batch", "none"] = "group"  # GRPO's group std (batch | none)
     std_eps: float = Field(0.0001, gt=0)
     beta: float = Field(0.02, ge=0)  # k3 KL to the SFT evaluator; 0 skips the reference

@@ -2,11 +2,13 @@
 spec's reward (recipes/motion/reward.py), and the held-out evaluation both are scored by.
 
 1. `train_sft`: teacher-forced cross-entropy on the fixed-format line of each training video (its annotation).
-2. `train_grpo`: each step draws `videos_per_step` training videos, samples `group_size` judgements of each at
-   `temperature`, scores them (reward matrix [B, 3]: score accuracy, cause F1, format, weights 1, w_c, w_f), takes
-   advantages from the registered estimator's reward-matrix core (`rl.advantage`, e.g. GRPO's group normalisation,
-   Shao et al. 2024 eq. 3) and minimises the registered policy loss (`rl.loss`) plus beta times the k3 KL to the
-   SFT model (Schulman 2020; GRPO's eq. 4 estimator).
+2. `train_grpo`: the core RL step (trainers/online_rl.py's `OnlineRL.step`) over the evaluator as a `Policy`
+   (recipes/motion/policy.py): each step draws `videos_per_step` training videos, samples `group_size` judgements of
+   each at `temperature` with their log-probs recorded, scores them (reward matrix [B, 3]: score accuracy, cause F1,
+   format, weights 1, w_c, w_f), takes advantages from the registered estimator (`rl.advantage`, e.g. GRPO's group
+   normalisation, Shao et al. 2024 eq. 3) and minimises the registered policy loss (`rl.loss`) plus beta times the
+   k3 KL to the SFT model (Schulman 2020; GRPO's eq. 4 estimator), with the core's dynamic sampling, off-policy
+   correction, epochs per batch, cosine schedule and diagnostics.
 3. `evaluate`: greedy judgements of held-out videos: Spearman rank correlation of each predicted dimension with the
    annotated one, micro-F1 of the failure causes over (video, cause) pairs, format rate and mean reward.
 
@@ -16,7 +18,6 @@ RNG), so a killed run resumes bit-for-bit.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,13 +27,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from posttrain.recipes.motion.videos import CAUSES, DIMENSIONS, TRACK_FEATURES, Video, motion_representation, rgb_representation
-from posttrain.recipes.motion.evaluator import MotionEvaluator
+from posttrain.config import RLConfig
+from posttrain.recipes.motion.evaluator import PROMPT, MotionEvaluator
 from posttrain.models.tokenizer import word_tokenizer
-from posttrain.objectives import advantages as estimators
-from posttrain.objectives import losses
-from posttrain.objectives.kl import k3_kl
+from posttrain.recipes.motion.policy import MAPS, TRACKS, EvaluatorPolicy, MotionTask
 from posttrain.recipes.motion.reward import WORDS, cause_f1, motion_reward, parse, render
+from posttrain.tasks import Example
 from posttrain.trainers.loop import TrainLoop
+from posttrain.trainers.online_rl import OnlineRL, RLRun, resolve_rl
 
 REWARD_TERMS = ("score_accuracy", "cause_f1", "format")
 
@@ -105,48 +107,51 @@ def train_sft(cfg, model: MotionEvaluator, data: VideoSet, seed: int, loop: Trai
     return history
 
 
-def reward_matrix(texts: list[str], data: VideoSet, rows: list[int], cfg) -> Tensor:
-    """[B, 3] the reward's terms (REWARD_TERMS) of each completion against its video's annotation."""
-    terms = [motion_reward(t, data.scores[i], data.causes[i], cfg.w_cause, cfg.w_format) for t, i in zip(texts, rows)]
-    return torch.tensor([[r[k] for k in REWARD_TERMS] for r in terms])
+def rl_settings(r) -> RLConfig:
+    """The rl settings of the core step for the `motion.rl` section: the reward's three terms weighted 1, w_cause,
+    w_format, the core's cosine schedule without warm-up, the k3 KL to the SFT evaluator at `beta`."""
+    weights = {"score_accuracy": 1.0, "cause_f1": r.w_cause, "format": r.w_format}
+    rl = RLConfig(
+        advantage=r.advantage, loss=r.loss, loss_agg=r.loss_agg, rewards=tuple({"name": f"motion_{t}", "weight": weights[t]} for t in REWARD_TERMS),
+        steps=r.steps, prompts_per_step=r.videos_per_step, group_size=r.group_size, max_new_tokens=r.max_new_tokens,
+        temperature=r.temperature, lr=r.lr, warmup_steps=0, max_grad_norm=r.max_grad_norm, clip_eps_low=r.clip_eps_low,
+        clip_eps_high=r.clip_eps_high, std_scaling=r.std_scaling, std_eps=r.std_eps, beta=r.beta, epochs_per_batch=r.epochs_per_batch,
+        correction=r.correction, dynamic_sampling=r.dynamic_sampling, dynamic_sampling_max_rollouts=r.dynamic_sampling_max_rollouts,
+        checkpoint_every=r.checkpoint_every, log_every=r.log_every,
+    )
+    return resolve_rl(rl)
+
+
+def rl_trainer(cfg, model: MotionEvaluator, data: VideoSet, seed: int, loop: TrainLoop | None = None) -> tuple[OnlineRL, list[Example]]:
+    """The core RL trainer over the evaluator (its `EvaluatorPolicy`; the reference is a frozen copy of it as it starts)
+    and the training videos as examples."""
+    r, loop = cfg.rl, loop or TrainLoop()
+    examples = [Example(prompt=PROMPT, completion="", answer="", metadata={"video": i, MAPS: data.maps[i], TRACKS: data.tracks[i]})
+                for i in range(len(data))]
+    task = MotionTask(data.scores, data.causes, r.w_cause, r.w_format)
+    run = RLRun(policy=model, tokenizer=model.tokenizer, task=task, examples=examples, cfg=rl_settings(r), seed=seed,
+                checkpoint_dir=loop.checkpoint_dir, config_hash=loop.config_hash, adapter=EvaluatorPolicy(model))
+    return OnlineRL(run, loop=loop), examples
 
 
 def train_grpo(cfg, model: MotionEvaluator, data: VideoSet, seed: int, loop: TrainLoop | None = None,
                on_log: Callable[[int, dict], None] | None = None) -> list[dict]:
+    """GRPO through the core RL step; each step's videos are drawn (with replacement) from a checkpointed generator."""
     r, loop = cfg.rl, loop or TrainLoop()
-    reference = copy.deepcopy(model).eval().requires_grad_(False) if r.beta > 0 else None
-    optimizer = torch.optim.AdamW(model.parameters(), lr=r.lr, weight_decay=0.0)
+    trainer, examples = rl_trainer(cfg, model, data, seed, loop)
     draws = torch.Generator().manual_seed(seed + 1)
-    parts = {"optimizer": optimizer, "draws": draws}
+    parts = {"trainer": trainer, "draws": draws}
     start, saved = loop.restore(model, parts)
     history = list(saved.get("history", []))
-    core, loss_fn = estimators.entry(r.advantage).meta["on_rewards"], losses.get(r.loss)
-    weights = torch.tensor([1.0, r.w_cause, r.w_format])
+    draw = lambda n: [examples[i] for i in torch.randint(len(examples), (n,), generator=draws).tolist()]  # noqa: E731
+    model.train()
     for step in range(start + 1, r.steps + 1):
-        videos = torch.randint(len(data), (r.videos_per_step,), generator=draws)
-        rows = videos.repeat_interleave(r.group_size)
-        maps, tracks = data.maps[rows], data.tracks[rows]
-        model.eval()
-        ids, mask = model.generate(maps, tracks, r.max_new_tokens, r.temperature, generator=draws)
-        rewards = reward_matrix(model.decode(ids, mask), data, rows.tolist(), r)
-        group = torch.arange(r.videos_per_step).repeat_interleave(r.group_size)
-        adv = core(rewards, group, weights, r)
-        model.train()
-        logp = model.token_logp(maps, tracks, ids)
-        loss, m = loss_fn(logp, logp.detach(), adv, mask, r)  # one update per batch: old_logp is the sampling policy's
-        kl = torch.zeros(())
-        if reference is not None:
-            with torch.no_grad():
-                ref_logp = reference.token_logp(maps, tracks, ids)
-            assert not ref_logp.requires_grad
-            kl = (k3_kl(logp, ref_logp) * mask).sum() / mask.sum()
-            loss = loss + r.beta * kl
-        loss.backward()
-        grad_norm = loop.optimizer_step(step, loss, list(model.parameters()), optimizer, r.max_grad_norm)
-        total = rewards @ weights
-        row = {"step": step, "loss": float(loss.detach()), "grad_norm": grad_norm, "reward": float(total.mean()), "kl": float(kl.detach()),
-               **{k: float(rewards[:, i].mean()) for i, k in enumerate(REWARD_TERMS)},
-               "reward_std_in_group": float(total.view(r.videos_per_step, -1).std(1).mean()), **m}
+        result = trainer.step(draw(r.videos_per_step), more_prompts=draw)
+        batch, metrics = result.batch, result.metrics
+        total = batch.rewards @ batch.reward_weights
+        row = {"step": step, **metrics, "reward": float(total.mean()), "kl": metrics.get("kl", 0.0),
+               **{k: float(batch.rewards[:, i].mean()) for i, k in enumerate(REWARD_TERMS)},
+               "reward_std_in_group": float(total.view(-1, r.group_size).std(1).mean())}
         if step % r.log_every == 0 or step == r.steps:
             history.append(row)
             if on_log:

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from posttrain.errors import assert_no_grad
 from posttrain.objectives.gae import gae_advantages_returns, masked_whiten
+from posttrain.objectives.loss_settings import LossSettings
 from posttrain.objectives.policy_losses import clipped_surrogate
 from posttrain.objectives.value_loss import clipped_value_loss
 
@@ -92,19 +93,12 @@ def advantages(rewards: Tensor, costs: Tensor, values_r: Tensor, values_c: Tenso
     return Advantages(masked_whiten(adv_r, mask), masked_whiten(adv_c, mask), ret_r, ret_c)
 
 
-@dataclass(frozen=True)
-class _LossSettings:  # what the shared PPO pieces read: the ratio clip and the mean over steps
-    clip_eps_low: float
-    clip_eps_high: float
-    loss_agg: str = "token_mean"
-
-
 def ppo_lagrangian_loss(logp: Tensor, old_logp: Tensor, entropy: Tensor, adv_reward: Tensor, adv_cost: Tensor, lam: float,
                         vpred_r: Tensor, old_r: Tensor, ret_r: Tensor, vpred_c: Tensor, old_c: Tensor, ret_c: Tensor,
                         clip_eps: float, value_clip: float, entropy_coef: float) -> tuple[Tensor, dict[str, float]]:
     """Actor + both critics - entropy bonus over one minibatch of steps (1-D tensors); (loss, figures)."""
     assert_no_grad(old_logp=old_logp, adv_reward=adv_reward, adv_cost=adv_cost, old_r=old_r, ret_r=ret_r, old_c=old_c, ret_c=ret_c)
-    settings = _LossSettings(clip_eps, clip_eps)
+    settings = LossSettings(clip_eps, clip_eps)  # the ratio clip and the mean over steps
     mask = torch.ones_like(logp)[None]
     adv = lagrangian_advantage(adv_reward, adv_cost, lam)
     actor, figures = clipped_surrogate(logp[None], old_logp[None], adv[None], mask, settings)

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -42,6 +41,7 @@ from torch import Tensor
 
 from posttrain.recipes.search.recoverable import RecoverableEnv
 from posttrain.recipes.search.asct_objective import local_credit, mixed_credit
+from posttrain.objectives.loss_settings import LossSettings
 from posttrain.objectives.policy_losses import clipped_surrogate
 from posttrain.registry import Registry
 from posttrain.rollout.tree import Simulation, search
@@ -170,7 +170,7 @@ class ASCTTrainer:
         self.actor = actors.get(cfg.actor)(cfg, env, model_cfg, env.alphabet())
         self.optimizer = torch.optim.Adam(self.actor.parameters(), lr=self.actor.learning_rate(cfg))
         self.generator = torch.Generator().manual_seed(seed)
-        self.loss_cfg = SimpleNamespace(clip_eps_low=cfg.clip_eps, clip_eps_high=cfg.clip_eps, loss_agg="token_mean")
+        self.loss_settings = LossSettings(clip_eps_low=cfg.clip_eps, clip_eps_high=cfg.clip_eps, loss_agg="token_mean")
 
     def parts(self) -> dict:
         return {"optimizer": self.optimizer, "generator": self.generator}
@@ -192,7 +192,7 @@ class ASCTTrainer:
         for _ in range(self.cfg.epochs):
             logp_all, legal = self.actor.log_probs(batch)
             logp = logp_all.gather(1, taken[:, None])
-            loss, m = clipped_surrogate(logp, old_logp[:, None], advantages, torch.ones_like(logp), self.loss_cfg)
+            loss, m = clipped_surrogate(logp, old_logp[:, None], advantages, torch.ones_like(logp), self.loss_settings)
             entropy = -(logp_all.exp() * logp_all.masked_fill(~legal, 0.0)).sum(-1).mean()
             loss = loss - self.cfg.entropy_coef * entropy
             loss.backward()

@@ -32,6 +32,7 @@ from posttrain.models.logprobs import completion_forward
 from posttrain.rollout.sampling import decode_completions
 from posttrain.recipes.search.bridge_objective import bridge_coefficients, importance_weights, penalty_weight, retrieval_contrastive_loss, retriever_pg_loss
 from posttrain.objectives.grpo import group_normalize
+from posttrain.objectives.loss_settings import LossSettings
 from posttrain.objectives.policy_losses import clipped_surrogate
 from posttrain.tasks.base import Example
 from posttrain.trainers.loop import TrainLoop
@@ -61,7 +62,7 @@ class BridgeLoop:
         self.retriever_opt = torch.optim.Adam(self.retrieval.retriever.parameters(), lr=s.retriever_lr) if trainable else None
         self.generator = torch.Generator().manual_seed(self.seed)
         self.rng = random.Random(self.seed)
-        self.loss_cfg = SimpleNamespace(clip_eps_low=s.clip_eps, clip_eps_high=s.clip_eps, loss_agg="token_mean", max_new_tokens=s.max_new_tokens)
+        self.loss_settings = LossSettings(clip_eps_low=s.clip_eps, clip_eps_high=s.clip_eps, loss_agg="token_mean", max_new_tokens=s.max_new_tokens)
 
     # -- pieces -----------------------------------------------------------------------------------------------
 
@@ -91,7 +92,7 @@ class BridgeLoop:
             return (self.token_logp(model, b) * b.samples.completion_mask).sum(1)
 
     def grpo_loss(self, model, b, adv: Tensor) -> Tensor:
-        loss, _ = clipped_surrogate(self.token_logp(model, b), b.samples.logp, adv, b.samples.completion_mask.float(), self.loss_cfg)
+        loss, _ = clipped_surrogate(self.token_logp(model, b), b.samples.logp, adv, b.samples.completion_mask.float(), self.loss_settings)
         return loss
 
     def policy_step(self, b, adv: Tensor) -> None:

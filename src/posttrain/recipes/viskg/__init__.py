@@ -4,4 +4,4 @@ accuracy, format and compactness (`rewards`), the SFT and GDPO loops (`trainer`)
 Loaded as the plugin entry point `viskg` (pyproject.toml): importing it registers the stages and the section.
 """
 
-from posttrain.recipes.viskg import settings, stages  # noqa: F401  (registers the section and the stages)
+from posttrain.recipes.viskg import rewards, settings, stages  # noqa: F401  (registers the rewards, the section and the stages)

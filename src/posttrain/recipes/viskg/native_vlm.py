@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from posttrain.errors import UserError
 from posttrain.models.decoders import positions_from_mask
 from posttrain.models.soft_tokens import sampled_logp
-from posttrain.rollout.decode import sample
+from posttrain.rollout.decode import Samples, sample
 
 IMAGE_TOKEN = "<image>"
 # Qwen2's turn markers (models/tokenizer.py's CHAT_TEMPLATE) over content lists: an image part is the processor's
@@ -113,22 +113,32 @@ class NativeVLM(nn.Module):
         return {k: (v.to(device, dtype) if v.is_floating_point() else v.to(device)) for k, v in out.items() if isinstance(v, Tensor)}
 
     def completion_logp(self, images: Tensor, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
-                        completion_mask: Tensor) -> Tensor:
-        ids = torch.cat([prompt_ids, completion_ids], dim=1)
+                        completion_mask: Tensor, temperature: float = 1.0) -> Tensor:
+        """The prompt's forward (the pixel values spliced in at its image tokens), then the completion's over its cache,
+        as sampling reads them: an image token the policy sampled is a plain token, not a placeholder for features."""
+        width = prompt_ids.shape[1]
         mask = torch.cat([prompt_mask, completion_mask.to(prompt_mask.dtype)], dim=1)
         positions = positions_from_mask(mask)
-        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, **self.pixels(images)).logits
-        return sampled_logp(logits[:, prompt_ids.shape[1] - 1:-1], completion_ids, completion_mask)
+        prompt = self.model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions[:, :width], use_cache=True,
+                            **self.pixels(images))
+        rest = self.model(input_ids=completion_ids, attention_mask=mask, position_ids=positions[:, width:],
+                          past_key_values=prompt.past_key_values).logits
+        logits = torch.cat([prompt.logits[:, -1:], rest[:, :-1]], dim=1)
+        return sampled_logp(logits if temperature == 1.0 else logits / temperature, completion_ids, completion_mask)
 
     @torch.no_grad()
-    def generate(self, images: Tensor, prompt_ids: Tensor, prompt_mask: Tensor, max_new_tokens: int, temperature: float,
-                 generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    def sample(self, images: Tensor, prompt_ids: Tensor, prompt_mask: Tensor, max_new_tokens: int, temperature: float,
+               generator: torch.Generator | None = None) -> Samples:
         """One completion per row (temperature 0: greedy); the pixel values enter the prompt's forward only."""
-        samples = sample(
+        return sample(
             self.model, prompt_ids, prompt_mask, prompt_inputs=self.pixels(images), group_size=1, max_new_tokens=max_new_tokens,
             eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id, temperature=temperature if temperature > 0 else 1.0,
             greedy=temperature <= 0, generator=generator,
         )
+
+    def generate(self, images: Tensor, prompt_ids: Tensor, prompt_mask: Tensor, max_new_tokens: int, temperature: float,
+                 generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+        samples = self.sample(images, prompt_ids, prompt_mask, max_new_tokens, temperature, generator)
         return samples.completion_ids, samples.completion_mask
 
 

@@ -9,12 +9,21 @@
 A graph parses when it is a `;`-separated list of `( head , relation , tail )` with exactly three non-empty
 fields each and nothing else; any other text is unparseable (`parse_graph` returns None) and earns no format
 reward. An unparseable graph earns no compactness either: an empty output is not "compact".
+
+The three are registered as `viskg_accuracy`, `viskg_format`, `viskg_compactness` (columns of the core RL step's reward
+matrix); they read the representation's tag, the budget and the token counter from the run's task (`VisKGTask`).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from posttrain.rewards import rewards
 
 LAYOUT = re.compile(r"^\s*<(kg|caption)>(.*?)</\1>\s*<think>(.*?)</think>\s*<answer>(.*?)</answer>\s*$", re.S)
 TRIPLE = re.compile(r"^\s*\(([^(),;]*),([^(),;]*),([^(),;]*)\)\s*$")
@@ -75,3 +84,27 @@ def reward_row(text: str, answer: str, tag: str, budget: int, count_tokens) -> t
     parsed = parse_output(text)
     return (accuracy_reward(parsed, answer), format_reward(parsed, tag),
             compactness_reward(parsed, graph_token_count(parsed, count_tokens), budget))
+
+
+# -- registered, for the core RL step (stage viskg_rl): the task is recipes/viskg/policy.py's VisKGTask ------------------
+
+def _column(task, examples, completions: Sequence[str], k: int) -> Tensor:
+    return torch.tensor([task.reward_row(c, e)[k] for c, e in zip(completions, examples)], dtype=torch.float32)
+
+
+@rewards.register("viskg_accuracy", tasks=("viskg",))
+def viskg_accuracy(task, examples, completions: Sequence[str], finished) -> Tensor:
+    """VisKG's r_acc: 1 when the answer block is the true answer (stage viskg_rl)."""
+    return _column(task, examples, completions, 0)
+
+
+@rewards.register("viskg_format", tasks=("viskg",))
+def viskg_format(task, examples, completions: Sequence[str], finished) -> Tensor:
+    """VisKG's r_fmt: 1 when the graph, think and answer blocks come in order and the graph parses (stage viskg_rl)."""
+    return _column(task, examples, completions, 1)
+
+
+@rewards.register("viskg_compactness", tasks=("viskg",))
+def viskg_compactness(task, examples, completions: Sequence[str], finished) -> Tensor:
+    """VisKG's r_kg: 1 - min(1, graph tokens / T_budget) when the graph parses, else 0 (stage viskg_rl)."""
+    return _column(task, examples, completions, 2)

@@ -78,6 +78,10 @@ class VisKGRLConfig(Section):  # viskg.rl: stage viskg_rl
     max_new_tokens: int = Field(160, gt=0)  # a caption of four objects is ~110 tokens with its reasoning
     clip_eps_low: float = Field(0.2, ge=0)
     clip_eps_high: float = Field(0.2, ge=0)
+    epochs_per_batch: int = Field(1, gt=0)  # >1 reuses a rollout batch (the ratio then moves off 1)
+    correction: Annotated[str, Registered("corrections")] = "none"  # off-policy correction of the loss (objectives/off_policy.py; docs/async.md)
+    dynamic_sampling: bool = False  # DAPO: drop the questions whose samples all got equal rewards, draw more to refill
+    dynamic_sampling_max_rollouts: int = Field(4, ge=0)  # bound on the extra rollouts per step
     std_scaling: Literal["group", "batch", "none"] = "group"  # GRPO's std (GDPO normalises every reward by its group std)
     std_eps: float = Field(0.0001, gt=0)  # GDPO's eps
     lr: float = Field(0.0003, gt=0)
@@ -99,5 +103,5 @@ class VisKGConfig(Section):  # stages viskg_sft + viskg_rl: VisKG (specs §29)
     representation: Literal["kg", "caption"] = "kg"  # kg: the question-specific graph; caption: the full-scene caption (the baseline)
     model: VisKGModelConfig = VisKGModelConfig()  # recipes/viskg/vlm.py: patch encoder -> soft tokens before the question, into a causal language model
     sft: VisKGSFTConfig = VisKGSFTConfig()  # stage viskg_sft: NLL on every target token, positives and negative rationales alike
-    rl: VisKGRLConfig = VisKGRLConfig()  # stage viskg_rl: G samples per question, rewards [accuracy, format, compactness], clipped surrogate
+    rl: VisKGRLConfig = VisKGRLConfig()  # stage viskg_rl: the core RL step; G samples per question, rewards [accuracy, format, compactness], clipped surrogate
     eval: VisKGEvalConfig = VisKGEvalConfig()  # after each stage: greedy decoding of the held-out questions

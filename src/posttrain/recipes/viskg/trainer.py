@@ -4,11 +4,14 @@ model, or a native image-text-to-text checkpoint loaded by path) and the VQA set
 1. `train_sft`: NLL on every target token of (image, question) -> representation -> reasoning -> answer, the
    positives mixed with negative-rationale samples (`viskg.sft.negatives_per_positive`; each ends with the correct
    answer, so the model is never taught a wrong one).
-2. `train_rl`: per step `prompts_per_step` training questions, `group_size` samples each at `temperature`; the
-   reward matrix [B, 3] = (r_acc, r_fmt, r_kg) of recipes/viskg/rewards.py; advantages by the registered estimator's
-   `on_rewards` core (`viskg.rl.advantage`: gdpo normalises each reward in its group, grpo their weighted sum), the
-   registered policy loss (`viskg.rl.loss`) with one update per batch, so the ratio is 1 and old log-probs are the
-   detached new ones. A step's questions and samples are drawn from (seed, step): a resumed run draws the same.
+2. `train_rl`: the core RL step (trainers/online_rl.py's `OnlineRL.step`) over the model as a `Policy`
+   (recipes/viskg/policy.py): per step `prompts_per_step` training questions, `group_size` samples each at
+   `temperature` with their log-probs recorded; the reward matrix [B, 3] = (r_acc, r_fmt, r_kg) of
+   recipes/viskg/rewards.py (registered as viskg_accuracy, viskg_format, viskg_compactness, weighted by
+   viskg.rl.weights); the registered estimator (`viskg.rl.advantage`: gdpo normalises each reward in its group, grpo
+   their weighted sum) and policy loss (`viskg.rl.loss`), with the core's dynamic sampling, off-policy correction,
+   epochs per batch, cosine schedule and diagnostics. A step's questions are drawn from (seed, step) and the sampling
+   generator is checkpointed: a resumed run draws the same.
 
 `evaluate` decodes held-out questions greedily: accuracy (overall and by hops), format rate, completion and
 representation tokens, and the reference graph vs caption token counts of the same images (the graph is shorter).
@@ -23,9 +26,12 @@ import torch
 
 from posttrain.recipes.viskg import data as D
 from posttrain.recipes.viskg.vlm import VisionLanguage, VisionLanguageModel, load_vlm
-from posttrain.objectives import advantages, losses
+from posttrain.config import RLConfig
+from posttrain.recipes.viskg.policy import VisionLanguagePolicy, VisKGTask, decode
 from posttrain.recipes.viskg.rewards import REWARD_NAMES, parse_output, reward_row
+from posttrain.tasks import Example
 from posttrain.trainers.loop import NumpyDraws, TrainLoop
+from posttrain.trainers.online_rl import OnlineRL, RLRun, resolve_rl
 
 
 def build_model(cfg, seed: int) -> VisionLanguage:
@@ -59,11 +65,6 @@ def encode_completions(tokenizer, texts: list[str]) -> tuple[torch.Tensor, torch
     for i, r in enumerate(rows):
         ids[i, : len(r)], mask[i, : len(r)] = torch.tensor(r), 1
     return ids, mask
-
-
-def decode(tokenizer, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
-    eos = tokenizer.eos_token_id
-    return [tokenizer.decode([t for t in row[m.bool()].tolist() if t != eos], skip_special_tokens=False) for row, m in zip(ids, mask)]
 
 
 def token_counter(tokenizer) -> Callable[[str], int]:
@@ -103,9 +104,31 @@ def train_sft(cfg, vlm: VisionLanguage, seed: int, loop: TrainLoop | None = None
     return history, {"sft_loss": history[-1]["loss"], "sft_examples": float(len(examples)), "sft_negatives": float(n_neg), **loop.metrics()}
 
 
-# -- 2. RL: GDPO (or GRPO) over accuracy, format and compactness ---------------------------------------------
-def reward_matrix(texts: list[str], qs: list[D.Question], cfg, count_tokens) -> torch.Tensor:
-    return torch.tensor([reward_row(t, q.answer, cfg.representation, cfg.rl.kg_budget, count_tokens) for t, q in zip(texts, qs)])
+# -- 2. RL: GDPO (or GRPO) over accuracy, format and compactness, through the core RL step ------------------------
+def rl_settings(r) -> RLConfig:
+    """The rl settings of the core step for the `viskg.rl` section: its three rewards with their weights, the core's
+    cosine schedule without warm-up, no reference model (the rewards are registered by recipes/viskg/policy.py)."""
+    weights = {"accuracy": r.weights.accuracy, "format": r.weights.format, "compactness": r.weights.compactness}
+    rl = RLConfig(
+        advantage=r.advantage, loss=r.loss, loss_agg=r.loss_agg, rewards=tuple({"name": f"viskg_{n}", "weight": weights[n]} for n in REWARD_NAMES),
+        steps=r.steps, prompts_per_step=r.prompts_per_step, group_size=r.group_size, max_new_tokens=r.max_new_tokens,
+        temperature=r.temperature, lr=r.lr, warmup_steps=0, max_grad_norm=r.max_grad_norm, clip_eps_low=r.clip_eps_low,
+        clip_eps_high=r.clip_eps_high, std_scaling=r.std_scaling, std_eps=r.std_eps, beta=0.0, epochs_per_batch=r.epochs_per_batch,
+        correction=r.correction, dynamic_sampling=r.dynamic_sampling, dynamic_sampling_max_rollouts=r.dynamic_sampling_max_rollouts,
+        checkpoint_every=r.checkpoint_every, log_every=r.log_every,
+    )
+    return resolve_rl(rl)
+
+
+def rl_trainer(cfg, vlm: VisionLanguage, seed: int, loop: TrainLoop | None = None) -> tuple[OnlineRL, list[Example]]:
+    """The core RL trainer over `vlm` (its `VisionLanguagePolicy`) and the training questions as examples, each with its image."""
+    qs, images = split(cfg, seed, heldout=False)
+    examples = [Example(prompt=q.text, completion="", answer=q.answer, metadata={"image": images[i], "hops": q.hops}) for i, q in enumerate(qs)]
+    loop = loop or TrainLoop()
+    task = VisKGTask(cfg.representation, cfg.rl.kg_budget, token_counter(vlm.tokenizer))
+    run = RLRun(policy=vlm, tokenizer=vlm.tokenizer, task=task, examples=examples, cfg=rl_settings(cfg.rl), seed=seed,
+                checkpoint_dir=loop.checkpoint_dir, config_hash=loop.config_hash, adapter=VisionLanguagePolicy(vlm))
+    return OnlineRL(run, loop=loop), examples
 
 
 def nonconstant_share(column: torch.Tensor, group: torch.Tensor) -> float:
@@ -113,44 +136,33 @@ def nonconstant_share(column: torch.Tensor, group: torch.Tensor) -> float:
     return float(np.mean([float(column[group == g].std() > 0) for g in group.unique()]))
 
 
-def rl_step(cfg, vlm: VisionLanguage, qs, images, seed: int, step: int, optimizer, loop: TrainLoop) -> dict[str, float]:
+def rl_step(cfg, trainer: OnlineRL, examples: list[Example], seed: int, step: int) -> dict[str, float]:
+    """One update of the core step on `prompts_per_step` questions drawn from (seed, step) (dynamic sampling's refills
+    from the same draw), so a resumed run draws the same; the core's figures plus VisKG's own per reward."""
     r = cfg.rl
     rng = np.random.default_rng([seed, 29, 13, step])
-    picked = rng.choice(len(qs), size=min(r.prompts_per_step, len(qs)), replace=False).repeat(r.group_size)
-    batch_qs = [qs[i] for i in picked]
-    prompt_ids, prompt_mask = encode_prompts(vlm, batch_qs, images[picked])
-    generator = torch.Generator().manual_seed(int(rng.integers(2**62)))
-    vlm.eval()
-    ids, mask = vlm.generate(images[picked], prompt_ids, prompt_mask, r.max_new_tokens, r.temperature, generator)
-    texts = decode(vlm.tokenizer, ids, mask)
-    rewards = reward_matrix(texts, batch_qs, cfg, token_counter(vlm.tokenizer))
-    group = torch.from_numpy(np.repeat(np.arange(len(picked) // r.group_size), r.group_size))
-    weights = torch.tensor([r.weights.accuracy, r.weights.format, r.weights.compactness])
-    adv = advantages.entry(r.advantage).meta["on_rewards"](rewards, group, weights, r)
-    vlm.train()
-    logp = vlm.completion_logp(images[picked], prompt_ids, prompt_mask, ids, mask)
-    loss, metrics = losses.get(r.loss)(logp, logp.detach(), adv, mask, r)
-    loss.backward()
-    grad_norm = loop.optimizer_step(step, loss, list(vlm.parameters()), optimizer, r.max_grad_norm)
-    out = {f"reward_{name}": float(rewards[:, k].mean()) for k, name in enumerate(REWARD_NAMES)}
-    out |= {f"varied_{name}": nonconstant_share(rewards[:, k], group) for k, name in enumerate(REWARD_NAMES)}
-    return {"step": step, "loss": float(loss.detach()), "grad_norm": grad_norm, "advantage_abs": float(adv.abs().mean()),
-            "completion_tokens": float(mask.sum(1).float().mean()), **out, **metrics}
+    draw = lambda n: [examples[i] for i in rng.choice(len(examples), size=min(n, len(examples)), replace=False)]  # noqa: E731
+    result = trainer.step(draw(r.prompts_per_step), more_prompts=draw)
+    batch = result.batch
+    out = {f"reward_{name}": float(batch.rewards[:, k].mean()) for k, name in enumerate(REWARD_NAMES)}
+    out |= {f"varied_{name}": nonconstant_share(batch.rewards[:, k], batch.group) for k, name in enumerate(REWARD_NAMES)}
+    return {"step": step, **result.metrics, "advantage_abs": result.metrics["advantage_abs_mean"],
+            "completion_tokens": float(batch.completion_mask.sum(1).float().mean()), **out}
 
 
 def train_rl(cfg, vlm: VisionLanguage, seed: int, loop: TrainLoop | None = None, on_log=None) -> list[dict]:
-    r = cfg.rl
-    qs, images = split(cfg, seed, heldout=False)
-    optimizer = torch.optim.AdamW(vlm.parameters(), lr=r.lr, weight_decay=0.0)
-    loop = loop or TrainLoop()
-    start, saved = loop.restore(vlm, {"optimizer": optimizer})
+    r, loop = cfg.rl, loop or TrainLoop()
+    trainer, examples = rl_trainer(cfg, vlm, seed, loop)
+    parts = {"trainer": trainer}
+    start, saved = loop.restore(vlm, parts)
     history: list[dict] = saved.get("history", [])
+    vlm.train()
     for step in range(start + 1, r.steps + 1):
-        row = rl_step(cfg, vlm, qs, images, seed, step, optimizer, loop)
+        row = rl_step(cfg, trainer, examples, seed, step)
         history.append(row)
         if on_log and (step % r.log_every == 0 or step == r.steps):
             on_log(step, row)
-        loop.checkpoint(step, r.steps, vlm, {"optimizer": optimizer}, {"history": history})
+        loop.checkpoint(step, r.steps, vlm, parts, {"history": history})
     return history
 
 

@@ -32,7 +32,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase, Qwen2Con
 
 from posttrain.errors import UserError
 from posttrain.models.soft_tokens import SoftTokenLM
-from posttrain.rollout.decode import sample_soft_tokens
+from posttrain.rollout.decode import Samples, sample_soft_tokens
 
 SPEC = "vlm.json"
 VISION = "vision.safetensors"
@@ -49,12 +49,17 @@ class VisionLanguage(Protocol):
         """(left-padded prompt ids [B, P], mask [B, P]) of one question per image, in the model's prompt format."""
 
     def completion_logp(self, images: Tensor, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
-                        completion_mask: Tensor) -> Tensor:
-        """[B, T] log-probabilities of the completion tokens given image and prompt (0 where completion_mask is 0)."""
+                        completion_mask: Tensor, temperature: float = 1.0) -> Tensor:
+        """[B, T] log-probabilities at `temperature` of the completion tokens given image and prompt (0 where
+        completion_mask is 0)."""
+
+    def sample(self, images: Tensor, prompt_ids: Tensor, prompt_mask: Tensor, max_new_tokens: int, temperature: float,
+               generator: torch.Generator | None = None) -> Samples:
+        """One completion per row from the rollout engine, each token's log-prob recorded; temperature 0 is greedy."""
 
     def generate(self, images: Tensor, prompt_ids: Tensor, prompt_mask: Tensor, max_new_tokens: int, temperature: float,
                  generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-        """(completion ids [B, T], mask [B, T]: 1 up to and including EOS); temperature 0 is greedy."""
+        """(completion ids [B, T], mask [B, T]: 1 up to and including EOS) of `sample`."""
 
     def save(self, out: Path) -> None:
         """A directory `load_vlm` reads back."""
@@ -140,13 +145,18 @@ class VisionLanguageModel(SoftTokenLM):
         """(embeddings [B, L, H], attention mask [B, L]) of [pads, soft tokens, prompt] for left-padded prompts."""
         return self.splice(self.encoder(images), prompt_ids, prompt_mask)
 
-    def completion_logp(self, images: Tensor, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, completion_mask: Tensor) -> Tensor:
-        return self.completion_logp_from(self.encoder(images), prompt_ids, prompt_mask, completion_ids, completion_mask)
+    def completion_logp(self, images: Tensor, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor, completion_mask: Tensor,
+                        temperature: float = 1.0) -> Tensor:
+        return self.completion_logp_from(self.encoder(images), prompt_ids, prompt_mask, completion_ids, completion_mask, temperature)
 
     @torch.no_grad()
+    def sample(self, images: Tensor, prompt_ids: Tensor, prompt_mask: Tensor, max_new_tokens: int, temperature: float,
+               generator: torch.Generator | None = None) -> Samples:
+        return sample_soft_tokens(self, self.encoder(images), prompt_ids, prompt_mask, max_new_tokens, temperature, generator)
+
     def generate(self, images: Tensor, prompt_ids: Tensor, prompt_mask: Tensor, max_new_tokens: int, temperature: float,
                  generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
-        samples = sample_soft_tokens(self, self.encoder(images), prompt_ids, prompt_mask, max_new_tokens, temperature, generator)
+        samples = self.sample(images, prompt_ids, prompt_mask, max_new_tokens, temperature, generator)
         return samples.completion_ids, samples.completion_mask
 
 
