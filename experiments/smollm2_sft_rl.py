@@ -4,7 +4,7 @@ two-step word problems, where GRPO straight from the checkpoint does not (experi
 GRPO from the instruct checkpoint finds correct two-step answers too rarely to learn them (4-5% greedy before and
 after 20 steps). This experiment gives RL a start that writes both steps: `sft` on worked solutions in the reward's
 format ("2 x 3 = 6, and 6 + 3 = 9 #### 9": the generator's `solution` column with its closing words replaced by
-`#### N`), then the RL of examples/smollm2 from that checkpoint. Shared once: the problems (examples/word_problems,
+`#### N`), then the RL of smollm2_rl (lr 2e-5) from that checkpoint. Shared once: the problems (examples/word_problems,
 held-out file fixed), `import`, `data` (the worked column as the SFT completion; RL and eval read only prompts and
 answers), `data_arithmetic` and the evaluation of the checkpoint (`base`). Per seed: `sft` (`pipeline.seed` = the
 seed: its batch order), its evaluation (`sft`), `rl` from it and the evaluation of the result (`sft_rl`), on the word
@@ -15,6 +15,7 @@ the `sft_rl` vs `sft` rows count only seeds whose SFT start is above the floor o
 
 With `--rl-lr X` the RL runs at that learning rate instead of the example's (claim `smollm2_sft_rl_low_lr`), reusing
 the shared outputs and the seeds' SFT checkpoints of a run in the same `--work`: does a gentler RL add to the SFT start?
+(examples/smollm2, which runs SFT -> RL, took 5e-6: it no longer lowers the SFT start's accuracy.)
 
     .venv/bin/python experiments/smollm2_sft_rl.py [--sft-steps N] [--rl-lr X] [--steps N] [--work DIR] [--set key=value ...] [--json FILE]
 """
@@ -24,13 +25,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import _claims as C
-from smollm2_rl import ARITHMETIC, CHECKPOINT, REPO, stage
+from smollm2_rl import ARITHMETIC, CHECKPOINT, REPO, RL_LR, stage
 
 SFT = ["--set", "sft.batch_size=8", "--set", "sft.n_examples=0", "--set", "sft.checkpoint_every=1000"]
 
@@ -40,24 +40,13 @@ def claim_of(argv: list[str]) -> str:
     return "smollm2_sft_rl_low_lr" if "--rl-lr" in argv else "smollm2_sft_rl"
 
 
-def worked(solution: str) -> str:
-    """The generator's worked solution in the reward's answer format: "... so the answer is 9." -> "... #### 9"."""
-    text, n = re.subn(r",? so the answer is (-?[0-9]+)\.$", r" #### \1", solution)
-    if n != 1:
-        raise SystemExit(f"unexpected solution form: {solution!r}")
-    return text
-
-
 def problems(work: Path) -> None:
     """The word problems of smollm2_rl (same generator, sizes and seed), each row with its `worked` column."""
     out = work / "problems"
     if (out / "heldout.jsonl").is_file() and "worked" in (out / "heldout.jsonl").read_text().splitlines()[0]:
         return
     subprocess.run([sys.executable, str(REPO / "examples/word_problems/generate.py"), "--out", str(out), "--n-train", "2000",
-                    "--n-heldout", "200", "--seed", "0"], check=True)
-    for name in ("train.jsonl", "heldout.jsonl"):
-        rows = [json.loads(line) for line in (out / name).read_text().splitlines()]
-        (out / name).write_text("".join(json.dumps({**r, "worked": worked(r["solution"])}) + "\n" for r in rows))
+                    "--n-heldout", "200", "--seed", "0", "--answer-format", "#### {answer}"], check=True)
 
 
 def evaluate(model: str, out: str, overrides: list[str], work: Path) -> tuple[dict, dict, float]:
@@ -73,7 +62,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sft-steps", type=int, default=40, help="SFT steps of 8 worked solutions (default 40: 320 solutions)")
     p.add_argument("--sft-lr", type=float, default=2e-5)
-    p.add_argument("--rl-lr", type=float, default=None, help="rl.lr (default: examples/smollm2/params.yaml's)")
+    p.add_argument("--rl-lr", type=float, default=None, help=f"rl.lr (default {RL_LR:g}: the RL measured straight from the checkpoint)")
     p.add_argument("--steps", type=int, default=None, help="rl.steps (default: examples/smollm2/params.yaml's)")
     p.add_argument("--work", type=Path, default=REPO / "outputs" / "claims" / "smollm2_sft_rl")
     p.add_argument("--set", dest="overrides", action="append", default=[], help="section.key=value, for every stage")
@@ -98,7 +87,8 @@ def main() -> None:
     sft_sets = [*SFT, "--set", f"sft.steps={args.sft_steps}", "--set", f"sft.lr={args.sft_lr}", "--set", f"model.path={work}/import/model"]
     sft, seconds["sft"] = stage("sft", "--in", "data=data", "--out", f"{run}/sft", overrides=[*seeded, *sft_sets], cwd=work)
     wp_sft, ar_sft, seconds["eval_sft"] = evaluate(f"{run}/sft", f"{run}/sft", seeded, work)
-    rl_out, rl_sets = (f"{run}/rl", []) if args.rl_lr is None else (f"{run}/rl_lr{args.rl_lr:g}", ["--set", f"rl.lr={args.rl_lr}"])
+    rl_out = f"{run}/rl" if args.rl_lr is None else f"{run}/rl_lr{args.rl_lr:g}"
+    rl_sets = ["--set", f"rl.lr={RL_LR if args.rl_lr is None else args.rl_lr}"]
     rl, seconds["rl"] = stage("rl", "--in", "data=data", "--in", f"policy={run}/sft", "--out", rl_out, overrides=[*seeded, *rl_sets], cwd=work)
     wp_rl, ar_rl, seconds["eval_rl"] = evaluate(rl_out, rl_out, seeded, work)
 

@@ -7,7 +7,9 @@ Each problem is one of a few templates (one- or two-step addition, subtraction, 
 filled with seeded names, objects and small numbers (sums below 50, times tables to 9 x 9: sized for a
 tiny model; widen the ranges for a real one); the answer is computed, never written by hand, and the same
 question never appears twice or in both files. Columns: `question`, `solution` ("... so the answer is 12."),
-`answer` ("12"), `kind` (the template) and `steps` (1 or 2): metadata a reward or an analysis can use.
+`answer` ("12"), `kind` (the template) and `steps` (1 or 2): metadata a reward or an analysis can use. With
+`--answer-format "#### {answer}"` each row also has `worked`: the solution ending in the answer written that way
+("5 + 7 = 12 apples #### 12"), an SFT completion in the format a reward's answer pattern reads.
 """
 
 from __future__ import annotations
@@ -92,6 +94,14 @@ def generate(n_train: int, n_heldout: int, seed: int) -> tuple[list[dict], list[
     return rows[:n_train], rows[n_train:]
 
 
+def worked(row: dict, answer_format: str) -> str:
+    """The row's solution with its closing words ", so the answer is N." replaced by the answer in `answer_format`."""
+    closing = f", so the answer is {row['answer']}."
+    if not row["solution"].endswith(closing):
+        raise SystemExit(f"unexpected solution form: {row['solution']!r}")
+    return row["solution"].removesuffix(closing) + " " + answer_format.replace("{answer}", row["answer"])
+
+
 def write(path: Path, rows: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
@@ -103,8 +113,13 @@ def main() -> None:
     parser.add_argument("--n-train", type=int, default=3000)
     parser.add_argument("--n-heldout", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--answer-format", default=None, help='add a `worked` column ending in the answer written this way, e.g. "#### {answer}"')
     args = parser.parse_args()
+    if args.answer_format is not None and "{answer}" not in args.answer_format:
+        raise SystemExit(f"--answer-format must contain {{answer}}: {args.answer_format!r}")
     train, heldout = generate(args.n_train, args.n_heldout, args.seed)
+    if args.answer_format is not None:
+        train, heldout = ([{**row, "worked": worked(row, args.answer_format)} for row in rows] for rows in (train, heldout))
     write(args.out / "train.jsonl", train)
     write(args.out / "heldout.jsonl", heldout)
     print(f"{len(train)} train and {len(heldout)} held-out problems in {args.out}")

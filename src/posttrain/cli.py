@@ -125,11 +125,12 @@ def summary(
     eval_dirs: Annotated[list[Path], typer.Option("--eval-dir", help="An eval output holding <start>/ and <result>/ (repeatable).")] = [],  # noqa: B006
     start: Annotated[str, typer.Option("--start", help="The evaluated starting model's folder: sft, or import (a pretrained checkpoint).")] = "sft",
     result: Annotated[str, typer.Option("--result", help="The evaluated trained model's folder.")] = "rl",
+    via: Annotated[list[str], typer.Option("--via", help="An evaluated model between the two, e.g. sft (repeatable, in order).")] = [],  # noqa: B006
     wall_seconds: Annotated[float, typer.Option("--wall-seconds")] = 0.0,
     out: Annotated[Path, typer.Option("--out")] = Path("outputs/summary.json"),
     params: Params = Path("params.yaml"),
 ) -> None:
-    """Print held-out accuracy before and after RL (per eval output) and write summary.json."""
+    """Print held-out accuracy before and after RL, and of the models in between (per eval output); write summary.json."""
     from posttrain import resolve
     from posttrain.tracking import resolve_uri
 
@@ -139,7 +140,7 @@ def summary(
     lines = []
     for eval_dir in eval_dirs:
         found = {}
-        for name in (start, result):
+        for name in (start, *via, result):
             path = eval_dir / name / "metrics.json"
             if not path.is_file():
                 raise UserError(f"missing {path}: run the pipeline first (dvc repro)")
@@ -152,7 +153,8 @@ def summary(
         groups = sorted(k.removeprefix("greedy_accuracy_") for k in found[result] if k.startswith("greedy_accuracy_") and k in found[start])
         detail = "".join(f"; {g}: {found[start]['greedy_accuracy_' + g]:.1%} -> {found[result]['greedy_accuracy_' + g]:.1%}" for g in groups)
         where = "" if len(eval_dirs) == 1 else f" ({eval_dir})"
-        lines.append(f"held-out greedy accuracy{where}: {start.upper()} {before:.1%} -> {result.upper()} {after:.1%} "
+        steps = "".join(f"{name.upper()} {found[name]['greedy_accuracy']:.1%} -> " for name in via)
+        lines.append(f"held-out greedy accuracy{where}: {start.upper()} {before:.1%} -> {steps}{result.upper()} {after:.1%} "
                      f"({100 * (after - before):+.1f} points){detail}")
     summary["wall_seconds"] = wall_seconds
     summary["outputs"] = str(eval_dirs[0].parent.resolve())

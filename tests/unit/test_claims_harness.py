@@ -163,19 +163,18 @@ def test_every_declared_premise_names_a_claim_with_comparisons():
 
 
 def test_the_worked_solutions_of_the_sft_warm_up_verify_in_the_rewards_format():
-    """smollm2_sft_rl's SFT completions: every template's solution, closing words replaced by `#### N`, keeps its
-    calculation and carries the answer where the example's answer_pattern reads it."""
+    """The SFT completions of examples/smollm2 and smollm2_sft_rl (generate.py --answer-format "#### {answer}"):
+    every template's solution, closing words replaced by `#### N`, keeps its calculation and carries the answer where
+    the example's answer_pattern reads it."""
     import random
     import re
 
-    sys.path.insert(0, str(REPO / "experiments"))
-    experiment = load("claim_smollm2_sft_rl", REPO / "experiments" / "smollm2_sft_rl.py")
     generator = load("word_problems_generate", REPO / "examples" / "word_problems" / "generate.py")
     pattern = re.compile(r"####\s*(-?[0-9]+)")  # examples/smollm2/params.yaml's answer_pattern
     r = random.Random(0)
     for kind, template in generator.TEMPLATES.items():
         _, solution, answer, steps = template(r)
-        text = experiment.worked(solution)
+        text = generator.worked({"solution": solution, "answer": str(answer)}, "#### {answer}")
         assert pattern.findall(text) == [str(answer)] and text.count("=") == steps, (kind, text)
     with pytest.raises(SystemExit, match="unexpected solution form"):
-        experiment.worked("12, the answer")
+        generator.worked({"solution": "12, the answer", "answer": "12"}, "#### {answer}")

@@ -1,0 +1,53 @@
+"""examples/smollm2 (what `make run` runs): import -> data -> sft -> rl, each model evaluated, every stage's settings
+valid. The run itself is the real checkpoint's (minutes): tests/smoke/test_real_checkpoint.py covers its parts."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+
+import yaml
+from helpers import REPO
+
+EXAMPLE = REPO / "examples" / "smollm2"
+
+
+def _stages() -> dict[str, dict]:
+    return yaml.safe_load((EXAMPLE / "dvc.yaml").read_text())["stages"]
+
+
+def _inputs(cmd: str) -> dict[str, str]:
+    words = shlex.split(cmd)
+    return dict(words[i + 1].split("=", 1) for i, w in enumerate(words) if w == "--in")
+
+
+def test_rl_starts_from_the_sft_model_which_starts_from_the_import():
+    stages = _stages()
+    assert "--set model.path=${out}/import/model" in stages["sft"]["cmd"] and "${out}/import/model" in stages["sft"]["deps"]
+    assert _inputs(stages["rl"]["cmd"])["policy"] == "${out}/sft" and "${out}/sft/model" in stages["rl"]["deps"]
+    for name in ("eval", "eval_arithmetic"):
+        assert stages[name]["matrix"]["model"] == ["import", "sft", "rl"]
+    assert "--answer-format" in stages["problems"]["cmd"]  # the `worked` column the SFT reads
+
+
+def test_every_stage_of_the_example_validates_its_settings(tmp_path):
+    from posttrain import resolve
+
+    (tmp_path / "model").mkdir()  # model.path must exist; the import's output stands in
+    subprocess.run([sys.executable, str(REPO / "examples/word_problems/generate.py"), "--out", str(tmp_path), "--n-train", "20",
+                    "--n-heldout", "10", "--answer-format", "#### {answer}"], check=True, capture_output=True)
+    files = [f"task.options.dataset.path={tmp_path}/train.jsonl", f"task.options.dataset.heldout_path={tmp_path}/heldout.jsonl"]
+    for stage in _stages().values():
+        words = shlex.split(stage["cmd"].replace("${arithmetic}", "--set task.name=reasoning_gym"))
+        if words[0] != "posttrain":
+            continue
+        sets = [w for i, w in enumerate(words) if i and words[i - 1] == "--set"]
+        sets = [re.sub(r"\$\{out\}/import/model", str(tmp_path / "model"), s) for s in sets]
+        cfg = resolve.load(EXAMPLE / "params.yaml", [*files, *sets], stage=words[1])
+        if words[1] == "sft":
+            assert (cfg.sft.steps, cfg.sft.batch_size, cfg.sft.lr) == (40, 8, 2e-5) and cfg.model.path == str(tmp_path / "model")
+            assert cfg.task.options["dataset"].fields.completion == "worked"
+        if words[1] == "rl":
+            assert cfg.rl.lr == 5e-6 and cfg.rl.steps == 20
