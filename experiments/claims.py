@@ -49,6 +49,9 @@ CLAIMS: dict[str, tuple[str, list[str]]] = {
     "glime_vs_naive": ("glime_vs_naive", []),
     "care_dialogue": ("care_dialogue", ["--steps", "100"]),
     "sdrl_strategies": ("sdrl_strategies", ["--steps", "100"]),
+    # a 300-step SFT start (held-out Hit@1 about 0.6: room above it), 150 GRPO steps of 32 prompts x 8 per arm
+    "kgpo_vs_hit1": ("kgpo_vs_hit1", ["--steps", "150", "--set", "sft.steps=300"]),
+    "audit_selective_control": ("audit_selective_control", ["--steps", "300"]),
     "safe_rl_vlm": ("safe_rl_vlm", ["--steps", "40"]),
     "aura_ppo": ("aura_ppo", ["--steps", "60"]),
     # measured at a small budget (the shared CPU gave each run a fifth of a core): 16-frame clips read at 8 x 8, 300 / 100 clips
