@@ -119,7 +119,8 @@ COMPARISONS: dict[str, list[Compare]] = {
     "kgpo_vs_hit1": [compare("hit1_after", "kgpo", "hit1"), compare("hit3_after", "kgpo", "hit1"), compare("graded_after", "kgpo", "hit1")],
     # audit_selective_control.py (issue 39): RLVR on an exploitable verifier (audit rate 0) raises its acceptance while
     # correctness falls; the audit-corrected reward at rho 0.1 / 0.3 lowers the accepted-error rate and keeps correctness
-    "audit_selective_control": [compare("train_accepted", "verifier", "start"), compare("train_correct", "start", "verifier"),
+    "audit_selective_control": [compare("train_accepted", "verifier", "start"), compare("train_accepted_error", "verifier", "start"),
+                                compare("train_correct", "start", "verifier"),
                                 *[compare(m, audit, "verifier", lower=m.endswith("accepted_error")) for audit in ("audit_0.1", "audit_0.3")
                                   for m in ("train_accepted_error", "train_correct", "heldout_accepted_error", "heldout_correct")]],
     "sdrl_strategies": [compare("distinct_strategies", "sdrl", "correctness"), compare("strategy_entropy", "sdrl", "correctness"),
