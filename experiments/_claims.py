@@ -115,6 +115,14 @@ COMPARISONS: dict[str, list[Compare]] = {
                     compare("progress", "ppo", "ppo_lag"), compare("catastrophe_rate", "ppo_lag_vlm", "ppo_lag", lower=True),
                     compare("lambda_mean", "ppo_lag_vlm", "ppo_lag_vlm_kappa0"),
                     compare("catastrophe_rate", "ppo_lag_vlm", "ppo_lag_vlm_kappa0", lower=True)],
+    # kgpo_vs_hit1.py (issue 39): RareDx-KGPO's graded reward vs the Hit@1 reward it refines, same GRPO budget, held-out greedy
+    "kgpo_vs_hit1": [compare("hit1_after", "kgpo", "hit1"), compare("hit3_after", "kgpo", "hit1"), compare("graded_after", "kgpo", "hit1")],
+    # audit_selective_control.py (issue 39): RLVR on an exploitable verifier (audit rate 0) raises its acceptance while
+    # correctness falls; the audit-corrected reward at rho 0.1 / 0.3 lowers the accepted-error rate and keeps correctness
+    "audit_selective_control": [compare("train_accepted", "verifier", "start"), compare("train_accepted_error", "verifier", "start"),
+                                compare("train_correct", "start", "verifier"),
+                                *[compare(m, audit, "verifier", lower=m.endswith("accepted_error")) for audit in ("audit_0.1", "audit_0.3")
+                                  for m in ("train_accepted_error", "train_correct", "heldout_accepted_error", "heldout_correct")]],
     "sdrl_strategies": [compare("distinct_strategies", "sdrl", "correctness"), compare("strategy_entropy", "sdrl", "correctness"),
                         compare("heldout_success", "sdrl", "correctness")],
     "motion_vs_rgb": [compare("rho_consistency", "motion", "rgb"), compare("rho_continuity", "motion", "rgb"),

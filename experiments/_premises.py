@@ -98,6 +98,15 @@ PREMISES: dict[str, list[Premise]] = {
     "bridge_vs_baselines": [Premise("held-out questions evaluated", _recorded("n_heldout"), at_least=100)],
     "pr_opd_text_world": [Premise("UniOPSD's rho (the teacher's precision) logged", _recorded("arms", "uniopsd", "rho_used"), at_least=0.0,
                                   arms=("uniopsd",))],
+    # the graded reward can only teach something Hit@1 does not where it scores samples differently, from a start with room
+    "kgpo_vs_hit1": [Premise("share of the start's sampled lists whose graded reward differs from Hit@1", _recorded("start_signal", "share_graded_differs"),
+                             at_least=0.05),
+                     Premise("start held-out Hit@1 (greedy)", _recorded("sft_heldout", "greedy_accuracy"), at_least=FLOOR, at_most=1 - FLOOR)],
+    # the verifier must accept wrong answers the start policy actually samples, and the start must have correctness to lose
+    "audit_selective_control": [Premise("accepted-error rate of the start's samples on training prompts", _recorded("start", "train", "accepted_error"),
+                                        at_least=0.01),
+                                Premise("start's sampled correctness on training prompts", _recorded("start", "train", "correct"),
+                                        at_least=FLOOR, at_most=1 - FLOOR)],
 }
 
 

@@ -49,6 +49,11 @@ CLAIMS: dict[str, tuple[str, list[str]]] = {
     "glime_vs_naive": ("glime_vs_naive", []),
     "care_dialogue": ("care_dialogue", ["--steps", "100"]),
     "sdrl_strategies": ("sdrl_strategies", ["--steps", "100"]),
+    # a 300-step SFT start (held-out Hit@1 0.43-0.65: room above it), 150 GRPO steps of 32 prompts x 8 per arm; measured
+    # with --seeds 4, 4-6 min a seed on one shared core
+    "kgpo_vs_hit1": ("kgpo_vs_hit1", ["--steps", "150", "--set", "sft.steps=300"]),
+    # 300 GRPO steps per arm, 3-7 min a seed on one shared core; measured with --seeds 8 (seeds 0-3, then 4-7 merged)
+    "audit_selective_control": ("audit_selective_control", ["--steps", "300"]),
     "safe_rl_vlm": ("safe_rl_vlm", ["--steps", "40"]),
     "aura_ppo": ("aura_ppo", ["--steps", "60"]),
     # measured at a small budget (the shared CPU gave each run a fifth of a core): 16-frame clips read at 8 x 8, 300 / 100 clips

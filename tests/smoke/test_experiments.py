@@ -22,12 +22,16 @@ EXPECTED = {
     "witness_vs_grpo": ({"claim", "steps", "samples", "arms", "table", "mlflow_runs", "runtime_s", "sft_heldout"}, {"grpo", "witness_reward", "witness_raw"}),
     "qglas_vs_quality": ({"claim", "steps", "arms", "table", "mlflow_runs", "runtime_s", "sft_heldout"}, {"quality_only", "qglas"}),
     "sdrl_strategies": ({"claim", "steps", "samples", "arms", "table", "mlflow_runs", "runtime_s", "sft_heldout"}, {"correctness", "sdrl"}),
+    "kgpo_vs_hit1": ({"claim", "steps", "arms", "table", "mlflow_runs", "runtime_s", "sft_heldout", "start_signal"}, {"hit1", "kgpo"}),
+    "audit_selective_control": ({"claim", "steps", "verifier", "arms", "table", "mlflow_runs", "runtime_s", "sft_heldout", "start"},
+                                {"verifier", "audit_0.1", "audit_0.3"}),
 }
 
 
 # fewer held-out samples than the experiments' defaults (the numbers are meaningless at micro size); the MLflow
 # path is the same for every experiment (_common.log_arm), so the sdrl run skips it
-EXTRA = {"witness_vs_grpo": ["--samples", "8"], "sdrl_strategies": ["--samples", "2", "--no-mlflow"]}
+EXTRA = {"witness_vs_grpo": ["--samples", "8"], "sdrl_strategies": ["--samples", "2", "--no-mlflow"],
+         "kgpo_vs_hit1": ["--samples", "4", "--probe", "8", "--no-mlflow"], "audit_selective_control": ["--samples", "2", "--probe", "8", "--no-mlflow"]}
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -83,6 +87,13 @@ def check_one_seed(name: str, data: dict, keys: set, arms: set) -> None:
         opts = resolve.load(REPO / "params.yaml", []).rl.options_for("sdrl")
         assert 0.0 <= sdrl["bonus_mean"] <= opts.beta_b + opts.beta_w  # the bonus c (beta_b D_b + beta_w D_w), D in [0, 1]
         return
+    if name == "audit_selective_control":  # acceptance, correctness and accepted errors before and after each arm, on both prompt sets
+        for m in [data["start"], *(a["after"] for a in data["arms"].values())]:
+            for where in ("train", "heldout"):
+                v, c, e = m[where]["accepted"], m[where]["correct"], m[where]["accepted_error"]
+                assert v == pytest.approx(c + e) and 0.0 <= e <= v <= 1.0  # the verifier accepts every correct answer
+        assert [r["arm"] for r in data["table"]] == ["start", "verifier", "audit_0.1", "audit_0.3"]
+        return
     for arm in data["arms"].values():
         assert "greedy_accuracy" in arm["heldout_after"]
     if name == "gdpo_vs_sum":
@@ -90,6 +101,9 @@ def check_one_seed(name: str, data: dict, keys: set, arms: set) -> None:
         assert all("reward_delta" in a for a in data["arms"].values())
     elif name == "respo_vs_clip":
         assert all({"clip_zero_frac", "respo_floor_frac"} <= set(a["starvation_reuse_passes"]) for a in data["arms"].values())
+    elif name == "kgpo_vs_hit1":
+        assert all(-1.0 <= a["heldout_after"]["graded"] <= 1.0 for a in data["arms"].values())
+        assert 0.0 <= data["start_signal"]["share_graded_differs"] <= 1.0
     elif name == "witness_vs_grpo":
         assert all(0.0 <= a["tv_after"]["tv_mean"] <= 1.0 and a["tv_before"] == data["arms"]["grpo"]["tv_before"] for a in data["arms"].values())
     else:

@@ -177,6 +177,22 @@ def test_imperfect_verifier_accepts_every_correct_answer_and_a_seeded_share_of_w
     assert wrong != [imperfect_verifier(False, True, "q", str(i), other) for i in range(4000)]
 
 
+def test_a_shared_flaw_accepts_the_same_wrong_answers_on_every_prompt():
+    """`flaw: shared` draws a wrong answer's coin once for all prompts (a flaw a policy can learn once); the
+    per-prompt default draws it again for each prompt. Both accept the same share of wrong answers."""
+    per_prompt = RL.options_for("audit_correction").model_copy(update={"false_accept": 0.3})
+    shared = per_prompt.model_copy(update={"flaw": "shared"})
+    answers = [str(i) for i in range(2000)]
+    for opts in (per_prompt, shared):
+        accepted = [imperfect_verifier(False, True, "q1", y, opts) for y in answers]
+        assert sum(accepted) / len(accepted) == pytest.approx(0.3, abs=0.03)
+    on = lambda prompt, opts: [imperfect_verifier(False, True, prompt, y, opts) for y in answers]  # noqa: E731
+    assert on("q1", shared) == on("q2", shared) == on("q3", shared)
+    assert on("q1", per_prompt) != on("q2", per_prompt)
+    assert all(imperfect_verifier(True, True, q, "x", shared) == 1.0 for q in ("q1", "q2"))  # correct answers: always accepted
+    assert not any(imperfect_verifier(False, False, "q1", y, shared) for y in answers[:200])  # unparsable: rejected
+
+
 def test_registered_audit_reward_matches_the_formula():
     ex = Example("q", "", "7")
     texts = ["7", "8", "9 ?", "7"]
@@ -204,7 +220,7 @@ def test_defaults_validate_and_live_in_params_yaml():
     ("sdrl", {"beta_b": -0.1}), ("sdrl", {"beta_w": -1}), ("sdrl", {"strategies": {"x": ["("]}}), ("sdrl", {"typo": 1}),
     ("audit_correction", {"audit_rate": 0.0}), ("audit_correction", {"audit_rate": 1.5}),
     ("audit_correction", {"false_accept": -0.1}), ("audit_correction", {"mu": -1.0}),
-    ("audit_correction", {"variant": "both"}), ("audit_correction", {"seed": "x"}),
+    ("audit_correction", {"variant": "both"}), ("audit_correction", {"seed": "x"}), ("audit_correction", {"flaw": "global"}),
 ])
 def test_bad_options_are_rejected(name, bad):
     with pytest.raises(UserError, match=f"rl.options.{name}"):

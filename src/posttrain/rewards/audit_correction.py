@@ -9,6 +9,10 @@ verifier V that also accepts some wrong answers, and the inverse-propensity audi
 E_O[r] = V - mu E, so with mu > 1 accepted errors have negative expected reward and lose probability.
 V here: C, or, for a wrong answer the task can parse, a fixed seeded coin of probability `false_accept`
 keyed on (seed, prompt, completion), so the same wrong answer is accepted every time (exploitable).
+`flaw: shared` keys the coin on (seed, completion) alone: the verifier accepts the same wrong answer strings on
+every prompt, a flaw a policy can learn once and use everywhere, held-out prompts included (as a checker that
+waves through certain outputs whatever the question); `per_prompt` (the default) can only be memorised prompt
+by prompt.
 Audits are drawn from torch's global generator, which the trainer seeds from pipeline.seed and saves in
 every checkpoint, so a resumed run draws the same audits as an uninterrupted one.
 Invariants: E_audit[r] = V - mu E; unaudited -> exactly V; rho = 1 -> V - mu E; mu > 1 raises the correct
@@ -35,6 +39,7 @@ class AuditOptions(Section):
     mu: float = Field(2.0, ge=0)  # correction strength; must exceed 1 for selective control (0: pure RLVR on V)
     variant: Literal["minimal", "symmetric"] = "minimal"  # minimal | symmetric (r = V + mu (O / rho) (C - V))
     seed: int = 0  # seeds the verifier's false accepts (the audits follow pipeline.seed)
+    flaw: Literal["per_prompt", "shared"] = "per_prompt"  # per_prompt: a wrong answer's coin is drawn per prompt; shared: once for every prompt
 
 
 def unit_hash(*parts: str) -> float:
@@ -44,8 +49,10 @@ def unit_hash(*parts: str) -> float:
 
 
 def imperfect_verifier(correct: bool, parsable: bool, prompt: str, completion: str, opts: AuditOptions) -> float:
-    """V(y): accepts every correct answer and a seeded `false_accept` share of the parsable wrong ones."""
-    return float(correct or (parsable and unit_hash(str(opts.seed), prompt, completion) < opts.false_accept))
+    """V(y): accepts every correct answer and a seeded `false_accept` share of the parsable wrong ones (drawn per
+    prompt, or once per answer string with `flaw: shared`)."""
+    key = (str(opts.seed), completion) if opts.flaw == "shared" else (str(opts.seed), prompt, completion)
+    return float(correct or (parsable and unit_hash(*key) < opts.false_accept))
 
 
 def draw_audits(n: int, rho: float, generator: torch.Generator | None = None) -> Tensor:
