@@ -57,7 +57,7 @@ def test_every_tracked_params_section_is_written_in_its_file():
             root = (path.parent / stage.get("wdir", ".")).resolve()
             for entry in stage.get("params", []):
                 for params_file, sections in (entry.items() if isinstance(entry, dict) else [("params.yaml", [entry])]):
-                    params_file = re.sub(r"\$\{(\w+)\}", lambda m: str(variables[m.group(1)]), params_file)
+                    params_file = re.sub(r"\$\{(\w+)\}", lambda m, known=variables: str(known[m.group(1)]), params_file)
                     written = set(yaml.safe_load((root / params_file).read_text()))
                     missing = {s.split(".")[0] for s in sections} - written
                     assert not missing, f"{path.relative_to(REPO)}: stage {name} tracks {sorted(missing)} of {params_file}, which does not write it"
