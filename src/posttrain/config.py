@@ -191,6 +191,7 @@ class RLConfig(Section):
     temperature: float = Field(1.0, gt=0)
     lr: float = Field(0.0005, gt=0)
     warmup_steps: int = Field(30, ge=0)
+    lr_schedule: Literal["cosine", "constant"] = "cosine"  # after the warm-up: cosine decay to 0 at rl.steps, or a constant rate
     max_grad_norm: float = Field(1.0, gt=0)
     epochs_per_batch: int = Field(1, gt=0)  # >1 reuses a rollout batch; the ratio then moves off 1
     # samples per forward/backward pass of an update (0: the whole batch in one). Smaller bounds the activation memory

@@ -214,7 +214,8 @@ class OnlineRL:
             name: auxiliaries.entry(name).meta["module"](policy.config, cfg.options_for(name)).to(self.device)
             for name in cfg.aux if "module" in auxiliaries.entry(name).meta
         }
-        self.optimizer, self.schedule = optimizer_and_schedule(self._param_groups(), cfg.lr, 0.0, cfg.warmup_steps, total_steps or cfg.steps)
+        self.optimizer, self.schedule = optimizer_and_schedule(self._param_groups(), cfg.lr, 0.0, cfg.warmup_steps, total_steps or cfg.steps,
+                                                                cfg.lr_schedule)
         self.generator = torch.Generator(device=self.device).manual_seed(run.seed)
         self.step_index = 0
         self.unscored_steps = 0  # consecutive steps in which no completion was scored (training.max_unscored_steps)
