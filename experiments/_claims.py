@@ -155,6 +155,10 @@ COMPARISONS: dict[str, list[Compare]] = {
                        for m in ("wp_greedy_accuracy_steps_2", "wp_greedy_accuracy_steps_1", "wp_greedy_accuracy", "ar_greedy_accuracy")],
     "smollm2_sft_rl_low_lr": [compare(m, "sft_rl", "sft") for m in ("wp_greedy_accuracy_steps_2", "wp_greedy_accuracy_steps_1", "wp_greedy_accuracy",
                                                                    "ar_greedy_accuracy")],
+    # ROFT (retrospection-only NLL) vs GRPO at the same updates and attempts from the same start; each against its start
+    "roft_vs_grpo": [compare(HELDOUT, "roft", "grpo"),
+                     Compare(HELDOUT, "roft", "sft", row("roft", HELDOUT), row("roft", "heldout_greedy_before")),
+                     Compare(HELDOUT, "grpo", "sft", row("grpo", HELDOUT), row("grpo", "heldout_greedy_before"))],
 }
 
 

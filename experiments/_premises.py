@@ -98,6 +98,13 @@ PREMISES: dict[str, list[Premise]] = {
     "bridge_vs_baselines": [Premise("held-out questions evaluated", _recorded("n_heldout"), at_least=100)],
     "pr_opd_text_world": [Premise("UniOPSD's rho (the teacher's precision) logged", _recorded("arms", "uniopsd", "rho_used"), at_least=0.0,
                                   arms=("uniopsd",))],
+    # ROFT learns from its retrospections only: they must be a different (better) answer than the attempts they explain,
+    # else the loss is self-imitation of the attempts; and a start off floor and ceiling for either arm to move
+    "roft_vs_grpo": [
+        Premise("ROFT's retrospections' accuracy minus its attempts' (first fifth of updates)", _recorded("arms", "roft", "retrospections", "lead_first"),
+                at_least=TEACHER_MARGIN, arms=("roft",)),
+        Premise("start's held-out greedy (floor and ceiling)", _recorded("sft_heldout", "greedy_accuracy"), at_least=FLOOR, at_most=0.95),
+    ],
 }
 
 
