@@ -107,7 +107,8 @@ COMPARISONS: dict[str, list[Compare]] = {
     "trm_anti_polarisation": [compare("extreme_fraction", "pd_grpo", "pairwise_margin", lower=True),
                               compare("pair_accuracy", "pd_grpo", "pairwise_margin")],
     "gm_dpo_flexbench": [compare("greedy_gpa", "gm_dpo", "dpo", key="objective"), compare("greedy_whr", "gm_dpo", "dpo", lower=True, key="objective")],
-    "abc_align_pseudo_labels": [compare("heldout_pair_acc", "abc_align", "pseudo_only"), compare("heldout_pair_acc", "abc_align", "gold_only")],
+    "abc_align_pseudo_labels": [compare("heldout_pair_acc", "abc_align", "pseudo_only"), compare("heldout_pair_acc", "abc_align", "gold_only"),
+                                compare("heldout_pair_acc", "abc_align", "ppi")],  # ppi: the same correction at alpha = 1
     "glime_vs_naive": [compare("generalization", "glime", "naive"), compare("retention", "glime", "naive"),
                        compare("locality", "glime", "naive")],
     "care_dialogue": [compare("true_quality_after", "generator", "uniform", key="weights")],

@@ -98,6 +98,13 @@ PREMISES: dict[str, list[Premise]] = {
     "bridge_vs_baselines": [Premise("held-out questions evaluated", _recorded("n_heldout"), at_least=100)],
     "pr_opd_text_world": [Premise("UniOPSD's rho (the teacher's precision) logged", _recorded("arms", "uniopsd", "rho_used"), at_least=0.0,
                                   arms=("uniopsd",))],
+    # ABC-Align's case: pseudo labels biased enough to need a correction, and a plug-in alpha away from PPI's 1 (else the
+    # abc_align and ppi arms are the same objective)
+    "abc_align_pseudo_labels": [
+        Premise("pseudo labels' error rate", _recorded("pseudo_error_rate"), at_least=0.05),
+        Premise("ABC-Align's mean alpha over training", lambda r: sum(r["arms"]["abc_align"]["alpha_curve"]) / len(r["arms"]["abc_align"]["alpha_curve"]),
+                at_most=0.9, arms=("ppi",)),
+    ],
     # ROFT learns from its retrospections only: they must be a different (better) answer than the attempts they explain,
     # else the loss is self-imitation of the attempts; and a start off floor and ceiling for either arm to move
     "roft_vs_grpo": [
