@@ -110,7 +110,10 @@ COMPARISONS: dict[str, list[Compare]] = {
     "abc_align_pseudo_labels": [compare("heldout_pair_acc", "abc_align", "pseudo_only"), compare("heldout_pair_acc", "abc_align", "gold_only"),
                                 compare("heldout_pair_acc", "abc_align", "ppi")],  # ppi: the same correction at alpha = 1
     "glime_vs_naive": [compare("generalization", "glime", "naive"), compare("retention", "glime", "naive"),
-                       compare("locality", "glime", "naive")],
+                       compare("locality", "glime", "naive"),
+                       # the same paraphrase prompts for the naive fine-tuning: GLIME's gain beyond the prompts it sees
+                       compare("generalization", "glime", "naive_paraphrase"), compare("retention", "glime", "naive_paraphrase"),
+                       compare("locality", "glime", "naive_paraphrase")],
     "care_dialogue": [compare("true_quality_after", "generator", "uniform", key="weights")],
     "safe_rl_vlm": [compare("catastrophe_rate", "ppo_lag", "ppo", lower=True), compare("cost", "ppo_lag", "ppo", lower=True),
                     compare("progress", "ppo", "ppo_lag"), compare("catastrophe_rate", "ppo_lag_vlm", "ppo_lag", lower=True),

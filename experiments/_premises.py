@@ -105,6 +105,15 @@ PREMISES: dict[str, list[Premise]] = {
         Premise("ABC-Align's mean alpha over training", lambda r: sum(r["arms"]["abc_align"]["alpha_curve"]) / len(r["arms"]["abc_align"]["alpha_curve"]),
                 at_most=0.9, arms=("ppi",)),
     ],
+    # editing needs a base that knows its facts (locality and retention read them); the same-exposure control must
+    # have learned the paraphrase prompts it was given, or it is not the control it stands for
+    "glime_vs_naive": [
+        Premise("base model's accuracy on the unedited facts", lambda r: _row(r, "base (before edits)", "unedited_accuracy"), at_least=0.9),
+        # (rounded: accuracies over 40 probes, so 0.45 - 0.40 is the 0.05 it reads as, not 0.0499...)
+        Premise("naive_paraphrase's accuracy on its trained paraphrases minus naive's",
+                lambda r: round(_row(r, "naive_paraphrase", "paraphrase_accuracy") - _row(r, "naive", "paraphrase_accuracy"), 6), at_least=0.05,
+                arms=("naive_paraphrase",)),
+    ],
     # ROFT learns from its retrospections only: they must be a different (better) answer than the attempts they explain,
     # else the loss is self-imitation of the attempts; and a start off floor and ceiling for either arm to move
     "roft_vs_grpo": [

@@ -19,7 +19,7 @@ EXPECTED = {
                                                     "--set", "reward_model.n_heldout_pairs=10", *TRM_MICRO]),
     "gm_dpo_flexbench": ({"dpo", "gm_dpo"}, []),
     "abc_align_pseudo_labels": ({"pseudo_only", "gold_only", "abc_align", "ppi"}, ["--gold", "8"]),
-    "glime_vs_naive": ({"naive", "glime"}, ["--edits", "2"]),
+    "glime_vs_naive": ({"naive", "naive_paraphrase", "glime"}, ["--edits", "2"]),
 }
 
 
