@@ -107,9 +107,13 @@ COMPARISONS: dict[str, list[Compare]] = {
     "trm_anti_polarisation": [compare("extreme_fraction", "pd_grpo", "pairwise_margin", lower=True),
                               compare("pair_accuracy", "pd_grpo", "pairwise_margin")],
     "gm_dpo_flexbench": [compare("greedy_gpa", "gm_dpo", "dpo", key="objective"), compare("greedy_whr", "gm_dpo", "dpo", lower=True, key="objective")],
-    "abc_align_pseudo_labels": [compare("heldout_pair_acc", "abc_align", "pseudo_only"), compare("heldout_pair_acc", "abc_align", "gold_only")],
+    "abc_align_pseudo_labels": [compare("heldout_pair_acc", "abc_align", "pseudo_only"), compare("heldout_pair_acc", "abc_align", "gold_only"),
+                                compare("heldout_pair_acc", "abc_align", "ppi")],  # ppi: the same correction at alpha = 1
     "glime_vs_naive": [compare("generalization", "glime", "naive"), compare("retention", "glime", "naive"),
-                       compare("locality", "glime", "naive")],
+                       compare("locality", "glime", "naive"),
+                       # the same paraphrase prompts for the naive fine-tuning: GLIME's gain beyond the prompts it sees
+                       compare("generalization", "glime", "naive_paraphrase"), compare("retention", "glime", "naive_paraphrase"),
+                       compare("locality", "glime", "naive_paraphrase")],
     "care_dialogue": [compare("true_quality_after", "generator", "uniform", key="weights")],
     "safe_rl_vlm": [compare("catastrophe_rate", "ppo_lag", "ppo", lower=True), compare("cost", "ppo_lag", "ppo", lower=True),
                     compare("progress", "ppo", "ppo_lag"), compare("catastrophe_rate", "ppo_lag_vlm", "ppo_lag", lower=True),
@@ -164,6 +168,10 @@ COMPARISONS: dict[str, list[Compare]] = {
     # ... RL at lr 5e-6: what examples/smollm2 (make run) runs, so its rows against the checkpoint are make run's figures
     "smollm2_sft_rl_low_lr": [compare(m, "sft_rl", worse) for worse in ("sft", "base")
                               for m in ("wp_greedy_accuracy_steps_2", "wp_greedy_accuracy_steps_1", "wp_greedy_accuracy", "ar_greedy_accuracy")],
+    # ROFT (retrospection-only NLL) vs GRPO at the same updates and attempts from the same start; each against its start
+    "roft_vs_grpo": [compare(HELDOUT, "roft", "grpo"),
+                     Compare(HELDOUT, "roft", "sft", row("roft", HELDOUT), row("roft", "heldout_greedy_before")),
+                     Compare(HELDOUT, "grpo", "sft", row("grpo", HELDOUT), row("grpo", "heldout_greedy_before"))],
 }
 
 

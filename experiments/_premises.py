@@ -107,6 +107,29 @@ PREMISES: dict[str, list[Premise]] = {
                                         at_least=0.01),
                                 Premise("start's sampled correctness on training prompts", _recorded("start", "train", "correct"),
                                         at_least=FLOOR, at_most=1 - FLOOR)],
+    # ABC-Align's case: pseudo labels biased enough to need a correction, and a plug-in alpha away from PPI's 1 (else the
+    # abc_align and ppi arms are the same objective)
+    "abc_align_pseudo_labels": [
+        Premise("pseudo labels' error rate", _recorded("pseudo_error_rate"), at_least=0.05),
+        Premise("ABC-Align's mean alpha over training", lambda r: sum(r["arms"]["abc_align"]["alpha_curve"]) / len(r["arms"]["abc_align"]["alpha_curve"]),
+                at_most=0.9, arms=("ppi",)),
+    ],
+    # editing needs a base that knows its facts (locality and retention read them); the same-exposure control must
+    # have learned the paraphrase prompts it was given, or it is not the control it stands for
+    "glime_vs_naive": [
+        Premise("base model's accuracy on the unedited facts", lambda r: _row(r, "base (before edits)", "unedited_accuracy"), at_least=0.9),
+        # (rounded: accuracies over 40 probes, so 0.45 - 0.40 is the 0.05 it reads as, not 0.0499...)
+        Premise("naive_paraphrase's accuracy on its trained paraphrases minus naive's",
+                lambda r: round(_row(r, "naive_paraphrase", "paraphrase_accuracy") - _row(r, "naive", "paraphrase_accuracy"), 6), at_least=0.05,
+                arms=("naive_paraphrase",)),
+    ],
+    # ROFT learns from its retrospections only: they must be a different (better) answer than the attempts they explain,
+    # else the loss is self-imitation of the attempts; and a start off floor and ceiling for either arm to move
+    "roft_vs_grpo": [
+        Premise("ROFT's retrospections' accuracy minus its attempts' (first fifth of updates)", _recorded("arms", "roft", "retrospections", "lead_first"),
+                at_least=TEACHER_MARGIN, arms=("roft",)),
+        Premise("start's held-out greedy (floor and ceiling)", _recorded("sft_heldout", "greedy_accuracy"), at_least=FLOOR, at_most=0.95),
+    ],
 }
 
 

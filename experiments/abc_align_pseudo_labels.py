@@ -1,12 +1,14 @@
 """Claim: with abundant biased pseudo labels and a small gold subset, ABC-Align (pseudo-label DPO + an adaptively
-weighted correction on the gold subset) beats pseudo-label-only DPO and gold-only DPO on held-out preference
+weighted correction on the gold subset) beats pseudo-label-only DPO, gold-only DPO and the prediction-powered (PPI)
+correction with its full weight (alpha = 1, unbiased but high-variance with few gold labels) on held-out preference
 accuracy against the truth.
 
 Pairs: task-derived arithmetic pairs (reference answer vs a corrupted one). The pseudo labeller is biased: on
 near-miss pairs it prefers the answer with the larger last digit, right or wrong (a systematic error on about
 half of the minor tier, none elsewhere). The gold subset (`--gold` pairs, drawn uniformly from the pool) carries
 human labels that are right except for `--gold-noise` random flips. All arms start from the same SFT
-checkpoint, with the same steps, lr and beta; held-out pairs are in their true order.
+checkpoint, with the same steps, lr and beta; held-out pairs are in their true order. `ppi` is the same objective and
+data as `abc_align` with alpha fixed at 1 (`preference.options.abc_align.fixed_alpha=1`) instead of its plug-in choice.
 
     .venv/bin/python experiments/abc_align_pseudo_labels.py [--steps N] [--gold N] [--json FILE] [--micro]
 """
@@ -18,12 +20,13 @@ import time
 from dataclasses import replace
 
 import _common as C
+from posttrain import resolve
 from posttrain.data.preferences import PreferencePair, preference_data
 from posttrain.models import load_pretrained
 from posttrain.runtime import seed_everything
 from posttrain.trainers.preference import train_preference
 
-ARMS = ("pseudo_only", "gold_only", "abc_align")
+ARMS = ("pseudo_only", "gold_only", "abc_align", "ppi")
 
 
 def pseudo_label(pair: PreferencePair) -> PreferencePair:
@@ -49,7 +52,9 @@ def main() -> None:
     # gold flag: does the human agree with the pseudo order? (the truth order, unless this human label is a flip)
     pool = [replace(p, gold=((p.chosen == t.chosen) == human_right[i]) if i in gold_ids else None) for i, (p, t) in enumerate(zip(pseudo, truth))]
     gold_only = [replace(t if human_right[i] else replace(t, chosen=t.rejected, rejected=t.chosen), gold=None) for i, t in enumerate(truth) if i in gold_ids]
-    data = {"pseudo_only": ([replace(p, gold=None) for p in pool], "dpo"), "gold_only": (gold_only, "dpo"), "abc_align": (pool, "abc_align")}
+    data = {"pseudo_only": ([replace(p, gold=None) for p in pool], "dpo"), "gold_only": (gold_only, "dpo"), "abc_align": (pool, "abc_align"),
+            "ppi": (pool, "abc_align")}
+    fixed = {"ppi": {"abc_align": {"fixed_alpha": 1.0}}}  # PPI: the correction at full strength, never adapted
     wrong = sum(p.chosen != t.chosen for p, t in zip(pseudo, truth)) / len(truth)
     print(f"pseudo-label error rate {wrong:.3f}; gold pairs {len(gold_only)}", flush=True)
     arms, rows = {}, []
@@ -57,7 +62,7 @@ def main() -> None:
         pairs, objective = data[arm]
         model, tokenizer = load_pretrained(path)
         seed_everything(args.seed)
-        pref = cfg.preference.model_copy(update={"objective": objective})
+        pref = resolve.updated(cfg.preference, "preference", objective=objective, **({"options": fixed[arm]} if arm in fixed else {}))
         start = time.time()
         history, metrics = train_preference(model, tokenizer, pairs, held_pairs, pref, args.seed, on_log=lambda s, m: None)
         after, _ = C.evaluate(model, tokenizer, task, held, cfg.eval, args.seed)
@@ -68,7 +73,7 @@ def main() -> None:
                      "heldout_logp_pair_acc": metrics["heldout_logp_pair_accuracy"], "greedy_acc_before": sft["greedy_accuracy"],
                      "greedy_acc_after": after["greedy_accuracy"], "final_alpha": alpha[-1] if alpha else float("nan")})
         print(f"{arm}: {arms[arm]['seconds']:.0f}s, held-out pair accuracy {metrics['heldout_pair_accuracy']:.4f}", flush=True)
-    text = C.print_table(f"\nABC-Align vs pseudo-only vs gold-only (pseudo error {wrong:.3f}, {len(gold_only)} gold pairs, {args.steps} steps)", rows)
+    text = C.print_table(f"\nABC-Align vs pseudo-only vs gold-only vs PPI (alpha = 1) (pseudo error {wrong:.3f}, {len(gold_only)} gold pairs, {args.steps} steps)", rows)
     runs = {}
     if cfg.tracking.enabled:
         for arm, a in arms.items():

@@ -8,6 +8,10 @@ the synthetic fact set under every template, cached per config), apply the same 
 same edited parameters (`edit.params`), SGD learning rate and steps per edit, and are measured by the same probes
 (recipes/editing/trainer.py). Generalisation is read on the two held-out paraphrase templates, which no arm trains on.
 
+`naive` trains on each edit prompt alone, GLIME also on two paraphrase prompts per edit; `naive_paraphrase` is the
+naive fine-tuning on the edit prompt and those same paraphrase prompts (the new object as their target), so GLIME
+against it measures the preference, replay and constraint at equal prompt exposure.
+
     .venv/bin/python experiments/glime_vs_naive.py [--edits N] [--steps STEPS_PER_EDIT] [--json FILE] [--micro]
 """
 
@@ -23,7 +27,7 @@ from posttrain.runtime import seed_everything
 from posttrain.recipes.editing.trainer import apply_edits
 from posttrain.trainers.sft import train_sft
 
-ARMS = ("naive", "glime")
+ARMS = ("naive", "naive_paraphrase", "glime")
 KEYS = ("edit_success", "retention", "generalization", "paraphrase_accuracy", "locality", "unedited_accuracy")
 MICRO_EDIT = ["edit.facts.n_subjects=6", "edit.facts.relations=2", "edit.pretrain.steps=10", "edit.pretrain.batch_size=16"]
 
@@ -63,7 +67,7 @@ def main() -> None:
               f"retention {metrics['retention']:.4f}", flush=True)
     base = arms[ARMS[0]]["metrics"]
     rows.insert(0, {"arm": "base (before edits)", **{k: base[f"base_{k}"] if f"base_{k}" in base else float("nan") for k in KEYS}})
-    text = C.print_table(f"\nGLIME vs naive sequential editing after {len(edits)} edits ({cfg.edit.steps_per_edit} SGD steps each, "
+    text = C.print_table(f"\nGLIME vs naive sequential editing (edit prompt alone, and with the paraphrase prompts) after {len(edits)} edits ({cfg.edit.steps_per_edit} SGD steps each, "
                          f"{len(facts.facts)} facts)", rows)
     runs = {}
     if cfg.tracking.enabled:

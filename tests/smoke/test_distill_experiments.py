@@ -18,6 +18,7 @@ ARMS = {
     "ride_vs_oprd": ({"oprd", "ride", "output_space"}, ["--teacher-steps", "2"]),
     "think_opd_worked_steps": ({"opd", "uniform", "think_opd"}, ["--teacher-sft-steps", "2", "--student-sft-steps", "2"]),
     "pr_opd_text_world": ({"grpo", "pr_opd", "uniopsd"}, ["--warm-start", "1", "--eval-samples", "1"]),
+    "roft_vs_grpo": ({"grpo", "roft"}, []),
 }
 
 
@@ -46,6 +47,9 @@ def test_distillation_experiment_runs_and_writes_json(name, tmp_path):
             assert compat["responses"] == 4 * 4 and compat["trd_std"] > 0 and compat["weight_max"] > 1
         if name == "pr_opd_text_world":  # what each method was fed on the start is recorded with the claim
             assert {"uniopsd_tiers_differ", "pr_opd_admissible", "pr_opd_goal_named_after_success"} <= set(data["signals"])
+        if name == "roft_vs_grpo":  # ROFT's premise is measured on its own batches, first and last fifth
+            retro = data["arms"]["roft"]["retrospections"]
+            assert 0 <= retro["retro_acc_first"] <= 1 and retro["lead_first"] == retro["retro_acc_first"] - retro["attempt_acc_first"]
         if name == "sipo_vs_grpo":
             assert data["arms"]["sipo"]["signal"]["groups"] == 2 * 4  # 2 steps x 4 prompts (micro)
         if not logged:

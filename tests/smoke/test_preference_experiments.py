@@ -18,8 +18,8 @@ EXPECTED = {
     "reward_model_rl": ({"bt", "trm", "verifier", "bt_disjoint"}, ["--arms", "bt,trm,verifier,bt_disjoint", "--set", "reward_model.steps=3", "--set", "reward_model.n_pairs=30",
                                                     "--set", "reward_model.n_heldout_pairs=10", *TRM_MICRO]),
     "gm_dpo_flexbench": ({"dpo", "gm_dpo"}, []),
-    "abc_align_pseudo_labels": ({"pseudo_only", "gold_only", "abc_align"}, ["--gold", "8"]),
-    "glime_vs_naive": ({"naive", "glime"}, ["--edits", "2"]),
+    "abc_align_pseudo_labels": ({"pseudo_only", "gold_only", "abc_align", "ppi"}, ["--gold", "8"]),
+    "glime_vs_naive": ({"naive", "naive_paraphrase", "glime"}, ["--edits", "2"]),
 }
 
 
@@ -49,3 +49,5 @@ def test_experiment_runs_and_writes_json(name, tmp_path):
             for rm, o in overlap.items():
                 assert o["rm_pair_prompts"] > 0 and o["rm_pair_prompts_in_rl"] == (0 if rm.endswith("_disjoint") else o["rm_pair_prompts"])
             assert {r["arm"]: r["rm_prompts"] for r in data["table"]} == {"bt": "same", "trm": "same", "verifier": "-", "bt_disjoint": "disjoint"}
+        if name == "abc_align_pseudo_labels":  # PPI is the same correction with alpha held at 1 on every step
+            assert data["arms"]["ppi"]["alpha_curve"] and set(data["arms"]["ppi"]["alpha_curve"]) == {1.0}

@@ -1,5 +1,5 @@
-"""GLIME's editing step on a micro model and hand-made records, the naive baseline it reduces to, the
-fact set's disjoint splits, the edit-file checks and the `edit` options validation."""
+"""GLIME's editing step on a micro model and hand-made records, the naive baseline it reduces to, the naive
+baseline on GLIME's paraphrase prompts, the fact set's disjoint splits, the edit-file checks and the `edit` options validation."""
 
 from __future__ import annotations
 
@@ -67,6 +67,25 @@ def test_glime_without_replay_and_preference_is_the_naive_step(micro):
     assert torch.equal(grads_after("glime", micro, current, memory, opts(lambda_p=0.0, replay_size=0)), naive)
     assert torch.equal(grads_after("glime", micro, current, [], opts(lambda_p=0.0)), naive)  # empty buffer: g unchanged
     assert not torch.equal(grads_after("glime", micro, current, [], opts()), naive)  # the preference term moves it
+
+
+def test_naive_paraphrase_is_naive_plus_the_new_object_on_glimes_paraphrase_prompts(micro):
+    """The same-exposure control: its gradient is naive's plus that of -mean log pi(o_new | p') over exactly the
+    paraphrase prompts GLIME's preference term reads; without paraphrase pairs it is the naive step."""
+    from dataclasses import replace
+
+    from posttrain.recipes.editing.objective import grads_of, paraphrase_loss
+
+    facts, model, tokenizer = micro
+    current, memory = records(micro, 3)[:1], records(micro, 3)[1:]
+    params = edited_parameters(model, ["mlp"])
+    expected = torch.cat([g.flatten() for g in grads_of(paraphrase_loss(pair_scorer(model, tokenizer), current), params)])
+    naive = grads_after("naive", micro, current, memory, None)
+    assert torch.allclose(grads_after("naive_paraphrase", micro, current, memory, None), naive + expected, atol=1e-6)
+    assert {p.prompt for p in current[0].pref_pairs} == set(facts.prompts(current[0].edit.subject, current[0].edit.relation, "paraphrase"))
+    assert all(p.chosen == current[0].edit.new for p in current[0].pref_pairs)
+    bare = [replace(current[0], pref_pairs=())]
+    assert torch.equal(grads_after("naive_paraphrase", micro, bare, memory, None), grads_after("naive", micro, bare, memory, None))
 
 
 def test_glime_step_is_projected_g_plus_replay_gradient(micro):

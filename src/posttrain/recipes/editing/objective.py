@@ -14,6 +14,12 @@ Meng et al. 2022, ROME, arXiv 2202.05262, and of the lifelong-editing literature
 
     L_edit = -log pi_theta(o_new | p_e)             (sequence log-prob of the new object + EOS, as in GLIME)
 
+`naive_paraphrase`: the same fine-tuning, also on the paraphrase prompts GLIME's preference term reads, with the new
+object as their target; GLIME's prompt exposure without its preference, replay or constraint (the control that tells
+the preference effect from seeing more prompts):
+
+    L = L_edit - mean_{p'} log pi_theta(o_new | p')
+
 `glime` (recipes/editing/glime.py) adds generation preference, replay and the gradient constraint.
 """
 
@@ -81,6 +87,27 @@ def naive(step: EditStep, opts: None) -> dict[str, float]:
     loss = edit_loss(step.pair_logps, step.current)
     set_grads(step.params, grads_of(loss, step.params))
     return {"loss/edit": float(loss.detach())}
+
+
+def paraphrase_loss(pair_logps: PairScorer, records: Sequence[EditRecord]) -> Tensor:
+    """-log pi(o_new | p') averaged over the paraphrase prompts of `records` (the chosen side of their preference pairs)."""
+    new_logp, _ = pair_logps([p for r in records for p in r.pref_pairs])
+    return -new_logp.mean()
+
+
+@edit_methods.register("naive_paraphrase")
+def naive_paraphrase(step: EditStep, opts: None) -> dict[str, float]:
+    """Sequential fine-tuning on the current edit's prompt and its paraphrase prompts: no replay, no constraint, no
+    preference term."""
+    edit = edit_loss(step.pair_logps, step.current)
+    metrics = {"loss/edit": float(edit.detach())}
+    loss = edit
+    if any(r.pref_pairs for r in step.current):
+        paraphrase = paraphrase_loss(step.pair_logps, step.current)
+        loss = loss + paraphrase
+        metrics["loss/paraphrase"] = float(paraphrase.detach())
+    set_grads(step.params, grads_of(loss, step.params))
+    return metrics
 
 
 from posttrain.recipes.editing import glime  # noqa: E402,F401  (registers)

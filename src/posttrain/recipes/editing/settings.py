@@ -30,7 +30,7 @@ class EditConfig(Section):
 
     facts: FactsConfig = FactsConfig()  # subjects x relations -> objects, 5 paraphrase templates per relation (recipes/editing/facts.py)
     pretrain: SFTConfig = SFTConfig(steps=3000, lr=0.006, n_examples=0, log_every=50, checkpoint_every=500)  # the `knowledge` stage's SFT on every fact under every template
-    method: Annotated[str, Registered("edit_methods")] = "glime"  # naive | glime
+    method: Annotated[str, Registered("edit_methods")] = "glime"  # naive | naive_paraphrase | glime
     edits: str | None = None  # a JSON-lines edit stream {subject, relation, new}; null: `n_edits` seeded edits
     n_edits: int = Field(20, gt=0)
     steps_per_edit: int = Field(10, gt=0)
