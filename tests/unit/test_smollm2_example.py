@@ -51,13 +51,3 @@ def test_every_stage_of_the_example_validates_its_settings(tmp_path):
             assert cfg.task.options["dataset"].fields.completion == "worked"
         if words[1] == "rl":
             assert cfg.rl.lr == 5e-6 and cfg.rl.steps == 20
-
-
-def test_every_params_section_dvc_tracks_is_written_in_the_examples_params_file():
-    """DVC reads params.yaml as it is (it does not follow `extends:`): a tracked section missing from the file stops
-    `dvc repro` at that stage ("Parameters 'model' are missing")."""
-    written = set(yaml.safe_load((EXAMPLE / "params.yaml").read_text()))
-    for name, stage in _stages().items():
-        for entry in stage.get("params", []):
-            for sections in entry.values():
-                assert set(sections) <= written, (name, set(sections) - written)
