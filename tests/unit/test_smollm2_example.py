@@ -51,3 +51,24 @@ def test_every_stage_of_the_example_validates_its_settings(tmp_path):
             assert cfg.task.options["dataset"].fields.completion == "worked"
         if words[1] == "rl":
             assert cfg.rl.lr == 5e-6 and cfg.rl.steps == 20
+
+
+def test_every_stage_that_reads_the_task_runs_after_the_problems_it_names():
+    """The params file's dataset options name the problem files, and a stage that reads `task` checks them when it
+    loads its settings (even the reasoning-gym one): each must depend, directly or through its inputs, on `problems`,
+    or dvc may run it first on a fresh clone ("data file not found")."""
+    stages = _stages()
+    producer = {out: name for name, stage in stages.items() for out in stage.get("outs", [])}
+
+    def upstream(name: str) -> set[str]:
+        found = set()
+        for dep in stages[name].get("deps", []):
+            owner = next((producer[o] for o in producer if dep == o or dep.startswith(o + "/")), None)
+            if owner is not None and owner != name:
+                found |= {owner} | upstream(owner)
+        return found
+
+    readers = [name for name, stage in stages.items() if any("task" in sections for entry in stage.get("params", []) for sections in entry.values())]
+    assert {"data", "data_arithmetic", "sft", "rl", "eval", "eval_arithmetic"} <= set(readers)
+    for name in readers:
+        assert "problems" in upstream(name), name
