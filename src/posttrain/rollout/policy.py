@@ -15,7 +15,7 @@ task's episode sampler, one forward over prompt + completion); a recipe brings i
 (VisKG's vision-language model: recipes/viskg/policy.py; MotionInsight's evaluator: recipes/motion/policy.py). A policy
 that is not a causal LM gives the completion log-probs only, its own and its frozen reference's (the `ref_logp` of the
 KL term, through `over`): parts that read full distributions, hidden states, other providers' extras, or another
-sampler are refused up front by the trainer.
+sampler are refused up front by the trainer; such a policy says so (`log_probs_only = True`).
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ class Prompts:
 class Policy(Protocol):
     model: nn.Module
     tokenizer: PreTrainedTokenizerBase
+    log_probs_only: bool  # `forward` gives completion log-probs and nothing else (no full distributions, hidden states)
 
     def encode(self, prompts: Sequence[Example], device: torch.device) -> Prompts:
         """The prompts as the model reads them."""
@@ -71,6 +72,8 @@ class Policy(Protocol):
 class CausalLMPolicy:
     """A transformers causal LM and its tokenizer: the path every core RL run takes. `episodes(tokenizer)`, when given,
     is a multi-turn task's episode sampler (an environment feeds observations between the policy's turns)."""
+
+    log_probs_only = False
 
     def __init__(self, model: nn.Module, tokenizer: PreTrainedTokenizerBase,
                  episodes: Callable[[PreTrainedTokenizerBase], Callable[..., Samples]] | None = None):

@@ -29,7 +29,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.config import RLConfig
 from posttrain.errors import UserError, assert_no_grad
-from posttrain.rollout.policy import CausalLMPolicy, Policy
+from posttrain.rollout.policy import Policy
 from posttrain.rollout.sampling import decode_completions, encode_prompts, generate
 from posttrain.models.teacher import teacher_forward
 from posttrain.models.value import token_values
@@ -148,9 +148,9 @@ def episode_sampler(ctx: ExtraContext):
 @extras.register("ref_logp", role="reference")
 def reference_logp(ctx: ExtraContext, prompts, batch) -> Tensor:
     """[B, T] sampled-token log-probs under the frozen reference (the starting policy); a policy that is not a causal LM
-    reads its reference its own way (`Policy.over`)."""
+    (`Policy.log_probs_only`) reads its reference its own way (`Policy.over`)."""
     reference = ctx.model("reference", "ref_logp")
-    if ctx.adapter is not None and not isinstance(ctx.adapter, CausalLMPolicy):
+    if ctx.adapter is not None and ctx.adapter.log_probs_only:
         with torch.no_grad():
             return ctx.adapter.over(reference).forward(batch, ctx.cfg.temperature).logp
     return score_as_student(reference, ctx, batch).logp

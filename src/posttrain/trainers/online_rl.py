@@ -88,6 +88,14 @@ def resolve_rl(rl: RLConfig, **update) -> RLConfig:
     return rl
 
 
+def rl_of_section(section: Any, **fixed: Any) -> RLConfig:
+    """A recipe's own RL section as the core step's settings: every key it shares with `rl` by name (advantage, loss,
+    lr, group_size, corrections, ...), then `fixed` (its rewards, and the keys it names otherwise or does not expose),
+    resolved as `resolve_rl` does; the rest keep `rl`'s defaults."""
+    shared = {name: getattr(section, name) for name in type(section).model_fields if name in RLConfig.model_fields}
+    return resolve_rl(RLConfig(**{**shared, **fixed}))
+
+
 class PromptStream:
     """Endless shuffled passes over the training prompts; (epoch, position) is the whole state."""
 
@@ -191,7 +199,7 @@ class OnlineRL:
         self.models = dict(run.models)
         episodes = run.task.sampler if hasattr(run.task, "sampler") else None
         self.policy: Policy = run.adapter or CausalLMPolicy(policy, run.tokenizer, episodes)
-        if not isinstance(self.policy, CausalLMPolicy):
+        if self.policy.log_probs_only:
             check_log_probs_only(cfg, self.needs, self.reads, type(self.policy).__name__)
         if cfg.sampler != "temperature" and hasattr(run.task, "sampler"):
             raise UserError(f"rl.sampler: {cfg.sampler} draws single-turn answers; task {run.task.cfg.name!r} samples whole episodes (use temperature)")
@@ -494,8 +502,8 @@ class OnlineRL:
 
 
 def check_log_probs_only(cfg: RLConfig, needs: frozenset[str], reads: frozenset[str], policy: str) -> None:
-    """A policy other than a causal LM gives completion log-probs only (its own, and its reference's for the KL term):
-    refuse, in one line, the settings whose parts read more of it (full distributions, hidden states, scored
+    """A policy that gives completion log-probs only (`Policy.log_probs_only`: VisKG's, MotionInsight's), its own and
+    its reference's for the KL term: refuse, in one line, the settings whose parts read more of it (full distributions, hidden states, scored
     sequences), need another provider's extras (a teacher's, the greedy baseline's), draw with another sampler, or run
     the async workers."""
     refused = [f"rl.sampler {cfg.sampler}"] if cfg.sampler != "temperature" else []

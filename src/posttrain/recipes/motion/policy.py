@@ -29,6 +29,8 @@ MAPS, TRACKS = "maps", "tracks"  # the batch extras holding each sample's video
 class EvaluatorPolicy:
     """A `MotionEvaluator` as the `Policy` of an RL run (see the module docstring)."""
 
+    log_probs_only = True
+
     def __init__(self, evaluator: MotionEvaluator):
         self.model, self.tokenizer = evaluator, evaluator.tokenizer
 

@@ -34,7 +34,7 @@ from posttrain.recipes.motion.policy import MAPS, TRACKS, EvaluatorPolicy, Motio
 from posttrain.recipes.motion.reward import WORDS, cause_f1, motion_reward, parse, render
 from posttrain.tasks import Example
 from posttrain.trainers.loop import TrainLoop
-from posttrain.trainers.online_rl import OnlineRL, RLRun, resolve_rl
+from posttrain.trainers.online_rl import OnlineRL, RLRun, rl_of_section
 
 REWARD_TERMS = ("score_accuracy", "cause_f1", "format")
 
@@ -108,18 +108,12 @@ def train_sft(cfg, model: MotionEvaluator, data: VideoSet, seed: int, loop: Trai
 
 
 def rl_settings(r) -> RLConfig:
-    """The rl settings of the core step for the `motion.rl` section: the reward's three terms weighted 1, w_cause,
-    w_format, a constant learning rate (as the recipe's own loop had) without warm-up, the k3 KL to the SFT evaluator at `beta`."""
+    """The rl settings of the core step for the `motion.rl` section: its keys shared with `rl` (`beta`: the k3 KL to
+    the SFT evaluator), the reward's three terms weighted 1, w_cause, w_format, and a constant learning rate (as the
+    recipe's own loop had) without warm-up."""
     weights = {"score_accuracy": 1.0, "cause_f1": r.w_cause, "format": r.w_format}
-    rl = RLConfig(
-        advantage=r.advantage, loss=r.loss, loss_agg=r.loss_agg, rewards=tuple({"name": f"motion_{t}", "weight": weights[t]} for t in REWARD_TERMS),
-        steps=r.steps, prompts_per_step=r.videos_per_step, group_size=r.group_size, max_new_tokens=r.max_new_tokens,
-        temperature=r.temperature, lr=r.lr, warmup_steps=0, lr_schedule="constant", max_grad_norm=r.max_grad_norm, clip_eps_low=r.clip_eps_low,
-        clip_eps_high=r.clip_eps_high, std_scaling=r.std_scaling, std_eps=r.std_eps, beta=r.beta, epochs_per_batch=r.epochs_per_batch,
-        correction=r.correction, dynamic_sampling=r.dynamic_sampling, dynamic_sampling_max_rollouts=r.dynamic_sampling_max_rollouts,
-        checkpoint_every=r.checkpoint_every, log_every=r.log_every,
-    )
-    return resolve_rl(rl)
+    rewards = tuple({"name": f"motion_{t}", "weight": weights[t]} for t in REWARD_TERMS)
+    return rl_of_section(r, rewards=rewards, prompts_per_step=r.videos_per_step, warmup_steps=0, lr_schedule="constant")
 
 
 def rl_trainer(cfg, model: MotionEvaluator, data: VideoSet, seed: int, loop: TrainLoop | None = None) -> tuple[OnlineRL, list[Example]]:

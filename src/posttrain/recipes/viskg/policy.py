@@ -38,6 +38,8 @@ def decode(tokenizer, ids: Tensor, mask: Tensor) -> list[str]:
 class VisionLanguagePolicy:
     """A `VisionLanguage` model as the `Policy` of an RL run (see the module docstring)."""
 
+    log_probs_only = True
+
     def __init__(self, vlm: VisionLanguage):
         self.model, self.tokenizer = vlm, vlm.tokenizer
 

@@ -31,7 +31,7 @@ from posttrain.recipes.viskg.policy import VisionLanguagePolicy, VisKGTask, deco
 from posttrain.recipes.viskg.rewards import REWARD_NAMES, parse_output, reward_row
 from posttrain.tasks import Example
 from posttrain.trainers.loop import NumpyDraws, TrainLoop
-from posttrain.trainers.online_rl import OnlineRL, RLRun, resolve_rl
+from posttrain.trainers.online_rl import OnlineRL, RLRun, rl_of_section
 
 
 def build_model(cfg, seed: int) -> VisionLanguage:
@@ -106,18 +106,12 @@ def train_sft(cfg, vlm: VisionLanguage, seed: int, loop: TrainLoop | None = None
 
 # -- 2. RL: GDPO (or GRPO) over accuracy, format and compactness, through the core RL step ------------------------
 def rl_settings(r) -> RLConfig:
-    """The rl settings of the core step for the `viskg.rl` section: its three rewards with their weights, a constant learning
-    rate (as the recipe's own loop had) without warm-up, no reference model (the rewards are registered by recipes/viskg/policy.py)."""
+    """The rl settings of the core step for the `viskg.rl` section: its keys shared with `rl`, its three rewards with
+    their weights, a constant learning rate (as the recipe's own loop had) without warm-up, no reference model (the
+    rewards are registered by recipes/viskg/policy.py)."""
     weights = {"accuracy": r.weights.accuracy, "format": r.weights.format, "compactness": r.weights.compactness}
-    rl = RLConfig(
-        advantage=r.advantage, loss=r.loss, loss_agg=r.loss_agg, rewards=tuple({"name": f"viskg_{n}", "weight": weights[n]} for n in REWARD_NAMES),
-        steps=r.steps, prompts_per_step=r.prompts_per_step, group_size=r.group_size, max_new_tokens=r.max_new_tokens,
-        temperature=r.temperature, lr=r.lr, warmup_steps=0, lr_schedule="constant", max_grad_norm=r.max_grad_norm, clip_eps_low=r.clip_eps_low,
-        clip_eps_high=r.clip_eps_high, std_scaling=r.std_scaling, std_eps=r.std_eps, beta=0.0, epochs_per_batch=r.epochs_per_batch,
-        correction=r.correction, dynamic_sampling=r.dynamic_sampling, dynamic_sampling_max_rollouts=r.dynamic_sampling_max_rollouts,
-        checkpoint_every=r.checkpoint_every, log_every=r.log_every,
-    )
-    return resolve_rl(rl)
+    rewards = tuple({"name": f"viskg_{n}", "weight": weights[n]} for n in REWARD_NAMES)
+    return rl_of_section(r, rewards=rewards, warmup_steps=0, lr_schedule="constant", beta=0.0)
 
 
 def rl_trainer(cfg, vlm: VisionLanguage, seed: int, loop: TrainLoop | None = None) -> tuple[OnlineRL, list[Example]]:
