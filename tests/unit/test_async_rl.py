@@ -75,6 +75,7 @@ def kill_a_worker(step, result):
         return
     worker = next(p for p in multiprocessing.active_children() if p.name == "rollout-worker-0")
     os.kill(worker.pid, signal.SIGKILL)
+    worker.join(timeout=5)  # dead before the trainer looks again: the next receive must see it, however busy the queue
 
 
 @pytest.mark.parametrize("deterministic", [True, False])

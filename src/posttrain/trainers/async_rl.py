@@ -163,8 +163,10 @@ class LocalWorkers:
         """A dead worker ends the run with one line."""
         dead = next(((rank, p) for rank, p in enumerate(self.processes) if not p.is_alive()), None)
         if dead is not None:
-            message = self.receive(0.1)  # a failing worker sends its error, then exits: that line says more than its exit code
-            if message is not None:
+            # a failing worker sends its error, then exits: that line says more than its exit code, and the other
+            # workers' groups may be queued ahead of it
+            deadline = time.monotonic() + 2.0  # bounded: a live worker keeps sending
+            while time.monotonic() < deadline and (message := self.receive(0.1)) is not None:
                 on_message(message)
             raise UserError(f"rl.mode async: rollout worker {dead[0]} died (exit code {dead[1].exitcode})")
 
@@ -272,14 +274,15 @@ class AsyncRollouts:
         """Take one message from the workers (waiting at most a second when `block`); False when there was none.
         A dead, failing or silent worker ends the run with one line."""
         message = self.transport.receive(1.0 if block else 0.0)
+        if message is not None:
+            self._message(message)
+        self.transport.check(self._message)  # on every call: the other workers' groups may keep the queue busy
         if message is None:
-            self.transport.check(self._message)
             silent = time.time() - max(self.transport.last_beat(), self.waiting_since)
             if block and silent > self.workers_cfg.timeout_s:
                 raise UserError(f"rl.mode async: no {self.transport.noun} progressed for {silent:.0f}s "
                                 f"(rl.workers.timeout_s {self.workers_cfg.timeout_s:g}): a worker or weight sync stalled") from None
             return False
-        self._message(message)
         return True
 
     def _message(self, message: tuple) -> None:
