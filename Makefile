@@ -62,10 +62,10 @@ if [ $$status -ne 0 ]; then tail -n 25 $(RUN_LOG); echo "dvc repro failed (exit 
 $(BIN)/posttrain summary $(2) --wall-seconds $$($(BIN)/python -c "import time; print(round(time.time() - $$start, 1))")
 endef
 
-# the real checkpoint: SmolLM2-135M-Instruct imported, SFT on worked solutions, RL, all three evaluated (examples/smollm2)
+# the real checkpoint: SmolLM2-135M-Instruct imported, RL from it, the checkpoint and the result evaluated (examples/smollm2)
 REAL := examples/smollm2
 run: install
-	@$(call repro,$(REAL)/dvc.yaml,--params $(REAL)/params.yaml --start import --via sft --eval-dir outputs/smollm2/eval --eval-dir outputs/smollm2/eval_arithmetic --out outputs/smollm2/summary.json)
+	@$(call repro,$(REAL)/dvc.yaml,--params $(REAL)/params.yaml --start import --eval-dir outputs/smollm2/eval --eval-dir outputs/smollm2/eval_arithmetic --out outputs/smollm2/summary.json)
 
 # the tiny from-scratch pipeline of dvc.yaml (data -> sft -> rl -> eval, a few minutes): the tests' pipeline
 run-tiny: install

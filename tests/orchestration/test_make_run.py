@@ -78,4 +78,4 @@ def test_make_run_runs_the_real_checkpoints_pipeline(tmp_path):
     assert lines[0] == "dvc repro: the pipeline of examples/smollm2/dvc.yaml (full log: outputs/make-run.log)"
     assert [line.split("]", 1)[1].split()[0] for line in lines[1:4]] == ["data", "import", "eval@import"]
     assert (tmp_path / "dvc-args.txt").read_text().split() == ["dvc", "repro", "examples/smollm2/dvc.yaml"]
-    assert "--start import --via sft" in lines[4] and "--eval-dir outputs/smollm2/eval_arithmetic" in lines[4] and "--wall-seconds 3.5" in lines[4]
+    assert "--start import --eval-dir" in lines[4] and "--via" not in lines[4] and "--eval-dir outputs/smollm2/eval_arithmetic" in lines[4] and "--wall-seconds 3.5" in lines[4]

@@ -1,5 +1,5 @@
-"""examples/smollm2 (what `make run` runs): import -> data -> sft -> rl, each model evaluated, every stage's settings
-valid. The run itself is the real checkpoint's (minutes): tests/smoke/test_real_checkpoint.py covers its parts."""
+"""examples/smollm2 (what `make run` runs): import -> data -> rl, the checkpoint and the result evaluated, every
+stage's settings valid, and the optional SFT warm-up of its params file too. The run itself is the real checkpoint's (minutes): tests/smoke/test_real_checkpoint.py covers its parts."""
 
 from __future__ import annotations
 
@@ -23,13 +23,13 @@ def _inputs(cmd: str) -> dict[str, str]:
     return dict(words[i + 1].split("=", 1) for i, w in enumerate(words) if w == "--in")
 
 
-def test_rl_starts_from_the_sft_model_which_starts_from_the_import():
+def test_rl_starts_from_the_imported_checkpoint_and_both_are_evaluated():
     stages = _stages()
-    assert "--set model.path=${out}/import/model" in stages["sft"]["cmd"] and "${out}/import/model" in stages["sft"]["deps"]
-    assert _inputs(stages["rl"]["cmd"])["policy"] == "${out}/sft" and "${out}/sft/model" in stages["rl"]["deps"]
+    assert "sft" not in stages  # `make run` shows what RL does: the SFT warm-up is one command away (params.yaml)
+    assert _inputs(stages["rl"]["cmd"])["policy"] == "${out}/import" and "${out}/import/model" in stages["rl"]["deps"]
     for name in ("eval", "eval_arithmetic"):
-        assert stages[name]["matrix"]["model"] == ["import", "sft", "rl"]
-    assert "--answer-format" in stages["problems"]["cmd"]  # the `worked` column the SFT reads
+        assert stages[name]["matrix"]["model"] == ["import", "rl"]
+    assert "--answer-format" in stages["problems"]["cmd"]  # the `worked` column an SFT warm-up reads
 
 
 def test_every_stage_of_the_example_validates_its_settings(tmp_path):
@@ -46,11 +46,11 @@ def test_every_stage_of_the_example_validates_its_settings(tmp_path):
         sets = [w for i, w in enumerate(words) if i and words[i - 1] == "--set"]
         sets = [re.sub(r"\$\{out\}/import/model", str(tmp_path / "model"), s) for s in sets]
         cfg = resolve.load(EXAMPLE / "params.yaml", [*files, *sets], stage=words[1])
-        if words[1] == "sft":
-            assert (cfg.sft.steps, cfg.sft.batch_size, cfg.sft.lr) == (40, 8, 2e-5) and cfg.model.path == str(tmp_path / "model")
-            assert cfg.task.options["dataset"].fields.completion == "worked"
         if words[1] == "rl":
-            assert cfg.rl.lr == 5e-6 and cfg.rl.steps == 20
+            assert cfg.rl.lr == 2e-5 and cfg.rl.steps == 20
+    # the warm-up the params file documents (not a stage of the example)
+    cfg = resolve.load(EXAMPLE / "params.yaml", [*files, f"model.path={tmp_path / 'model'}"], stage="sft")
+    assert (cfg.sft.steps, cfg.sft.batch_size, cfg.sft.lr) == (40, 8, 2e-5) and cfg.task.options["dataset"].fields.completion == "worked"
 
 
 def test_every_stage_that_reads_the_task_runs_after_the_problems_it_names():
@@ -69,6 +69,6 @@ def test_every_stage_that_reads_the_task_runs_after_the_problems_it_names():
         return found
 
     readers = [name for name, stage in stages.items() if any("task" in sections for entry in stage.get("params", []) for sections in entry.values())]
-    assert {"data", "data_arithmetic", "sft", "rl", "eval", "eval_arithmetic"} <= set(readers)
+    assert {"data", "data_arithmetic", "rl", "eval", "eval_arithmetic"} <= set(readers)
     for name in readers:
         assert "problems" in upstream(name), name
