@@ -1,5 +1,5 @@
-"""Stage `import` on a GGUF file the test writes itself (the `gguf` package's writer): a tiny Llama with a byte-level
-BPE tokenizer and a chat template becomes a `save_pretrained` directory equal to what transformers reads from the file;
+"""Stage `import` on GGUF files the test writes itself (the `gguf` package's writer): a tiny Llama and a tiny Qwen2 with a byte-level
+BPE tokenizer and a chat template each become a `save_pretrained` directory equal to what transformers reads from the file;
 sources a user can get wrong end with one line."""
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] 
 SIZES = {"hidden": 32, "layers": 2, "heads": 4, "kv_heads": 2, "ffn": 64, "context": 128}
 
 
-def write_tiny_gguf(path: Path, seed: int = 0) -> Path:
-    """A float32 Llama GGUF with the metadata transformers' reader needs (architecture sizes, a `gpt2` BPE tokenizer)."""
+def write_tiny_gguf(path: Path, seed: int = 0, architecture: str = "llama") -> Path:
+    """A float32 GGUF of a tiny Llama (or Qwen2: the same tensors plus the attention projections' biases) with the
+    metadata transformers' reader needs (architecture sizes, a `gpt2` BPE tokenizer)."""
     from posttrain.models import train_bpe_tokenizer
 
     tokenizer = train_bpe_tokenizer(["Ana has 3 apples and finds 4 more.", "so the answer is 7", "system user assistant"], vocab_size=300)
@@ -30,7 +31,7 @@ def write_tiny_gguf(path: Path, seed: int = 0) -> Path:
     special = {t.content for t in tokenizer.added_tokens_decoder.values()}
     merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
     h, n_layers, heads, kv, ffn = SIZES["hidden"], SIZES["layers"], SIZES["heads"], SIZES["kv_heads"], SIZES["ffn"]
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf.GGUFWriter(str(path), architecture)
     writer.add_context_length(SIZES["context"])
     writer.add_embedding_length(h)
     writer.add_block_count(n_layers)
@@ -57,6 +58,8 @@ def write_tiny_gguf(path: Path, seed: int = 0) -> Path:
         for name, shape in (("attn_q", (h, h)), ("attn_k", (kv * h // heads, h)), ("attn_v", (kv * h // heads, h)), ("attn_output", (h, h)),
                             ("ffn_gate", (ffn, h)), ("ffn_up", (ffn, h)), ("ffn_down", (h, ffn))):
             writer.add_tensor(f"blk.{i}.{name}.weight", weight(*shape))
+            if architecture == "qwen2" and name in ("attn_q", "attn_k", "attn_v"):
+                writer.add_tensor(f"blk.{i}.{name}.bias", weight(shape[0]))
         writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(h, dtype=np.float32))
         writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(h, dtype=np.float32))
     writer.write_header_to_file()
@@ -66,24 +69,23 @@ def write_tiny_gguf(path: Path, seed: int = 0) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def tiny_gguf(tmp_path_factory) -> Path:
-    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny-llama.F32.gguf")
-
-
-def test_a_gguf_imports_as_the_model_transformers_reads(tiny_gguf, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("architecture, expected", [("llama", "LlamaForCausalLM"), ("qwen2", "Qwen2ForCausalLM")])
+def test_a_gguf_imports_as_the_model_transformers_reads(architecture, expected, tmp_path, monkeypatch, capsys):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from posttrain.models import load_pretrained
 
+    tiny_gguf = write_tiny_gguf(tmp_path / f"tiny-{architecture}.F32.gguf", architecture=architecture)
     params = micro_params(tmp_path, checkpoint={"source": str(tiny_gguf)})
     code, out, err = posttrain_main(monkeypatch, capsys, "import", "--params", str(params), "--out", str(tmp_path / "import"))
     assert code == 0, err
     metrics = json.loads(out.splitlines()[-1])
     source = json.loads((tmp_path / "import" / "source.json").read_text())
-    assert source["format"] == "gguf" and source["architecture"] == "LlamaForCausalLM" and len(source["sha256"]) == 64
+    assert source["format"] == "gguf" and source["architecture"] == expected and len(source["sha256"]) == 64
     model, tokenizer = load_pretrained(tmp_path / "import" / "model")
     assert metrics["parameters"] == sum(p.numel() for p in model.parameters()) and metrics["has_chat_template"] == 1.0
+    if architecture == "qwen2":  # the biases came through (both sides reading none would also agree below)
+        assert model.model.layers[0].self_attn.q_proj.bias.abs().sum() > 0
     assert "quantization_config" not in json.loads((tmp_path / "import" / "model" / "config.json").read_text())
     reference = AutoModelForCausalLM.from_pretrained(tiny_gguf.parent, gguf_file=tiny_gguf.name, dtype=torch.float32)
     ref_tokenizer = AutoTokenizer.from_pretrained(tiny_gguf.parent, gguf_file=tiny_gguf.name)
