@@ -15,12 +15,20 @@ paragraph. Every registry must have a table on some page; a marker naming no reg
 
 The measured claims table sits between `<!-- claims -->` and `<!-- /claims -->` (docs/claims.md): one row per
 claimed difference of every `experiments/results/<claim>.json` the claims harness wrote (experiments/_claims.py),
-with each side's mean and 95% interval over the seeds, the paired difference, the verdict, and the command.
+with each side's mean and 95% interval over the seeds, the paired difference, the verdict, and the command. The first
+row of each claim carries the anchor `claim-<claim>`.
+
+The table of the 30 seed methods sits between `<!-- methods -->` and `<!-- /methods -->` (docs/claims.md): one row per
+method declared in experiments/_methods.py (anchor `method-<n>`), its claims, the model each was measured on, and how
+many of its rows are decided: a verdict resting on at least 3 seeds whose premises held (all the seeds, where the claim
+declares none); then the claims of the shared bases. README.md's index of the methods, linking each to its row, sits
+between `<!-- method-index -->` and `<!-- /method-index -->`.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import re
@@ -31,6 +39,9 @@ DOCS = Path(__file__).resolve().parent
 BLOCK = re.compile(r"(<!-- registry:(?P<key>[\w-]+) -->\n)(?P<body>.*?)(<!-- /registry -->)", re.DOTALL)
 COMMAND = "python docs/generate.py"
 CLAIMS = re.compile(r"(<!-- claims -->\n)(?P<body>.*?)(<!-- /claims -->)", re.DOTALL)
+METHODS = re.compile(r"(<!-- methods -->\n)(?P<body>.*?)(<!-- /methods -->)", re.DOTALL)
+METHOD_INDEX = re.compile(r"(<!-- method-index -->\n)(?P<body>.*?)(<!-- /method-index -->)", re.DOTALL)
+DECIDED = ("reproduced", "contradicted", "inconclusive")  # the verdicts; the other rows say why they have none
 
 
 def load_registries() -> dict:
@@ -143,32 +154,143 @@ def render_claims(results: Path) -> str:
     for path in sorted(results.glob("*.json")):
         data = json.loads(path.read_text())
         n = len(data["seeds"])
-        for c in data["comparisons"]:
+        for i, c in enumerate(data["comparisons"]):
             side = "<" if c["direction"] == "lower" else ">"
-            lines.append(f"| `{path.stem}` | {c['metric']} | {c['better']} {side} {c['worse']} | {interval(c['better_mean'], c['better_ci'])} "
+            anchor = f'<a id="claim-{path.stem}"></a>' if i == 0 else ""
+            lines.append(f"| {anchor}`{path.stem}` | {c['metric']} | {c['better']} {side} {c['worse']} | {interval(c['better_mean'], c['better_ci'])} "
                          f"| {c['worse']} | {interval(c['worse_mean'], c['worse_ci'])} | {interval(c['diff_mean'], c['diff_ci'])} "
                          f"| {premise_cell(c, n)} | **{c['verdict']}** |")
         failed = sorted({f for c in data["comparisons"] for f in (c.get("premise") or {}).get("failures", [])})
         if failed:
             failures.append(f"- `{path.stem}`: " + "; ".join(failed))
         commands.append(f"- `{path.stem}`: `{data['command']}`")
-    premise_lines = ["", "Premises that failed (seed, premise, measured value; experiments/_premises.py):", "", *failures] if failures else []
+    premise_lines = ["", '<a id="premise-failures"></a>Premises that failed (seed, premise, measured value; experiments/_premises.py):', "",
+                     *failures] if failures else []
     return "\n".join(lines + premise_lines + ["", "Commands (each writes the JSON the rows above are generated from):", "", *commands]) + "\n"
 
 
+def load_methods(root: Path):
+    """experiments/_methods.py of the repository at `root` (loaded by path: experiments/ is no package), or None."""
+    path = root / "experiments" / "_methods.py"
+    if not path.is_file():
+        return None
+    spec = importlib.util.spec_from_file_location("experiments_methods", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def row_status(row: dict, n_seeds: int, min_seeds: int) -> str:
+    """A claim row's verdict when it rests on at least `min_seeds` seeds whose premises held (all `n_seeds`, where the
+    claim declares no premise); else why it has none: `premise failed`, `identical arms` or `under N seeds`."""
+    verdict = row["verdict"]
+    if verdict.startswith("premise failed"):
+        return "premise failed"
+    if verdict not in DECIDED:
+        return verdict  # identical arms
+    premise = row.get("premise") or {}
+    held = len(premise["held_seeds"]) if premise.get("declared") else n_seeds
+    return verdict if held >= min_seeds else f"under {min_seeds} seeds"
+
+
+def counted(statuses: list[str]) -> str:
+    """'2 reproduced, 1 inconclusive': the statuses counted, verdicts first."""
+    order = [*DECIDED, *sorted(set(statuses) - set(DECIDED))]
+    return ", ".join(f"{statuses.count(s)} {s}" for s in order if s in statuses)
+
+
+def claim_statuses(results: Path, measured, min_seeds: int) -> list[str] | None:
+    """The statuses of the rows of `measured.claim` naming one of `measured.arms` (every row when it names none), or
+    None when the claim has no results file."""
+    path = results / f"{measured.claim}.json"
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    rows = [c for c in data["comparisons"] if not measured.arms or c["better"] in measured.arms or c["worse"] in measured.arms]
+    return [row_status(c, len(data["seeds"]), min_seeds) for c in rows]
+
+
+def decision(statuses: list[str], min_seeds: int) -> str:
+    """A method's cell: how many of its rows are decided, with their verdicts, or why none is."""
+    decided = [s for s in statuses if s in DECIDED]
+    rest = [s for s in statuses if s not in DECIDED]
+    if decided:
+        return f"**{len(decided)} decided**: {counted(decided)}" + (f" (not decided: {counted(rest)})" if rest else "")
+    if rest and set(rest) == {"premise failed"}:
+        return f"**none decided**: premise failed on every row ({len(rest)} row{'s' * (len(rest) > 1)}; [failures](#premise-failures))"
+    return f"**none decided**: {counted(rest)}" if rest else "**none decided**: no row"
+
+
+def claims_cell(measured) -> str:
+    rows = f" (rows naming {', '.join(f'`{a}`' for a in measured.arms)})" if measured.arms else ""
+    return f"[`{measured.claim}`](#claim-{measured.claim}){rows}"
+
+
+def models_cell(claims) -> str:
+    models = [m.model for m in claims]
+    return models[0] if len(set(models)) == 1 else "<br>".join(f"`{m.claim}`: {m.model}" for m in claims)
+
+
+def render_methods(results: Path, methods) -> str:
+    """The seed methods' table (`methods`: experiments/_methods.py) over the results in `results`, then the bases'."""
+    min_seeds = methods.MIN_SEEDS
+    lines = [f"| # | method | claims | measured on | rows decided on >= {min_seeds} seeds whose premises held |", "|---|---|---|---|---|"]
+    for method in methods.METHODS:
+        statuses, missing = [], []
+        for measured in method.claims:
+            found = claim_statuses(results, measured, min_seeds)
+            statuses += found or []
+            missing += [measured.claim] if found is None else []
+        if not method.claims:
+            cell = "**no harness claim**"
+        else:
+            cell = decision(statuses, min_seeds) + (f"; no results file: {', '.join(f'`{c}`' for c in missing)}" if missing else "")
+        cell += f"; {method.note}" if method.note else ""
+        claims = "<br>".join(claims_cell(m) for m in method.claims) or "-"
+        models = models_cell(method.claims) if method.claims else "-"
+        lines.append(f'| <a id="method-{method.number}"></a>{method.number} | [{method.name}]({method.doc}) | {claims} | {models} | {cell} |')
+    lines += ["", "The shared bases (not seed methods):", "", "| claim | measures | measured on | rows decided |", "|---|---|---|---|"]
+    for measured in methods.BASES:
+        found = claim_statuses(results, measured, min_seeds)
+        cell = "no results file" if found is None else decision(found, min_seeds)
+        lines.append(f"| {claims_cell(measured)} | {measured.what} | {measured.model} | {cell} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_method_index(methods, per_row: int = 3) -> str:
+    """README's index: the methods `per_row` to a table row, each linking to its row in docs/claims.md."""
+    cells = [f"{m.number} | [{m.name}](docs/claims.md#method-{m.number})" for m in methods.METHODS]
+    lines = ["| " + " | ".join(["#", "method"] * per_row) + " |", "|" + "---|" * (2 * per_row)]
+    for i in range(0, len(cells), per_row):
+        row = cells[i:i + per_row]
+        lines.append("| " + " | ".join(row + [" | "] * (per_row - len(row))) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def pages(docs: Path = DOCS) -> list[Path]:
-    return sorted(docs.glob("*.md"))
+    """Every docs page, and the README beside docs/ (its index of the methods is generated too)."""
+    readme = docs.parent / "README.md"
+    return sorted(docs.glob("*.md")) + ([readme] if readme.is_file() else [])
 
 
-def update(write: bool, docs: Path = DOCS, registries: dict | None = None) -> list[str]:
-    """Regenerate every table (written back when `write`); returns the problems, one line each."""
+def update(write: bool, docs: Path = DOCS, registries: dict | None = None, methods=None) -> list[str]:
+    """Regenerate every table (written back when `write`); returns the problems, one line each. `methods`: the module
+    declaring the seed methods (default: experiments/_methods.py beside `docs`)."""
     registries = load_registries() if registries is None else registries
+    methods = load_methods(docs.parent) if methods is None else methods
+    results = docs.parent / "experiments" / "results"
     problems: list[str] = []
     covered: set[str] = set()
     for path in pages(docs):
         old = path.read_text()
         new, errors, found = rewrite(old, registries, str(path.relative_to(docs.parent)))
-        new = CLAIMS.sub(lambda m: m[1] + render_claims(docs.parent / "experiments" / "results") + m[3], new)
+        new = CLAIMS.sub(lambda m: m[1] + render_claims(results) + m[3], new)
+        if methods is None and (METHODS.search(new) or METHOD_INDEX.search(new)):
+            errors.append(f"{path.relative_to(docs.parent)}: a methods table, but no experiments/_methods.py")
+        elif methods is not None:
+            new = METHODS.sub(lambda m: m[1] + render_methods(results, methods) + m[3], new)
+            new = METHOD_INDEX.sub(lambda m: m[1] + render_method_index(methods) + m[3], new)
         problems += errors
         covered |= found
         if new != old:
@@ -176,7 +298,8 @@ def update(write: bool, docs: Path = DOCS, registries: dict | None = None) -> li
                 path.write_text(new)
             else:
                 problems.append(f"{path.relative_to(docs.parent)} is stale: its registry tables differ from the registries"
-                                + (" or its claims table from experiments/results/" if CLAIMS.search(old) else ""))
+                                + (" or its claims table from experiments/results/" if CLAIMS.search(old) else "")
+                                + (" or its methods table from experiments/_methods.py" if METHODS.search(old) or METHOD_INDEX.search(old) else ""))
     for key in sorted(set(registries) - covered):
         problems.append(f"registry {key!r} has no table: add `<!-- registry:{key} -->` ... `<!-- /registry -->` to a page in docs/")
     return problems

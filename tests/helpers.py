@@ -23,6 +23,18 @@ BIN = Path(sys.executable).parent
 REPRO_STDOUT = Path(".dvc/tmp/first-repro.txt")  # in the dvc_repro_run fixture: what its `dvc repro` printed
 
 
+def load_by_path(name: str, path: Path):
+    """A module loaded from its file (experiments/ and docs/ are no packages), registered under `name` in sys.modules
+    (its dataclasses look their module up there)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def tool_env(**extra: str) -> dict[str, str]:
     """This environment's tools (dvc, posttrain, airflow) first on PATH; `posttrain` found on PATH is the warm one
     (tests/warm_cli.py: the same CLI, forked from a server that has imported it; `POSTTRAIN_WARM=0` for the real

@@ -3,22 +3,13 @@ claims table of docs/claims.md (docs/generate.py) on hand-made results."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 
 import pytest
 
 from helpers import REPO
-
-
-def load(name: str, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+from helpers import load_by_path as load
 
 
 H = load("claims_harness", REPO / "experiments" / "_claims.py")
@@ -85,7 +76,8 @@ def test_claims_table_is_generated_from_the_results(tmp_path):
                                                                               "from the registries or its claims table from experiments/results/"]
     assert generate.update(write=True, docs=page.parent, registries={}) == []
     text = page.read_text()
-    assert "| `witness_vs_grpo` | tv_after | witness_reward < grpo |" in text and text.count("**reproduced**") == 3
+    assert '| <a id="claim-witness_vs_grpo"></a>`witness_vs_grpo` | tv_after | witness_reward < grpo |' in text  # its first row: the anchor
+    assert "| `witness_vs_grpo` | tv_after | witness_raw < grpo |" in text and text.count("**reproduced**") == 3
     assert f"`{command}`" in text and generate.update(write=False, docs=page.parent, registries={}) == []
 
 
