@@ -69,3 +69,43 @@ def test_rows_cut_every_per_sample_tensor_and_extra():
     assert part.rewards.tolist() == [[4.0, 5.0], [6.0, 7.0], [8.0, 9.0]] and part.reward_weights.tolist() == [1.0, 0.5]
     assert part.extras["ref_logp"].shape == (3, 3) and part.extras["packed"].shape == (3, 3, 5)
     assert part.attention_mask.shape == (3, 3) and part.reward_names == ("a", "b")
+
+
+@pytest.mark.parametrize("updates", [
+    {}, {"beta": 0.1}, {"loss": "gspo", "loss_agg": "seq_mean"}, {"loss": "cispo", "loss_agg": "token_sum_norm"},
+    {"correction": "tis", "epochs_per_batch": 2},
+], ids=["clip", "kl", "gspo", "cispo", "tis_two_epochs"])
+def test_a_loss_that_splits_over_rows_trains_with_one_forward_and_the_same_gradient(micro, monkeypatch, updates):
+    """`update_by_rows` (one forward with gradient per micro-batch) against `update_forward` (a gradient-free forward
+    of the whole batch first): the same gradients bit for bit (the same per-token arithmetic on the same values), the
+    same figures, and half the forwards."""
+    forwards = []
+    real = OnlineRL.policy_forward
+    monkeypatch.setattr(OnlineRL, "policy_forward", lambda self, batch: forwards.append(batch.size) or real(self, batch))
+    rowwise, rowwise_metrics = one_update(micro, micro_batch=2, **updates)
+    rowwise_forwards, forwards[:] = list(forwards), []
+    monkeypatch.setattr(OnlineRL, "rows_apart", lambda self, batch, terms, warmup: False)
+    twopass, twopass_metrics = one_update(micro, micro_batch=2, **updates)
+    epochs = updates.get("epochs_per_batch", 1)
+    sizes = [2, 2, 2, 2, 1]  # 9 samples (3 x 3) in micro-batches of 2
+    assert rowwise_forwards == sizes * epochs and forwards == sizes * 2 * epochs
+    assert set(rowwise) == set(twopass) and any(float(g.abs().max()) > 0 for g in twopass.values())
+    for name, grad in twopass.items():
+        assert torch.equal(rowwise[name], grad), (name, float((rowwise[name] - grad).abs().max()))
+    assert set(rowwise_metrics) == set(twopass_metrics)
+    for key, value in twopass_metrics.items():
+        if key == "tokens_per_s":  # a clock
+            continue
+        assert rowwise_metrics[key] == pytest.approx(value, rel=1e-6, abs=1e-8, nan_ok=True), key
+
+
+@pytest.mark.parametrize("updates, apart", [
+    ({}, True), ({"loss": "clip_cov"}, False), ({"advantage": "gae", "aux": ["value"]}, False), ({"correction": "icepop"}, False),
+    ({"micro_batch": 0}, False), ({"micro_batch": 9}, False),
+], ids=["clip", "clip_cov", "value_term", "icepop", "no_micro_batch", "micro_batch_of_the_whole"])
+def test_only_parts_declared_row_wise_take_the_one_forward_update(micro, updates, apart):
+    cfg, task, examples, tokenizer, state, model = micro
+    rl = resolve.updated(cfg.rl, "rl", **{"micro_batch": 2, **updates})
+    trainer = OnlineRL(RLRun(model, tokenizer, task, examples, rl, seed=0, checkpoint_dir=REPO / "unused", config_hash="x"), total_steps=1)
+    batch = trainer.collect(PromptStream(examples, 0).take(3), None)[0]
+    assert trainer.rows_apart(batch, list(rl.aux), trainer.critic_warmup()) is apart

@@ -20,7 +20,7 @@ from posttrain.objectives.aggregation import aggregate
 from posttrain.objectives.policy_losses import per_token
 
 
-@losses.register("cispo", needs=())
+@losses.register("cispo", needs=(), rows=True)
 def cispo(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: LossSettings) -> tuple[Tensor, dict[str, float]]:
     adv = per_token(advantages, logp)
     ratio = torch.exp(logp - old_logp).detach()

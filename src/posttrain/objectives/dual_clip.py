@@ -37,7 +37,7 @@ def bounded_ratio(logp: Tensor, old_logp: Tensor) -> Tensor:
     return torch.exp((logp - old_logp).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
 
 
-@losses.register("dual_clip", needs=(), options=DualClipOptions)
+@losses.register("dual_clip", needs=(), options=DualClipOptions, rows=True)
 def dual_clip(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: LossSettings) -> tuple[Tensor, dict[str, float]]:
     c = cfg.options_for("dual_clip").c
     adv = per_token(advantages, logp)

@@ -24,7 +24,7 @@ from posttrain.objectives.policy_losses import per_token
 from posttrain.rollout import RolloutBatch
 
 
-@losses.register("gpg", needs=())
+@losses.register("gpg", needs=(), rows=True)
 def gpg_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: LossSettings) -> tuple[Tensor, dict[str, float]]:
     return -aggregate(cfg, per_token(advantages, logp) * logp, mask), {"clip_fraction": 0.0}
 

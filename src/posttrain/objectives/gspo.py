@@ -27,7 +27,7 @@ def sequence_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
     return (((logp - old_logp) * m).sum(-1) / m.sum(-1).clamp(min=1.0))[:, None]
 
 
-@losses.register("gspo", needs=())
+@losses.register("gspo", needs=(), rows=True)
 def gspo(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: LossSettings) -> tuple[Tensor, dict[str, float]]:
     adv = per_token(advantages, logp)
     ratio = torch.exp(sequence_log_ratio(logp, old_logp, mask))  # [B, 1]

@@ -99,12 +99,12 @@ class DecoupledOptions(Section):
     cap: float = Field(5.0, ge=0)  # a token whose behaviour weight exceeds this leaves the mask; 0: no cap
 
 
-@corrections.register("none")
+@corrections.register("none", rows=True)
 def no_correction(behaviour_logp: Tensor, proximal_logp: Tensor, mask: Tensor, options: None = None) -> Corrected:
     return Corrected(behaviour_logp, None, mask, {})
 
 
-@corrections.register("tis", options=TISOptions)
+@corrections.register("tis", options=TISOptions, rows=True)
 def truncated_is(behaviour_logp: Tensor, proximal_logp: Tensor, mask: Tensor, options: TISOptions) -> Corrected:
     lr = log_ratio(behaviour_logp, proximal_logp, mask)
     ratio = torch.exp(lr.sum(-1) if options.level == "sequence" else lr)
@@ -116,7 +116,7 @@ def truncated_is(behaviour_logp: Tensor, proximal_logp: Tensor, mask: Tensor, op
     return Corrected(proximal_logp, weight, mask, metrics)
 
 
-@corrections.register("mis", options=MISOptions)
+@corrections.register("mis", options=MISOptions, rows=True)
 def masked_is(behaviour_logp: Tensor, proximal_logp: Tensor, mask: Tensor, options: MISOptions) -> Corrected:
     lr = log_ratio(behaviour_logp, proximal_logp, mask)
     ratio = torch.exp(lr.sum(-1) if options.level == "sequence" else lr)

@@ -23,7 +23,7 @@ def per_token(advantages: Tensor, like: Tensor) -> Tensor:
     return advantages[:, None].expand_as(like) if advantages.dim() == 1 else advantages
 
 
-@losses.register("clip", needs=())
+@losses.register("clip", needs=(), rows=True)
 def clipped_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, cfg: LossSettings) -> tuple[Tensor, dict[str, float]]:
     adv = per_token(advantages, logp)
     ratio = torch.exp(logp - old_logp)

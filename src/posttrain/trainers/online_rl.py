@@ -410,6 +410,58 @@ class OnlineRL:
 
         return outputs, backward
 
+    def update_loss(self, batch: RolloutBatch, outputs: PolicyOutputs, adv: Tensor, proximal: Tensor | None, terms: list[str],
+                    warmup: bool, metrics: dict[str, float]) -> tuple[Tensor, dict[str, float]]:
+        """The loss of one update pass on `outputs` (the correction, the policy loss, the KL and the terms) and its figures."""
+        cfg = self.cfg
+        if outputs.logp is not None:
+            reads_adv = {"advantages": adv} if corrections.entry(cfg.correction).meta.get("advantages") else {}
+            fixed = corrections.get(cfg.correction)(batch.old_logp, proximal, batch.completion_mask, cfg.options_for(cfg.correction), **reads_adv)
+            metrics["mismatch/masked_share"] = dropped_share(fixed, batch.completion_mask)
+            loss, loss_metrics = losses.get(cfg.loss)(outputs.logp, fixed.old_logp, weighted_advantages(adv, fixed.weight), fixed.mask,
+                                                      LossSettings.of(cfg))
+            loss_metrics.update(fixed.metrics)
+        else:
+            loss, loss_metrics = torch.zeros((), device=self.device), {}
+        if cfg.beta > 0 and not warmup:
+            kl = aggregate(cfg, k3_kl(outputs.logp, batch.extras["ref_logp"]), batch.completion_mask)
+            loss = loss + cfg.beta * kl
+            loss_metrics["kl"] = float(kl.detach())
+        for name in terms:  # auxiliary terms (distillation, alignment, the value loss) read the same forward
+            term, term_metrics = auxiliaries.get(name)(batch, outputs, cfg, self.modules.get(name))
+            loss = loss + term
+            loss_metrics.update(term_metrics)
+        return loss, loss_metrics
+
+    def rows_apart(self, batch: RolloutBatch, terms: list[str], warmup: bool) -> bool:
+        """Whether this update's loss splits over the batch's rows: micro-batching on, and every part in use reads only a
+        row's own log-probs (registry meta `rows=True` on the loss, the correction and the aggregation; no term, no
+        critic, nothing read but `logp`). Then `update_by_rows` gives the whole batch's gradient with one forward."""
+        cfg = self.cfg
+        return (0 < cfg.micro_batch < batch.size and not terms and not warmup and self.critic is None and self.reads == {"logp"}
+                and all(registry.entry(name).meta.get("rows", False)
+                        for registry, name in ((losses, cfg.loss), (corrections, cfg.correction), (aggregations, cfg.loss_agg))))
+
+    def update_by_rows(self, batch: RolloutBatch, adv: Tensor, proximal: Tensor | None) -> PolicyOutputs:
+        """One update pass in micro-batches of `rl.micro_batch` rows, each run once with gradient and back-propagated
+        from the whole batch's loss with the other rows' log-probs held fixed (at the sampler's, a finite stand-in).
+        With a loss that splits over rows (`rows_apart`) a row's gradient reads only its own values and the
+        aggregation's normaliser (the whole batch's mask), so the gradient is `update_forward`'s without its first,
+        gradient-free forward. Returns the joined outputs without gradient (the pass's figures are computed on them)."""
+        size, fill = self.cfg.micro_batch, batch.old_logp.detach()
+        parts = []
+        for start in range(0, batch.size, size):
+            stop = min(start + size, batch.size)
+            part = self.policy_forward(batch.rows(start, stop))
+            logp = torch.cat([fill[:start], part.logp, fill[stop:]])
+            rows_proximal = proximal if proximal is not None else torch.cat([fill[:start], part.logp.detach(), fill[stop:]])
+            loss, _ = self.update_loss(batch, PolicyOutputs(logp=logp), adv, rows_proximal, [], False, {})
+            if loss.requires_grad:
+                loss.backward()
+            parts.append(PolicyOutputs(logp=part.logp.detach(), entropy=part.entropy))
+        entropy = None if parts[0].entropy is None else torch.cat([p.entropy for p in parts])
+        return PolicyOutputs(logp=torch.cat([p.logp for p in parts]), entropy=entropy)
+
     def _policy_outputs(self, batch: RolloutBatch) -> PolicyOutputs:
         policy, reads = self.run.policy, self.reads
         scored = {}
@@ -447,7 +499,7 @@ class OnlineRL:
         optimizer step each) and one schedule step. With `rl.dynamic_sampling`, `more_prompts(n)` supplies refill prompts.
         `collected` (batch, texts, prompts, metrics): a batch sampled elsewhere (the async workers) instead of a rollout."""
         cfg, policy = self.cfg, self.run.policy
-        estimate, policy_loss, loss_settings = advantages.get(cfg.advantage), losses.get(cfg.loss), LossSettings.of(cfg)
+        estimate = advantages.get(cfg.advantage)
         self.step_index += 1
         batch, texts, prompts, metrics = collected or self.collect(prompts, more_prompts)
         self.check_scored(batch)
@@ -455,29 +507,19 @@ class OnlineRL:
         adv = estimate(batch, cfg)
         warmup = self.critic_warmup()
         terms = [name for name in cfg.aux if not warmup or auxiliaries.entry(name).meta.get("critic")]
-        correct, proximal = corrections.get(cfg.correction), None
-        reads_adv = {"advantages": adv} if corrections.entry(cfg.correction).meta.get("advantages") else {}
+        proximal = None
         for _ in range(cfg.epochs_per_batch):
-            outputs, backward = self.update_forward(batch)
-            if outputs.logp is not None:
-                if proximal is None:  # the first pass runs before any step of this update: the proximal policy, v_now
-                    proximal = outputs.logp.detach()
-                    metrics.update(mismatch_figures(batch.old_logp, proximal, batch.completion_mask))
-                fixed = correct(batch.old_logp, proximal, batch.completion_mask, cfg.options_for(cfg.correction), **reads_adv)
-                metrics["mismatch/masked_share"] = dropped_share(fixed, batch.completion_mask)
-                loss, loss_metrics = policy_loss(outputs.logp, fixed.old_logp, weighted_advantages(adv, fixed.weight), fixed.mask, loss_settings)
-                loss_metrics.update(fixed.metrics)
+            if self.rows_apart(batch, terms, warmup):  # each micro-batch back-propagates its own rows' loss: one forward each
+                outputs = self.update_by_rows(batch, adv, proximal)
+                backward = None
             else:
-                loss, loss_metrics = torch.zeros((), device=self.device), {}
-            if cfg.beta > 0 and not warmup:
-                kl = aggregate(cfg, k3_kl(outputs.logp, batch.extras["ref_logp"]), batch.completion_mask)
-                loss = loss + cfg.beta * kl
-                loss_metrics["kl"] = float(kl.detach())
-            for name in terms:  # auxiliary terms (distillation, alignment, the value loss) read the same forward
-                term, term_metrics = auxiliaries.get(name)(batch, outputs, cfg, self.modules.get(name))
-                loss = loss + term
-                loss_metrics.update(term_metrics)
-            if loss.requires_grad:  # `none` loss and no term: nothing to learn from this batch
+                outputs, backward = self.update_forward(batch)
+            if outputs.logp is not None and proximal is None:  # the first pass runs before any step of this update: the proximal policy, v_now
+                proximal = outputs.logp.detach()
+                metrics.update(mismatch_figures(batch.old_logp, proximal, batch.completion_mask))
+            with torch.set_grad_enabled(backward is not None):  # the row-wise pass back-propagated already: its loss is a figure
+                loss, loss_metrics = self.update_loss(batch, outputs, adv, proximal, terms, warmup, metrics)
+            if backward is not None and loss.requires_grad:  # `none` loss and no term: nothing to learn from this batch
                 backward(loss)
             for model in (policy, *self.modules.values(), *([self.critic] if self.critic is not None else [])):
                 distributed.reduce_gradients(model, average=True, ctx=self.replicas)  # torchrun: equal prompt shares, so the mean of rank means
