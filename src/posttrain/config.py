@@ -68,7 +68,8 @@ class TrainingConfig(Section):  # what every training loop shares (trainers/loop
     max_unscored_steps: int = Field(3, ge=0)  # consecutive RL steps in which no reward scored any completion before the stage fails
     keep_checkpoints: int = Field(2, ge=2)  # the newest, and older ones to fall back to when the newest cannot be read
     # under torchrun (trainers/distributed.py): `replicate` keeps a full model on every rank; `fsdp` shards the
-    # policy's parameters, gradients and optimizer state over the ranks (FSDP2 fully_shard per decoder layer + root)
+    # policy's parameters, gradients and optimizer state over the ranks (FSDP2 fully_shard per decoder layer + root):
+    # the sft and rl stages (rl: the frozen reference too; each rollout runs on the policy's gathered weights)
     sharding: Literal["replicate", "fsdp"] = "replicate"
 
 

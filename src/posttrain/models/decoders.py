@@ -49,6 +49,15 @@ def unwrap(model: PreTrainedModel) -> PreTrainedModel:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
+def sharded(model: PreTrainedModel) -> bool:
+    """An FSDP2-sharded model (training.sharding: fsdp): between forwards its units hold weight shards, which their
+    forward hooks gather. Code that calls its submodules directly (these decoders, the shared-prompt forward) goes
+    around those hooks, so it runs only while the caller holds the weights gathered (trainers/distributed.gathered)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(unwrap(model), FSDPModule)
+
+
 class HFDecoder:
     """Any causal LM, through `model.forward` with a KV cache."""
 

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from posttrain.models.decoders import FastLlamaDecoder, positions_from_mask, shared_prompts
+from posttrain.models.decoders import FastLlamaDecoder, positions_from_mask, shared_prompts, sharded
 from posttrain.models.precision import autocast, checkpointing
 
 
@@ -33,8 +33,9 @@ def completion_forward(
     """One forward pass over `prompt + completion` (with gradient if the caller has it on). When G consecutive
     rows share a prompt and the model is Llama-family, the prompt is encoded once (FastLlamaDecoder); hidden
     states come from `model.forward`, and so does everything under activation checkpointing (which wraps the
-    decoder layers the shared-prompt path goes around)."""
-    fast = not hidden and not checkpointing(model) and FastLlamaDecoder.supports(model)
+    decoder layers the shared-prompt path goes around) or FSDP (whose units gather their shards in their forward hooks,
+    which that path goes around too)."""
+    fast = not hidden and not checkpointing(model) and not sharded(model) and FastLlamaDecoder.supports(model)
     shared = shared_prompts(prompt_ids, prompt_mask) if fast else None
     states = None
     if shared is not None:

@@ -35,6 +35,12 @@ sections: Registry = Registry("settings section")
 # (orchestration/graph.py): gpu (default True), deterministic (default True: cacheable); for tracking: rl_objective (default
 # False: whether the stage trains with the rl section's objective, so its run is tagged with the objective and arm)
 
+def check_sharding(cfg: Config) -> None:
+    """What a `shardable` stage refuses under training.sharding=fsdp whatever it trains (with or without torchrun): LoRA."""
+    if cfg.training.sharding == "fsdp" and cfg.model.lora.r > 0:
+        raise UserError("training.sharding=fsdp does not support LoRA (model.lora.r > 0); use training.sharding=replicate")
+
+
 def _present(path: Path, needed: str) -> bool:
     """Whether input `path` has `needed`; a stage output's `model/<file>` is also found in a plain checkpoint directory."""
     head, _, rest = needed.partition("/")
@@ -93,8 +99,8 @@ def execute(name: str, cfg: Config, inputs: dict[str, Path], out_dir: Path, laun
     if resume and not resumable:
         raise UserError(f"stage {name!r} cannot --resume; only {', '.join(e.name for e in stages if e.meta.get('resumable'))} can")
     if cfg.training.sharding == "fsdp" and not entry.meta.get("shardable", False):  # it would train whole replicas, silently
-        shardable = ", ".join(e.name for e in stages if e.meta.get("shardable"))
-        raise UserError(f"training.sharding=fsdp is supported by the {shardable} stage only so far; set training.sharding=replicate for {name}")
+        shardable = " and ".join(sorted(e.name for e in stages if e.meta.get("shardable")))
+        raise UserError(f"training.sharding=fsdp is supported by the {shardable} stages only so far; set training.sharding=replicate for {name}")
     problems = check_stores(cfg)  # a dead tracking server or artifact store fails here, in seconds, not after training
     if problems:
         raise UserError("cannot track this run (nothing was run): " + "; ".join(problems))

@@ -5,6 +5,10 @@ Inputs: `data` (train.jsonl) and `policy` (a stage output with `model/`, or a pl
 policy's greedy accuracy on the first `rl.eval_prompts` held-out examples (data's heldout.jsonl) at the start and every
 `eval_every` steps: `heldout_accuracy` in the step's metrics, and `heldout_curve.json` / `heldout_accuracy.png`. With
 `--resume` a stopped run continues from its last checkpoint.
+
+Under torchrun with `training.sharding: fsdp` the policy and its frozen reference are FSDP2-sharded over the ranks
+(`shard_for_rl`); `metrics.json` then says what each rank holds of them (`local_parameters`, `reference_local_parameters`,
+and the largest rank's).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from pathlib import Path
 from posttrain.runtime import strict_json
 from posttrain.config import Config
 from posttrain.data import check_examples, read_examples
-from posttrain.stages import model_dir, stages
+from posttrain.stages import check_sharding, model_dir, stages
 from posttrain.tasks import build_task
 
 
@@ -71,10 +75,12 @@ class HeldoutCheck:
 
     def measure(self) -> dict[str, float]:
         from posttrain.eval.harness import greedy_metrics
+        from posttrain.trainers import distributed
 
         was_training = self.policy.training
         self.policy.eval()
-        m = greedy_metrics(self.policy, self.tokenizer, self.task, self.examples, self.cfg.max_new_tokens, self.cfg.stop, self.batch_size)
+        with distributed.gathered(self.policy):  # FSDP: the decoder reads the whole weights (trainers/distributed.py)
+            m = greedy_metrics(self.policy, self.tokenizer, self.task, self.examples, self.cfg.max_new_tokens, self.cfg.stop, self.batch_size)
         self.policy.train(was_training)
         return {"heldout_accuracy": m["greedy_accuracy"], "heldout_format_rate": m["greedy_format_rate"],
                 "heldout_tokens_per_answer": m["greedy_tokens_per_answer"]}
@@ -94,6 +100,7 @@ class HeldoutCheck:
     requires={"data": ["train.jsonl"], "policy": ["model/config.json"]},
     resumable=True,
     rl_objective=True,  # trains with the rl section's objective: its run is tagged with it (tracking.objective_tags)
+    shardable=True,  # training.sharding=fsdp: the policy and the reference (shard_for_rl)
 )
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     return train_and_save(cfg, inputs, out_dir, tracker, resume)
@@ -107,9 +114,13 @@ def train_and_save(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker,
     `hash_sections`: further config sections a resumed run must match."""
     from posttrain.models import load_pretrained, prepare_model, save_pretrained, select_device
     from posttrain.runtime import seed_everything
-    from posttrain.trainers.online_rl import RLRun
+    from posttrain.trainers import distributed
+    from posttrain.trainers.online_rl import RLRun, check_shardable
     from posttrain.trainers.rl import train_online_rl
 
+    if cfg.training.sharding == "fsdp":  # before any work
+        check_sharding(cfg)
+        check_shardable(cfg.rl)
     train = inputs["data"] / "train.jsonl"
     examples = read_examples(train)
     if select_examples is not None:
@@ -119,10 +130,13 @@ def train_and_save(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker,
     policy, tokenizer = load_pretrained(model_dir(inputs["policy"]), cfg.model.dtype)
     policy = prepare_model(policy, tokenizer, cfg.model, device)  # chat template, LoRA, checkpointing, autocast
     check_examples(train, examples, policy, tokenizer, cfg.rl.max_new_tokens, "rl.max_new_tokens")
+    models = load_models(tokenizer, device) if load_models else {}
+    if cfg.training.sharding == "fsdp":
+        models = shard_for_rl(cfg, policy, models)
     rl_run = RLRun(
         policy=policy, tokenizer=tokenizer, task=build_task(cfg.task), examples=examples, cfg=cfg.rl, seed=cfg.pipeline.seed,
         checkpoint_dir=out_dir / "checkpoints", config_hash=cfg.section_hash("pipeline", "task", "model", "rl", *hash_sections),
-        models=load_models(tokenizer, device) if load_models else {},
+        models=models,
         max_nonfinite_steps=cfg.training.max_nonfinite_steps, max_unscored_steps=cfg.training.max_unscored_steps,
         keep_checkpoints=cfg.training.keep_checkpoints,
         critic_out=out_dir / "critic",  # written only when the objective trains a critic (rl.preset: ppo)
@@ -158,7 +172,27 @@ def train_and_save(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker,
     accuracy = history_accuracy(last)
     if accuracy is not None:  # measured by the task's verifier; a run that measured none reports none
         metrics["final_train_accuracy"] = accuracy
+    if cfg.training.sharding == "fsdp":  # what each rank holds (its shards): a collective, every rank gets here
+        metrics["parameters"] = float(sum(p.numel() for p in policy.parameters()))
+        metrics.update(distributed.shard_sizes(policy))
+        if "reference" in models:
+            metrics.update({f"reference_{k}": v for k, v in distributed.shard_sizes(models["reference"]).items()})
     return metrics
+
+
+def shard_for_rl(cfg: Config, policy, models: dict) -> dict:
+    """training.sharding=fsdp: the policy sharded over torchrun's ranks (its gradients averaged over them, as the
+    replicas' are), after its frozen reference was copied from it when the objective reads one (`rl.beta` > 0, ...),
+    which is sharded too; returns the frozen models by role."""
+    from posttrain.trainers import distributed
+    from posttrain.trainers.extras import roles_needed
+    from posttrain.trainers.online_rl import starting_reference
+
+    models = dict(models)
+    if "reference" in roles_needed(cfg.rl) and "reference" not in models:
+        models["reference"] = distributed.shard_model(starting_reference(policy), frozen=True)
+    distributed.shard_model(policy, average=True)
+    return models
 
 
 def heldout_check(cfg: Config, data: Path, policy, tokenizer, task) -> HeldoutCheck | None:

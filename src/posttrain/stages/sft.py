@@ -18,12 +18,12 @@ from pathlib import Path
 
 from posttrain.config import Config
 from posttrain.data import check_examples, read_examples
-from posttrain.stages import stages
+from posttrain.stages import check_sharding, stages
 from posttrain.tasks import build_task
 
 
 @stages.register("sft", inputs={"data": "outputs/data"}, requires={"data": ["train.jsonl"]}, resumable=True,
-                 shardable=True)  # training.sharding=fsdp (trainers/distributed.py); every other stage refuses it
+                 shardable=True)  # training.sharding=fsdp (trainers/distributed.py); rl too, every other stage refuses it
 def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bool = False) -> dict[str, float]:
     from posttrain.models import build_tiny, load_pretrained, prepare_model, save_pretrained, select_device, train_char_tokenizer
     from posttrain.runtime import seed_everything
@@ -61,11 +61,9 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
 
 def shard_for_sft(cfg: Config, model):
     """training.sharding=fsdp: the policy's parameters sharded over torchrun's ranks (trainers/distributed.py)."""
-    from posttrain.errors import UserError
     from posttrain.trainers import distributed
 
-    if cfg.model.lora.r > 0:
-        raise UserError("training.sharding=fsdp does not support LoRA (model.lora.r > 0); use training.sharding=replicate")
+    check_sharding(cfg)
     return distributed.shard_model(model)
 
 

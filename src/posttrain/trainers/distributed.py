@@ -14,7 +14,8 @@ MLflow (stages.execute).
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -91,11 +92,24 @@ def all_sum(value: torch.Tensor, ctx: Context | None = None) -> torch.Tensor:
     return total
 
 
-def reduce_gradients(model: torch.nn.Module, average: bool, ctx: Context | None = None) -> None:
-    """Sum (losses already divided by a global count) or average (per-rank mean losses) the gradients over ranks.
-    One flat buffer: one collective per step instead of one per tensor."""
+def all_gather_object(value: T, ctx: Context | None = None) -> list[T]:
+    """`value` of every rank, in rank order (a collective under torchrun; `[value]` without it)."""
     ctx = ctx or _current
     if not ctx.active:
+        return [value]
+    import torch.distributed as dist
+
+    gathered: list = [None] * ctx.world_size
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
+def reduce_gradients(model: torch.nn.Module, average: bool, ctx: Context | None = None) -> None:
+    """Sum (losses already divided by a global count) or average (per-rank mean losses) the gradients over ranks.
+    One flat buffer: one collective per step instead of one per tensor. A no-op for an FSDP-sharded model, whose
+    gradients FSDP reduce-scatters itself (`shard_model`)."""
+    ctx = ctx or _current
+    if not ctx.active or is_sharded(model):
         return
     import torch.distributed as dist
 
@@ -114,9 +128,10 @@ def reduce_gradients(model: torch.nn.Module, average: bool, ctx: Context | None 
 
 
 def check_in_sync(model: torch.nn.Module, ctx: Context | None = None) -> None:
-    """Every rank's replica is the same (a cheap checksum): a broken reduction would silently train N models."""
+    """Every rank's replica is the same (a cheap checksum): a broken reduction would silently train N models. A
+    sharded model is one model, not replicas: nothing to compare."""
     ctx = ctx or _current
-    if not ctx.active:
+    if not ctx.active or is_sharded(model):
         return
     import torch.distributed as dist
 
@@ -129,9 +144,11 @@ def check_in_sync(model: torch.nn.Module, ctx: Context | None = None) -> None:
 
 # -- FSDP2 (training.sharding: fsdp) ------------------------------------------------------------------------------
 # Each rank keeps 1/world of every parameter (a DTensor sharded on dim 0); a decoder layer's full weights are
-# all-gathered just before its forward and backward and freed after, and gradients are reduce-scattered. Gradients
-# are SUMMED over ranks (divide factor 1), like `reduce_gradients(average=False)`: the losses are already divided
-# by a global count, so the sharded update equals the single-process one up to the order of floating-point sums.
+# all-gathered just before its forward and backward and freed after, and gradients are reduce-scattered. SFT SUMS the
+# gradients over ranks (divide factor 1), like `reduce_gradients(average=False)`: its loss is already divided by the
+# global token count. RL AVERAGES them (divide factor world), like `reduce_gradients(average=True)`: each rank's loss
+# is the mean over its own share of the prompts. Either way the sharded update equals the replicated one up to the
+# order of floating-point sums.
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -141,10 +158,12 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(layers) if layers is not None else []
 
 
-def shard_model(model: torch.nn.Module, ctx: Context | None = None) -> torch.nn.Module:
+def shard_model(model: torch.nn.Module, ctx: Context | None = None, average: bool = False, frozen: bool = False) -> torch.nn.Module:
     """`fully_shard` each decoder layer, then the root (embeddings, final norm, head), over all ranks. A no-op
     without torchrun. Activation checkpointing (`model.gradient_checkpointing`, set before) keeps working: the
-    recomputed forward of a layer unshards it again."""
+    recomputed forward of a layer unshards it again. `average`: gradients averaged over ranks instead of summed.
+    `frozen` (a model that only runs forwards, RL's reference): the root reshards after its forward too (a trained
+    root stays gathered until its backward, which a frozen model never runs)."""
     ctx = ctx or _current
     if not ctx.active:
         return model
@@ -155,12 +174,40 @@ def shard_model(model: torch.nn.Module, ctx: Context | None = None) -> torch.nn.
     mesh = init_device_mesh(device.type, (ctx.world_size,))
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    for unit in model.modules():  # sum, not mean: the loss is already divided by the global count
+    fully_shard(model, mesh=mesh, reshard_after_forward=True if frozen else None)
+    for unit in model.modules():
         if isinstance(unit, FSDPModule):
-            unit.set_gradient_divide_factor(1.0)
-            unit.set_force_sum_reduction_for_comms(True)  # a plain SUM collective: Gloo has no PREMUL_SUM
+            unit.set_gradient_divide_factor(float(ctx.world_size) if average else 1.0)
+            unit.set_force_sum_reduction_for_comms(True)  # a plain SUM collective (then the division): Gloo has no PREMUL_SUM
     return model
+
+
+@contextmanager
+def gathered(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """The whole weights of a sharded model on every rank for the duration: `FSDPModule.unshard()` on every unit, then
+    `reshard()` after. The rollout engine's decoders (models/decoders.py) call a layer's submodules directly, around the
+    forward hooks through which FSDP gathers that layer, so a rollout runs on gathered weights (as verl's rollout does:
+    the rank holds the whole policy while it generates, its shards again for the update). A forward through the model's
+    own hooks inside keeps them gathered (the units do not reshard after forward until the end). A no-op for a model
+    that is not sharded."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if not is_sharded(model):
+        yield model
+        return
+    units = [unit for unit in model.modules() if isinstance(unit, FSDPModule)]
+    layers = [unit for unit in units if unit is not model]  # they reshard after forward (shard_model); the root does not
+    for unit in units:
+        unit.unshard()
+    for unit in layers:
+        unit.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield model
+    finally:
+        for unit in layers:
+            unit.set_reshard_after_forward(True, recurse=False)
+        for unit in units:
+            unit.reshard()
 
 
 def is_sharded(model: torch.nn.Module) -> bool:

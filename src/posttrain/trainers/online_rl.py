@@ -1,6 +1,9 @@
 """Online RL: sample G completions per prompt, score them, estimate advantages, take a policy step.
 Under torchrun each rank rolls out its share of the step's prompts and the gradients are averaged
-(trainers/distributed.py); rank 0 writes the checkpoints.
+(trainers/distributed.py); rank 0 writes the checkpoints. With `training.sharding: fsdp` the policy and its frozen
+reference are FSDP2-sharded (stages/rl.py): the rollout and the extras run on the policy's gathered weights
+(`distributed.gathered`), the update on its shards, and FSDP averages the gradients (`check_shardable` refuses what
+cannot run so).
 
 The objective is whatever `rl.advantage` / `rl.loss` / `rl.loss_agg` / `rl.aux` name in their registries.
 `OnlineRL` owns everything an update changes and computes exactly what the chosen parts declare:
@@ -207,8 +210,10 @@ class OnlineRL:
         if missing:
             need = next(n for n in sorted(self.needs) if extras.entry(n).meta.get("role") == missing[0])
             raise role_missing(need, missing[0])
-        if "reference" in roles_needed(cfg) and "reference" not in self.models:  # the starting policy, frozen
-            self.models["reference"] = copy.deepcopy(policy).eval().requires_grad_(False)
+        if distributed.is_sharded(policy):
+            check_shardable(cfg)
+        if "reference" in roles_needed(cfg) and "reference" not in self.models:
+            self.models["reference"] = starting_reference(policy)
         self.critic = None  # the critic when this run trains it (else a frozen role, if any part reads one)
         if "critic" in roles_needed(cfg) and "critic" not in self.models:  # made, like the reference, before a checkpoint loads
             path = cfg.critic.path
@@ -240,17 +245,26 @@ class OnlineRL:
     # -- checkpointed state ----------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
+        """Under torchrun a collective: each rank's generator (its own rollouts' draws), and a sharded policy's
+        optimizer state gathered whole, keyed by parameter name."""
+        policy = self.run.policy
+        sharded = distributed.is_sharded(policy)
         return {
-            "optimizer": self.optimizer.state_dict(), "schedule": self.schedule.state_dict(), "generator": self.generator.get_state(),
+            "optimizer": distributed.full_optimizer_state(policy, self.optimizer) if sharded else self.optimizer.state_dict(),
+            "schedule": self.schedule.state_dict(), "generator": distributed.all_gather_object(self.generator.get_state(), self.replicas),
             "step_index": self.step_index, "unscored_steps": self.unscored_steps, "states": {n: s.state_dict() for n, s in self.states.items()},
             "modules": {n: m.state_dict() for n, m in self.modules.items()},
             **({"critic": self.critic.state_dict()} if self.critic is not None else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        if distributed.is_sharded(self.run.policy):
+            distributed.load_full_optimizer_state(self.run.policy, self.optimizer, state["optimizer"])
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.schedule.load_state_dict(state["schedule"])
-        self.generator.set_state(state["generator"])
+        generators = state["generator"]  # one per rank (a single state in checkpoints written before)
+        self.generator.set_state(generators[self.replicas.rank % len(generators)] if isinstance(generators, list) else generators)
         self.step_index = state["step_index"]
         self.unscored_steps = state.get("unscored_steps", 0)  # absent from checkpoints written before the guard
         for name, saved in state["states"].items():
@@ -501,9 +515,10 @@ class OnlineRL:
         cfg, policy = self.cfg, self.run.policy
         estimate = advantages.get(cfg.advantage)
         self.step_index += 1
-        batch, texts, prompts, metrics = collected or self.collect(prompts, more_prompts)
-        self.check_scored(batch)
-        batch = provide(self.needs, self.context, prompts, batch)
+        with distributed.gathered(policy):  # FSDP: the decoders read the whole weights (a no-op for an unsharded policy)
+            batch, texts, prompts, metrics = collected or self.collect(prompts, more_prompts)
+            self.check_scored(batch)
+            batch = provide(self.needs, self.context, prompts, batch)
         adv = estimate(batch, cfg)
         warmup = self.critic_warmup()
         terms = [name for name in cfg.aux if not warmup or auxiliaries.entry(name).meta.get("critic")]
@@ -541,6 +556,23 @@ class OnlineRL:
         if outputs.entropy is not None:
             metrics["entropy"] = float(aggregate(cfg, outputs.entropy, batch.completion_mask))
         return StepResult(batch, texts, prompts, metrics)
+
+
+def starting_reference(policy: PreTrainedModel) -> PreTrainedModel:
+    """The `reference` role: a frozen copy of the starting policy (made before a checkpoint loads, so a resumed run
+    keeps the same reference)."""
+    return copy.deepcopy(policy).eval().requires_grad_(False)
+
+
+def check_shardable(cfg: RLConfig) -> None:
+    """`training.sharding: fsdp` shards the policy and its reference; refuse, in one line, what would need other models
+    or a rollout outside the sync loop: the async workers (they load published whole weights), a critic and the
+    trainable side modules of auxiliary terms (replicas beside the sharded policy, in its optimizer)."""
+    refused = [f"rl.mode {cfg.mode}"] if cfg.mode != "sync" else []
+    refused += ["a critic (the gae advantage, the value term)"] if "critic" in roles_needed(cfg) else []
+    refused += [f"rl.aux {name} (it trains its own module)" for name in cfg.aux if "module" in auxiliaries.entry(name).meta]
+    if refused:
+        raise UserError(f"training.sharding=fsdp does not support {'; '.join(refused)}; use training.sharding=replicate")
 
 
 def check_log_probs_only(cfg: RLConfig, needs: frozenset[str], reads: frozenset[str], policy: str) -> None:
