@@ -172,6 +172,21 @@ def micro_params(directory: Path, **sections: dict) -> Path:
     return path
 
 
+def micro_edits(n: int = 3, size: int = 8, instructions: tuple[str, ...] | None = None):
+    """`n` random CrossTimeEdit quadruplets at `size` (images in [-1, 1], the edit region the left three columns): the
+    flow_rl tests' training edits."""
+    import torch
+
+    from posttrain.recipes.image.vigor.edits import Edits
+
+    g = torch.Generator().manual_seed(0)
+    images = torch.rand(n, 4, 3, size, size, generator=g) * 2 - 1
+    mask = torch.zeros(n, 1, size, size)
+    mask[..., :3] = 1
+    return Edits(images[:, 0], images[:, 1], images[:, 1:].reshape(n, 9, size, size), mask,
+                 instructions or ("remove the tree on the left side",) * n, ("vegetation",) * n)
+
+
 FORK_SAFE = {"pipeline": {"device": "cpu", "threads": 1}, "tracking": {"enabled": False}}  # see _kill_a_fork
 
 

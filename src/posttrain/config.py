@@ -202,7 +202,8 @@ class RLConfig(Section):
     clip_eps_high: float = Field(0.2, ge=0)
     std_scaling: Literal["group", "batch", "none"] = "group"  # group | batch | none
     std_eps: float = Field(0.0001, gt=0)
-    beta: float = Field(0.0, ge=0)  # k3 KL weight; 0 skips the reference forward pass entirely
+    adv_clip_max: float | None = Field(None, gt=0)  # advantages clipped to +-this after the estimator (Flow-GRPO's); None: no clip
+    beta: float = Field(0.0, ge=0)  # KL weight (k3, or the policy's own KL: rollout/policy.py); 0 skips the reference forward pass entirely
     dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal, sample more prompts to refill
     dynamic_sampling_max_rollouts: int = Field(4, ge=0)  # bound on the extra rollouts per step
     stop: tuple[str, ...] = ()  # generation ends at the first of these strings; the completion is cut before it

@@ -42,7 +42,10 @@ CASES = {
     "knowledge": Case("knowledge", "edit.pretrain.lr",
                       {"edit": {**MICRO_EDIT, "pretrain": {**MICRO_EDIT["pretrain"], "steps": 8, "checkpoint_every": 1}}}, {}),
     "rl": Case("rl", "rl.lr", {"rl": {"steps": 8, "checkpoint_every": 1}}, TEXT),
-    "flow_rl": Case("flow_rl", "flow_rl.lr", {**MICRO_IMAGE, "flow_rl": {**MICRO_IMAGE["flow_rl"], "steps": 8, "checkpoint_every": 1}},
+    # flow_rl runs the core RL step: a diverged model's images are NaN, which no judge scores, and more than
+    # training.max_unscored_steps such steps in a row would stop the resumed run before it gets past them
+    "flow_rl": Case("flow_rl", "flow_rl.lr", {**MICRO_IMAGE, "flow_rl": {**MICRO_IMAGE["flow_rl"], "steps": 8, "checkpoint_every": 1},
+                                              "training": {"max_unscored_steps": 100}},
                     {"data": ("image_outputs", "curate"), "policy": ("image_outputs", "flow_sft")}),
 }
 

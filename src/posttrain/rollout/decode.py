@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -40,6 +40,7 @@ class Samples:
     logp: Tensor  # [N, T] log-prob of each produced token under the sampling distribution (0 elsewhere)
     finished: Tensor  # [N] True when the completion ended with EOS within the budget
     attention_mask: Tensor | None = None  # [N, T] 1 on every real token, environment observations included
+    extras: Mapping[str, Tensor] = field(default_factory=dict)  # [N, ...] what the policy recorded per sample beyond tokens (batch extras)
 
     @property
     def attention(self) -> Tensor:

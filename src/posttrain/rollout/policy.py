@@ -2,13 +2,22 @@
 
     encode(prompts, device) -> Prompts        token ids and mask, plus any per-prompt inputs beyond the text (images)
     generate(prompts, ...) -> Samples         `group_size` completions per prompt, prompt-major, log-probs recorded
-    decode(samples, stop) -> list[str]        the produced text of each completion
+    decode(samples, stop) -> list             what the rewards read of each completion: its produced text
     forward(batch, temperature, ...) -> PolicyOutputs   completion log-probs under the current weights (with gradient)
     over(model) -> Policy                     the same policy over another copy of the model (the frozen reference)
 
 `model` is the module an update changes (optimised, checkpointed, reduced across ranks). The trainer copies a
-prompt's `inputs` onto each of its samples as `batch.extras` under the same names, so `forward` finds them on the
-batch, micro-batches and dynamic sampling's kept groups included.
+prompt's `inputs` onto each of its samples as `batch.extras` under the same names, and what `generate` recorded per
+sample beyond its tokens (`Samples.extras`) under its own, so `forward` finds them on the batch, micro-batches and
+dynamic sampling's kept groups included.
+
+A "completion token" is whatever step the policy takes and scores: a text token, or one recorded transition of a
+sampler whose steps have densities (a flow model's SDE denoising steps: recipes/image/policy.py); `decode` gives the
+rewards one object per sample (text for a language model; the rewards registered for that policy's task read it).
+A policy may also supply its own KL to the frozen reference, used for the rl.beta term instead of the k3 estimate on
+the sampled tokens' log-probs (closed forms, where the model has them):
+
+    kl(outputs, reference) -> Tensor [B, T]   per-token KL of this forward's outputs to the reference's on the batch
 
 `CausalLMPolicy` is the language-model path (chat template, the rollout engine with stop strings or a multi-turn
 task's episode sampler, one forward over prompt + completion); a recipe brings its own for another kind of model
@@ -57,8 +66,8 @@ class Policy(Protocol):
                  generator: torch.Generator, stop: StopStrings | None) -> Samples:
         """`group_size` sampled completions per prompt (rows prompt-major), each token's log-prob recorded at `temperature`."""
 
-    def decode(self, samples: Samples, stop: StopStrings | None) -> list[str]:
-        """The text each completion produced (cut before a stop string)."""
+    def decode(self, samples: Samples, stop: StopStrings | None) -> list[Any]:
+        """What the rewards read of each completion: the text it produced (cut before a stop string) for a language model."""
 
     def forward(self, batch: RolloutBatch, temperature: float, *, full: bool = False, hidden: bool = False,
                 entropy: bool = False) -> PolicyOutputs:

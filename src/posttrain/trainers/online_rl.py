@@ -22,8 +22,10 @@ The objective is whatever `rl.advantage` / `rl.loss` / `rl.loss_agg` / `rl.aux` 
 
 The model is reached through a `Policy` (rollout/policy.py: encode prompts, generate samples with recorded log-probs,
 completion log-probs): `CausalLMPolicy` over `run.policy` unless `run.adapter` brings another (VisKG's
-vision-language model), which then gets the same step: dynamic sampling, off-policy corrections, micro-batches,
-checkpoints and diagnostics.
+vision-language model, a flow model's denoising chain), which then gets the same step: dynamic sampling, off-policy
+corrections, micro-batches, checkpoints and diagnostics. The KL term (rl.beta) is the k3 estimate on the sampled tokens'
+log-probs against the reference's (the `ref_logp` extra), unless the policy supplies its own (`Policy.kl`: it reads
+the frozen reference's forward on the batch, made once per update); `rl.adv_clip_max` clips the advantages.
 
 Rollouts come from `rl.sampler` (rollout/samplers.py): `temperature` is the policy's own sampling at
 rl.temperature (the log-probs recorded on the way are old_logp); another sampler (power, ppt) is not the policy's
@@ -197,11 +199,11 @@ class OnlineRL:
         self.replicas = replicas or distributed.current()  # the data-parallel ranks that share each update (async: the trainer alone)
         self.loop = loop or TrainLoop(max_nonfinite_steps=run.max_nonfinite_steps)
         self.device = next(policy.parameters()).device
-        self.needs = needs_of(cfg)
+        self.policy: Policy = run.adapter or CausalLMPolicy(policy, run.tokenizer, getattr(run.task, "sampler", None))
+        self.own_kl = hasattr(self.policy, "kl")  # the policy's own KL reads the reference's forward, not the ref_logp extra
+        self.needs = needs_of(cfg) - ({"ref_logp"} if self.own_kl else set())
         self.reads = policy_reads(cfg)
         self.models = dict(run.models)
-        episodes = run.task.sampler if hasattr(run.task, "sampler") else None
-        self.policy: Policy = run.adapter or CausalLMPolicy(policy, run.tokenizer, episodes)
         if self.policy.log_probs_only:
             check_log_probs_only(cfg, self.needs, self.reads, type(self.policy).__name__)
         if cfg.sampler != "temperature" and hasattr(run.task, "sampler"):
@@ -309,7 +311,8 @@ class OnlineRL:
     def score(self, prompts: list[Example], prompt_ids, prompt_mask, samples, stop: StopStrings,
               texts: list[str] | None = None, inputs: Mapping[str, Tensor] | None = None) -> tuple[RolloutBatch, list[str]]:
         """Decode (unless the sampler already gave the `texts`) and score the samples of `prompts` (group_size rows
-        each, prompt-major) into a RolloutBatch; the prompts' other `inputs` (Prompts.inputs) go on it as extras."""
+        each, prompt-major) into a RolloutBatch; the prompts' other `inputs` (Prompts.inputs) and what the policy
+        recorded per sample (`samples.extras`) go on it as extras."""
         cfg, run = self.cfg, self.run
         texts = self.policy.decode(samples, stop) if texts is None else texts
         expanded = [e for e in prompts for _ in range(cfg.group_size)]
@@ -325,7 +328,7 @@ class OnlineRL:
             rewards=rewards.to(self.device),
             reward_names=names,
             reward_weights=weights.to(self.device),
-            extras={name: value.repeat_interleave(cfg.group_size, 0) for name, value in (inputs or {}).items()},
+            extras={**{name: value.repeat_interleave(cfg.group_size, 0) for name, value in (inputs or {}).items()}, **samples.extras},
         )
         return batch, texts
 
@@ -425,7 +428,7 @@ class OnlineRL:
         return outputs, backward
 
     def update_loss(self, batch: RolloutBatch, outputs: PolicyOutputs, adv: Tensor, proximal: Tensor | None, terms: list[str],
-                    warmup: bool, metrics: dict[str, float]) -> tuple[Tensor, dict[str, float]]:
+                    warmup: bool, metrics: dict[str, float], reference: PolicyOutputs | None = None) -> tuple[Tensor, dict[str, float]]:
         """The loss of one update pass on `outputs` (the correction, the policy loss, the KL and the terms) and its figures."""
         cfg = self.cfg
         if outputs.logp is not None:
@@ -438,7 +441,8 @@ class OnlineRL:
         else:
             loss, loss_metrics = torch.zeros((), device=self.device), {}
         if cfg.beta > 0 and not warmup:
-            kl = aggregate(cfg, k3_kl(outputs.logp, batch.extras["ref_logp"]), batch.completion_mask)
+            per_token = self.policy.kl(outputs, reference) if self.own_kl else k3_kl(outputs.logp, batch.extras["ref_logp"])
+            kl = aggregate(cfg, per_token, batch.completion_mask)
             loss = loss + cfg.beta * kl
             loss_metrics["kl"] = float(kl.detach())
         for name in terms:  # auxiliary terms (distillation, alignment, the value loss) read the same forward
@@ -450,9 +454,10 @@ class OnlineRL:
     def rows_apart(self, batch: RolloutBatch, terms: list[str], warmup: bool) -> bool:
         """Whether this update's loss splits over the batch's rows: micro-batching on, and every part in use reads only a
         row's own log-probs (registry meta `rows=True` on the loss, the correction and the aggregation; no term, no
-        critic, nothing read but `logp`). Then `update_by_rows` gives the whole batch's gradient with one forward."""
+        critic, no KL of the policy's own, nothing read but `logp`). Then `update_by_rows` gives the whole batch's gradient with one forward."""
         cfg = self.cfg
         return (0 < cfg.micro_batch < batch.size and not terms and not warmup and self.critic is None and self.reads == {"logp"}
+                and not self.own_kl
                 and all(registry.entry(name).meta.get("rows", False)
                         for registry, name in ((losses, cfg.loss), (corrections, cfg.correction), (aggregations, cfg.loss_agg))))
 
@@ -488,6 +493,12 @@ class OnlineRL:
         out = self.policy.forward(batch, self.cfg.temperature, full="logprobs" in reads, hidden="hidden" in reads, entropy=True)
         return replace(out, scored=scored)
 
+    @torch.no_grad()
+    def reference_outputs(self, batch: RolloutBatch) -> PolicyOutputs:
+        """The frozen reference's forward on the batch, for a policy that supplies its own KL (`Policy.kl`): once per
+        update, every pass compares against it."""
+        return self.policy.over(self.models["reference"]).forward(batch, self.cfg.temperature)
+
     def check_scored(self, batch: RolloutBatch) -> None:
         """A completion every reward left unscored (NaN: the function returned None or NaN) gets no advantage, so a
         step in which no completion was scored trains nothing: more than `max_unscored_steps` such steps in a row
@@ -520,9 +531,12 @@ class OnlineRL:
             self.check_scored(batch)
             batch = provide(self.needs, self.context, prompts, batch)
         adv = estimate(batch, cfg)
+        if cfg.adv_clip_max is not None:
+            adv = adv.clamp(-cfg.adv_clip_max, cfg.adv_clip_max)
         warmup = self.critic_warmup()
         terms = [name for name in cfg.aux if not warmup or auxiliaries.entry(name).meta.get("critic")]
         proximal = None
+        reference = self.reference_outputs(batch) if self.own_kl and cfg.beta > 0 and not warmup else None
         for _ in range(cfg.epochs_per_batch):
             if self.rows_apart(batch, terms, warmup):  # each micro-batch back-propagates its own rows' loss: one forward each
                 outputs = self.update_by_rows(batch, adv, proximal)
@@ -533,7 +547,7 @@ class OnlineRL:
                 proximal = outputs.logp.detach()
                 metrics.update(mismatch_figures(batch.old_logp, proximal, batch.completion_mask))
             with torch.set_grad_enabled(backward is not None):  # the row-wise pass back-propagated already: its loss is a figure
-                loss, loss_metrics = self.update_loss(batch, outputs, adv, proximal, terms, warmup, metrics)
+                loss, loss_metrics = self.update_loss(batch, outputs, adv, proximal, terms, warmup, metrics, reference)
             if backward is not None and loss.requires_grad:  # `none` loss and no term: nothing to learn from this batch
                 backward(loss)
             for model in (policy, *self.modules.values(), *([self.critic] if self.critic is not None else [])):

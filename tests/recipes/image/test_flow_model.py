@@ -11,7 +11,7 @@ from posttrain.recipes.image.settings import FlowModelConfig
 from posttrain.recipes.image.flow import build_flow_model, instruction_features, load_flow_model, maybe_flow_lora, save_flow_model
 from posttrain.objectives.flow_grpo import sde_step
 from posttrain.recipes.image.eval import sample_ode
-from posttrain.recipes.image.grpo import sample_sde, sigma_schedule
+from posttrain.recipes.image.policy import sample_sde, sigma_schedule
 
 CFG = FlowModelConfig.model_validate({**repo_params()["flow"], "block_channels": [8, 16], "text_dim": 16})
 LORA = LoraConfig(r=2, alpha=4, dropout=0.0, target_modules=("conv1", "conv2", "to_q", "to_v"))

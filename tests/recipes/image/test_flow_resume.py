@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import repo_params
+from helpers import deterministic, micro_edits, repo_params
 from posttrain.recipes.image.settings import FlowModelConfig, FlowRLConfig
 from posttrain.recipes.image.vigor.edits import Edits
 from posttrain.errors import UserError
@@ -26,12 +26,7 @@ class Stop(Exception):
 
 
 def edits(n: int = 3) -> Edits:
-    g = torch.Generator().manual_seed(0)
-    images = torch.rand(n, 4, 3, SIZE, SIZE, generator=g) * 2 - 1
-    mask = torch.zeros(n, 1, SIZE, SIZE)
-    mask[..., :3] = 1
-    return Edits(images[:, 0], images[:, 1], images[:, 1:].reshape(n, 9, SIZE, SIZE), mask,
-                 ("remove the tree on the left side",) * n, ("vegetation",) * n)
+    return micro_edits(n, SIZE)
 
 
 def fresh_model():
@@ -51,10 +46,6 @@ def stop_at(step: int):
     return on_log
 
 
-def without_timing(history: list[dict]) -> list[dict]:
-    return [{k: v for k, v in row.items() if k != "step_seconds"} for row in history]
-
-
 def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path):
     straight = fresh_model()
     history = train_flow_rl(straight, edits(), RL, 0, on_log=lambda *_: None, loop=checkpoints(tmp_path / "a", "h", False))
@@ -67,7 +58,7 @@ def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path):
     resumed_history = train_flow_rl(resumed, edits(), RL, 0, on_log=lambda *_: None, loop=checkpoints(tmp_path / "b", "h", True))
 
     assert [row["step"] for row in resumed_history] == [1, 2, 3, 4]
-    assert without_timing(resumed_history) == without_timing(history)
+    assert deterministic(resumed_history) == deterministic(history)  # all but the wall-clock keys (step_seconds, tokens_per_s)
     for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(a, b), f"{name} differs after resume"
     assert sorted(p.name for p in (tmp_path / "a").glob("step-*")) == ["step-000002"]  # none at the last step

@@ -14,7 +14,8 @@ from posttrain.errors import UserError
 from posttrain.recipes.image.flow import load_flow_model, save_flow_model, start_flow_model
 from posttrain.recipes.image.flux import FluxEditModel, write_tiny_flux_checkpoint
 from posttrain.trainers.checkpoint import load_checkpoint, save_checkpoint
-from posttrain.recipes.image.grpo import sample_sde, sigma_schedule, train_flow_rl
+from posttrain.recipes.image.grpo import train_flow_rl
+from posttrain.recipes.image.policy import sample_sde, sigma_schedule
 from posttrain.recipes.image.sft import train_flow_sft
 
 PARAMS = repo_params()

@@ -10,6 +10,10 @@ the shared advantage estimators (GDPO) consume. These are programmatic judges fo
 the target past view and the edited region are known; a VLM judge registers under the same names' contract.
 Images are in [0, 1]; `generated` is the model output mapped to [0, 1] *before* clipping, so that
 out-of-range values count against quality.
+
+Each judge is also registered under its name in the core `rewards` registry, for flow_rl's run on the core RL step
+(trainers/online_rl.py): there the completions are the flow policy's images (recipes/image/policy.py's
+`FlowPolicy.decode`) and the run's task (`FlowTask`) gives each sample's edit.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import torch
 from torch import Tensor
 
 from posttrain.registry import Registry
+from posttrain.rewards import rewards
 
 image_rewards: Registry = Registry("image reward")
 
@@ -77,3 +82,27 @@ def image_reward_matrix(specs, generated: Tensor, edit: EditBatch) -> tuple[Tens
     """([N, K] scores, names, weights [K]) for the configured rewards (flow_rl.rewards)."""
     columns = [image_rewards.get(s.name)(generated, edit).float() for s in specs]
     return torch.stack(columns, dim=1), tuple(s.name for s in specs), torch.tensor([s.weight for s in specs])
+
+
+# -- the judges as core rewards (flow_rl on trainers/online_rl.py): completions are images, the task holds the edits --
+
+def _judge_column(name: str, task, examples, completions) -> Tensor:
+    return image_rewards.get(name)(torch.stack(list(completions)), task.judged(examples)).float()
+
+
+@rewards.register("ia", tasks=("image",))
+def ia_reward(task, examples, completions, finished) -> Tensor:
+    """CrossTimeEdit's Instruction Alignment judge on the flow policy's images (stage flow_rl; image_rewards `ia`)."""
+    return _judge_column("ia", task, examples, completions)
+
+
+@rewards.register("bp", tasks=("image",))
+def bp_reward(task, examples, completions, finished) -> Tensor:
+    """CrossTimeEdit's Background Preservation judge on the flow policy's images (stage flow_rl; image_rewards `bp`)."""
+    return _judge_column("bp", task, examples, completions)
+
+
+@rewards.register("qp", tasks=("image",))
+def qp_reward(task, examples, completions, finished) -> Tensor:
+    """CrossTimeEdit's Quality and Physical Plausibility judge on the flow policy's images (stage flow_rl; image_rewards `qp`)."""
+    return _judge_column("qp", task, examples, completions)

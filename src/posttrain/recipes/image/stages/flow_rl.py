@@ -33,7 +33,8 @@ def run(cfg: Config, inputs: dict[str, Path], out_dir: Path, tracker, resume: bo
     edits = load_edits(inputs["data"], "train", cfg.flow.image_size)
     model = maybe_flow_lora(load_flow_model(inputs["policy"] / "model"), cfg.flow.lora)
     loop = TrainLoop.for_stage(cfg.training, out_dir, cfg.section_hash("pipeline", "flow", "flow_rl"), cfg.flow_rl.checkpoint_every, resume, "flow_rl")
-    history = train_flow_rl(model, edits, cfg.flow_rl, cfg.pipeline.seed, on_log=lambda step, m: tracker.log_metrics(m, step), loop=loop)
+    history = train_flow_rl(model, edits, cfg.flow_rl, cfg.pipeline.seed, on_log=lambda step, m: tracker.log_metrics(m, step), loop=loop,
+                            max_unscored_steps=cfg.training.max_unscored_steps)
     save_flow_model(model, out_dir / "model")
     (out_dir / "history.json").write_text(strict_json(history) + "\n")
     figure = reward_curve(history)
