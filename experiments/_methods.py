@@ -76,13 +76,11 @@ METHODS: tuple[Method, ...] = (
     Method(11, "PACE", "async.md#the-pool-posttrainrolloutpool", (Measured("async_pace", TINY),)),
     Method(12, "AURA", "aura.md", (Measured("aura_ppo", f"{TINY}; PPO's critic a value head on a copy of it"),)),
     Method(13, "BRIDGE", "search.md#bridge-recipessearchbridge_trainerpy-recipessearchbridge_objectivepy-settings-bridge-in-paramsyaml",
-           (Measured("bridge_vs_baselines", "tiny Qwen2 from scratch (2 layers, hidden 64), character tokenizer; "
-                     "a tiny dual-encoder retriever"),)),
+           (Measured("bridge_vs_baselines", f"{TINY}; a tiny dual-encoder retriever"),)),
     Method(14, "RFPO", "objectives.md#rfpo-a-frozen-success-critic-instead-of-the-verifier-reward-rfpo-stage-critic-preset-rfpo",
            (Measured("rfpo_vs_ppo", f"{TINY}; the success critic a value head on a copy of it"),)),
     Method(15, "GLIME", "editing.md#glime",
-           (Measured("glime_vs_naive", "tiny Qwen2 from scratch (2 layers, hidden 64), character tokenizer, pretrained "
-                     "on the synthetic facts"),)),
+           (Measured("glime_vs_naive", f"{TINY}, pretrained on the synthetic facts"),)),
     Method(16, "VLM-Safe-RL", "safe_rl.md",
            (Measured("safe_rl_vlm", "MLP policy and critics (hidden 64) over a frozen tiny CLIP (2 layers, hidden 32) "
                      "trained on the driving frames"),)),
