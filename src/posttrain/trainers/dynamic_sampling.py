@@ -3,7 +3,8 @@ rewards are all equal has zero group-relative advantage and teaches nothing, so 
 prompts until the batch holds `prompts_per_step` informative groups (or the extra-rollout bound is hit).
 
 These helpers select and concatenate rollout batches; `online_rl.collect` runs the loop. A rollout's extras are the
-prompts' other inputs (a policy's `Prompts.inputs`, e.g. images: one row per sample), kept with their rows.
+prompts' other inputs (a policy's `Prompts.inputs`, e.g. images: one row per sample) and what its sampler recorded
+(a flow policy's denoising states), kept with their rows; one padded per rollout is re-padded when batches join.
 """
 
 from __future__ import annotations
@@ -58,5 +59,16 @@ def concat(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
         rewards=torch.cat([b.rewards for b in batches]),
         reward_names=batches[0].reward_names, reward_weights=batches[0].reward_weights,
         attention_mask=torch.cat([right(b.attention_mask, 0) for b in batches]),
-        extras={name: torch.cat([b.extras[name] for b in batches]) for name in batches[0].extras},
+        extras={name: _cat_padded([b.extras[name] for b in batches]) for name in batches[0].extras},
     )
+
+
+def _cat_padded(parts: list[Tensor]) -> Tensor:
+    """Rows of several batches' extra: a dimension after the first that differs between them (an input padded per
+    batch, e.g. a flow policy's instruction bytes) is right-padded with 0 to the widest."""
+    shape = [max(sizes) for sizes in zip(*(p.shape[1:] for p in parts))]
+    padded = []
+    for part in parts:
+        pad = [x for have, want in zip(reversed(part.shape[1:]), reversed(shape)) for x in (0, want - have)]
+        padded.append(F.pad(part, pad) if any(pad) else part)
+    return torch.cat(padded)

@@ -377,7 +377,7 @@ class OnlineRL:
         metrics.update({"dynamic_sampling/dropped_groups": float(dropped), "dynamic_sampling/extra_rollouts": float(extra)})
         if not kept_prompts:  # nothing informative within the bound: train on the last batch (zero advantages)
             return batch, texts, prompts, metrics
-        batch = concat(parts, self.run.tokenizer.pad_token_id)
+        batch = concat(parts, self.run.tokenizer.pad_token_id if self.run.tokenizer is not None else 0)  # a policy without text tokens pads with 0
         n = min(len(kept_prompts), cfg.prompts_per_step)
         rows = batch.group < n
         full = select_groups(batch, torch.arange(len(kept_prompts), device=batch.group.device) < n)

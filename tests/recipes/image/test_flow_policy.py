@@ -41,8 +41,9 @@ def trainer_of(cfg: FlowRLConfig):
 
 
 def test_the_settings_and_the_policy_fit_the_core_step():
-    cfg = settings(timestep_fraction=0.5, epochs_per_batch=3, beta=0.1)
+    cfg = settings(timestep_fraction=0.5, epochs_per_batch=3, beta=0.1, micro_batch=2, dynamic_sampling=True, dynamic_sampling_max_rollouts=2)
     rl = rl_settings(cfg)
+    assert (rl.micro_batch, rl.dynamic_sampling, rl.dynamic_sampling_max_rollouts) == (2, True, 2)
     assert [r.name for r in rl.rewards] == ["ia", "bp", "qp"] and rl.max_new_tokens == 2  # J = int(0.5 * 4) transitions
     assert (rl.adv_clip_max, rl.epochs_per_batch, rl.beta, rl.lr_schedule, rl.warmup_steps) == (5.0, 3, 0.1, "constant", 0)
     assert isinstance(FlowPolicy(build_flow_model(MODEL, SIZE), cfg), Policy)
@@ -113,6 +114,33 @@ def test_micro_batches_give_the_whole_batch_gradient():
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
     assert grads[0].abs().sum() > 0
     torch.testing.assert_close(grads[0], grads[1], atol=1e-5, rtol=1e-4)
+
+
+def test_dynamic_sampling_refills_a_dropped_edit_with_a_fresh_one(monkeypatch):
+    """An edit whose chains all score alike is dropped and one more edit is rolled out in its place: the refill's
+    recorded states and conditions join the batch, and the step trains on `prompts_per_step` informative edits."""
+    import posttrain.trainers.online_rl as online_rl
+
+    real, calls = online_rl.informative_groups, []
+
+    def first_edit_uninformative(batch):  # the first rollout's first edit: as if its images scored alike
+        keep = real(batch)
+        if not calls:
+            keep = keep.clone()
+            keep[0] = False
+        calls.append(batch.size)
+        return keep
+
+    monkeypatch.setattr(online_rl, "informative_groups", first_edit_uninformative)
+    _, trainer = trainer_of(settings(dynamic_sampling=True))
+    examples = trainer.run.examples
+    result = trainer.step(examples[:2], more_prompts=lambda n: examples[2 : 2 + n])
+    assert calls == [4, 2]  # two edits x G = 2, then the one refill edit
+    assert result.metrics["dynamic_sampling/dropped_groups"] == 1.0 and result.metrics["dynamic_sampling/extra_rollouts"] == 1.0
+    assert [p.metadata["edit"] for p in result.prompts] == [1, 2] and result.batch.group.tolist() == [0, 0, 1, 1]
+    for i in range(result.batch.size):  # each kept or refilled chain carries its own edit's conditions and states
+        assert torch.equal(result.batch.extras[CONDITIONS][i], result.prompts[int(result.batch.group[i])].metadata[CONDITIONS])
+    assert result.batch.extras[STATES].shape[0] == 4 and torch.isfinite(torch.tensor(result.metrics["loss"]))
 
 
 def test_a_chain_without_noise_has_no_kl():

@@ -14,6 +14,10 @@ ratio is exactly 1 (the core's `mismatch/*` figures compare that pass with the s
 binds from the second pass on, once the policy has moved off the sampling policy; the loss figures (`ratio_mean`,
 `clip_fraction`, `kl`, `loss`) are the last pass's.
 
+Being the core step, it brings the core's options with it: `micro_batch` (chains per forward/backward pass, the whole
+batch's gradient) and `dynamic_sampling` (DAPO: an edit whose images all score alike carries no advantage; it is dropped
+and fresh edits, drawn from the same generator, are sampled in its place, at most `dynamic_sampling_max_rollouts` times).
+
 Everything runs in the model's latent space (pixels for the UNet, packed VAE latents for FLUX); the final
 sample is decoded to pixels for the judges. Every `checkpoint_every` steps the trainer saves the weights,
 the optimizer, the sampler's generator (which also draws each step's edits), every RNG and the history
@@ -68,10 +72,14 @@ def train_flow_rl(model, edits: Edits, cfg: FlowRLConfig, seed: int, on_log: Cal
     history: list[dict[str, float]] = saved.get("history", [])
     model.eval()  # sampling and re-scoring must use the same network function (no dropout)
     bar = progress(cfg.steps, "flow_rl", initial=start_step)
+
+    def draw(n: int) -> list:  # n distinct edits from the sampler's generator (checkpointed with it); the refills of dynamic sampling too
+        drawn = torch.randperm(len(examples), generator=trainer.generator, device=trainer.generator.device)[:n]
+        return [examples[i] for i in drawn.tolist()]
+
     for step_index in range(start_step + 1, cfg.steps + 1):
         start = time.perf_counter()
-        drawn = torch.randperm(len(examples), generator=trainer.generator, device=trainer.generator.device)[: cfg.prompts_per_step]
-        result = trainer.step([examples[i] for i in drawn.tolist()])
+        result = trainer.step(draw(cfg.prompts_per_step), more_prompts=draw)
         metrics = {**result.metrics, "reward/overall_mean": float(result.batch.rewards.mean()), "step_seconds": time.perf_counter() - start}
         history.append({"step": step_index, **metrics})
         if step_index % cfg.log_every == 0:

@@ -118,6 +118,9 @@ class FlowRLConfig(Section):  # Flow-GRPO (arXiv 2505.05470) with the text pipel
     lr: float = Field(0.0001, gt=0)  # full fine-tuning of the tiny model; 3e-4 (the LoRA setting) drifts with 4 prompts a step
     max_grad_norm: float = Field(1.0, gt=0)
     epochs_per_batch: int = Field(1, gt=0)  # optimizer steps per sampled batch (Flow-GRPO's num_inner_epochs); >1: ratio != 1
+    micro_batch: int = Field(0, ge=0)  # > 0: chains per forward/backward pass (the whole batch's gradient, one micro-batch's activations)
+    dynamic_sampling: bool = False  # DAPO: drop edits whose images all score alike (no advantage), sample more edits to refill
+    dynamic_sampling_max_rollouts: int = Field(4, ge=0)  # bound on the extra rollouts per step
     log_every: int = Field(1, gt=0)
     checkpoint_every: int = Field(10, ge=0)  # 0: no checkpoints (flow_rl --resume then starts over)
 
