@@ -168,6 +168,12 @@ COMPARISONS: dict[str, list[Compare]] = {
     # ... RL at lr 5e-6: what examples/smollm2 (make run) runs, so its rows against the checkpoint are make run's figures
     "smollm2_sft_rl_low_lr": [compare(m, "sft_rl", worse) for worse in ("sft", "base")
                               for m in ("wp_greedy_accuracy_steps_2", "wp_greedy_accuracy_steps_1", "wp_greedy_accuracy", "ar_greedy_accuracy")],
+    # smollm2_objectives.py (issue 39): each method's claim against GRPO (std-scaled advantage, sequence-mean loss) on the
+    # real checkpoint at one budget; `example` is examples/smollm2's objective (no std division, token-mean loss)
+    "smollm2_objectives": [*[compare(m, arm, "grpo") for arm in ("example", "dr_grpo", "dapo", "gspo")
+                             for m in ("wp_greedy_accuracy", "wp_greedy_accuracy_steps_1")],
+                           compare("completion_length_last", "dr_grpo", "grpo", lower=True),  # Dr. GRPO: no length bias toward long wrong answers
+                           compare("wp_sampled_accuracy", "dapo", "grpo")],
     # ROFT (retrospection-only NLL) vs GRPO at the same updates and attempts from the same start; each against its start
     "roft_vs_grpo": [compare(HELDOUT, "roft", "grpo"),
                      Compare(HELDOUT, "roft", "sft", row("roft", HELDOUT), row("roft", "heldout_greedy_before")),
