@@ -92,6 +92,7 @@ SHAPES: dict[str, dict] = {
             "model.arch=llama", "model.hidden_size=576", "model.layers=30", "model.heads=9", "model.kv_heads=3",
             "model.intermediate_size=1536", "model.max_positions=512",
             "rl.max_new_tokens=64", "rl.prompts_per_step=16", "rl.group_size=4",
+            "rl.micro_batch=4",  # one group a pass, both sides (TRL: 4 rows a device batch, 16 accumulation steps), as examples/smollm2 runs
         ],
         "eos": False, "sft_steps": 0, "steps": 3, "warmup": 1, "rollout_repeats": 3, "vocab": 49_152,
     },
@@ -314,6 +315,8 @@ def check_comparable(rl) -> None:
         problems.append(f"rl.loss_agg {rl.loss_agg!r} has no TRL loss_type counterpart")
     if rl.epochs_per_batch != 1:
         problems.append("rl.epochs_per_batch must be 1 (one optimizer step per generation on both sides)")
+    if (rl.prompts_per_step * rl.group_size) % micro_batch(rl):
+        problems.append(f"rl.micro_batch {rl.micro_batch} must divide the batch of {rl.prompts_per_step * rl.group_size} rows (TRL accumulates whole micro-batches)")
     unknown = {r.name for r in rl.rewards} - {"correctness", "format"}
     if unknown:
         problems.append(f"rewards {sorted(unknown)} have no TRL wrapper here")
@@ -389,14 +392,22 @@ def trl_rewards(task, tokenizer, specs):
     return [table[s.name] for s in specs], [s.weight for s in specs]
 
 
+def micro_batch(rl) -> int:
+    """Rows per forward/backward pass of an update, both sides: rl.micro_batch, or the whole batch when it is 0."""
+    batch = rl.prompts_per_step * rl.group_size
+    return rl.micro_batch if 0 < rl.micro_batch < batch else batch
+
+
 def trl_config(rl, seed: int, total_steps: int, out_dir: str, device: str = "cpu"):
     from trl import GRPOConfig
 
     return GRPOConfig(
         output_dir=out_dir,
         # the same objective and optimisation as ours
-        per_device_train_batch_size=rl.prompts_per_step * rl.group_size,  # one optimizer step per generation batch
-        gradient_accumulation_steps=1,
+        # one optimizer step per generation batch, in ours' micro-batches (rl.micro_batch) when it has them: TRL generates
+        # the whole batch (steps_per_generation = the accumulation steps), then runs forward/backward per micro-batch
+        per_device_train_batch_size=micro_batch(rl),
+        gradient_accumulation_steps=rl.prompts_per_step * rl.group_size // micro_batch(rl),
         num_generations=rl.group_size,
         max_completion_length=rl.max_new_tokens,
         temperature=rl.temperature,
@@ -711,6 +722,7 @@ def main(argv: list[str] | None = None) -> int:
         "update_mfu": update_flops / ours_update_s / peak_flop_s,
         "step_mfu_ours": update_flops / ours_step / peak_flop_s,
         "step_mfu_trl": update_flops / trl_step / peak_flop_s,
+        "micro_batch": micro_batch(rl),  # rows per forward/backward pass of an update, both sides
         "ours_step_s": ours_step,
         "trl_step_s": trl_step,
         "step_ratio": ours_step / trl_step,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,7 @@ def test_rss_watch_sees_an_allocation(bench):
     try:
         with watch.call("big"):
             x = torch.ones(4_000_000)  # 16 MB, touched
+            time.sleep(0.2)  # alive for 100 of the poller's 2 ms periods: seen even when a loaded machine delays its thread
             del x
         with watch.call("none"):
             pass
@@ -111,3 +113,17 @@ def test_gpu_summary_reads_the_recorded_run(tmp_path, capsys):
                           check=True).stdout
     assert "NVIDIA H200" in text and "| anchor |" in text and "| smollm2 |" in text
     assert "121,193" in text and "0.718" in text  # the figures docs/speed.md quotes
+
+
+def test_both_sides_update_in_the_same_micro_batches(bench, tmp_path):
+    """At `--shape smollm2` each side runs an update one group (4 rows) a pass: ours with rl.micro_batch 4, TRL with a
+    device batch of 4 and 16 accumulation steps, so it still generates the whole batch of 64 and takes one optimizer
+    step per generation; a micro-batch that does not divide the batch is refused."""
+    args = bench.parse_args(["--json", str(tmp_path / "x.json"), "--params", str(REPO / "params.yaml"), "--shape", "smollm2"])
+    rl = bench.load_config(args).rl
+    config = bench.trl_config(rl, seed=0, total_steps=2, out_dir=str(tmp_path / "trl"))
+    assert (rl.micro_batch, config.per_device_train_batch_size, config.gradient_accumulation_steps) == (4, 4, 16)
+    assert config.generation_batch_size == 64 and config.steps_per_generation == 16
+    bench.check_comparable(rl)
+    with pytest.raises(SystemExit, match="must divide the batch"):
+        bench.check_comparable(rl.model_copy(update={"micro_batch": 5}))
