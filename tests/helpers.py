@@ -91,6 +91,8 @@ MICRO_EDIT = {
 }
 MICRO_CARE = {"n_sft": 30, "n_preference": 20, "n_heldout": 10, "sft_steps": 3, "batch_size": 8, "rl_steps": 2,
               "rl_prompts_per_step": 4, "rl_group_size": 2, "log_every": 1, "warmup_steps": 0}
+MICRO_CRITIC = {"n_prompts": 8, "samples_per_prompt": 2, "n_heldout_prompts": 4, "steps": 6, "batch_size": 8, "warmup_steps": 1,
+                "log_every": 2}  # critic (recipes/rfpo): RFPO's success critic
 MICRO_IMAGE = {
     "city": {"n_locations": 60, "n_cities": 2, "image_size": 32},
     "flow": {"image_size": 8, "block_channels": [8, 16], "text_dim": 16},

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from helpers import MICRO_CARE, MICRO_EDIT, MICRO_IMAGE, MICRO_PAIRS, MICRO_TRM, fork_safe_params, kill_resume_and_compare
+from helpers import MICRO_CARE, MICRO_CRITIC, MICRO_EDIT, MICRO_IMAGE, MICRO_PAIRS, MICRO_TRM, fork_safe_params, kill_resume_and_compare
 
 pytestmark = pytest.mark.slow
 EVERY = 2
@@ -57,8 +57,7 @@ CASES = {
     "rl_ppo": Case("rl", {"rl": {"preset": "ppo", "steps": 6, "checkpoint_every": EVERY, "log_every": 1,
                                  "critic": {"path": None, "lr": 0.0005, "warmup_steps": 1}}}, TEXT, FIRST_THREE[:2]),
     # RFPO's success critic: labelled rollouts are sampled again on resume (seeded), the minibatch draw is checkpointed
-    "critic": Case("critic", {"critic": {"n_prompts": 8, "samples_per_prompt": 2, "n_heldout_prompts": 4, "steps": 6, "batch_size": 8,
-                                         "warmup_steps": 1, "log_every": 2, "checkpoint_every": EVERY}}, TEXT, FIRST_THREE[:2]),
+    "critic": Case("critic", {"critic": {**MICRO_CRITIC, "checkpoint_every": EVERY}}, TEXT, FIRST_THREE[:2]),
     "knowledge": Case("knowledge", {"edit": {**MICRO_EDIT, "pretrain": {**MICRO_EDIT["pretrain"], "steps": 8, "checkpoint_every": EVERY}}},
                       {}, FIRST_THREE),
 }
