@@ -75,6 +75,8 @@ ASYNC = [compare("acc_equal_time", "async_pace", "async_none"), compare("time_to
 ASCT = [compare("utility", "asct", "trajectory"), compare("utility", "asct", "mc_value"), compare("utility", "asct_agent_uct", "trajectory"),
         compare("utility", "asct_agent_uct", "asct"), compare("f1", "asct", "trajectory"), compare("f1", "asct", "mc_value"),
         compare("aux_tokens", "asct_agent_uct", "asct", lower=True)]
+FLOW = [compare(metric, better, worse) for better, worse in (("gdpo", "sft"), ("sum_then_normalize", "sft"), ("gdpo", "sum_then_normalize"))
+        for metric in ("overall", "ia", "bp", "qp")]
 # claim (the script stem, or a claims.py CLAIMS name when one script runs several) -> the differences it claims
 COMPARISONS: dict[str, list[Compare]] = {
     "bridge_vs_baselines": [compare("em", "bridge", "frozen"), compare("em", "bridge", "naive"), compare("em", "bridge", "policy_first"),
@@ -178,6 +180,11 @@ COMPARISONS: dict[str, list[Compare]] = {
     "roft_vs_grpo": [compare(HELDOUT, "roft", "grpo"),
                      Compare(HELDOUT, "roft", "sft", row("roft", HELDOUT), row("roft", "heldout_greedy_before")),
                      Compare(HELDOUT, "grpo", "sft", row("grpo", HELDOUT), row("grpo", "heldout_greedy_before"))],
+    # flow_gdpo_vs_sum.py (issues 34, 39): CrossTimeEdit's Flow-GRPO from the flow_sft model, each RL arm against that
+    # start (the SFT -> RL gain), then GDPO vs sum_then_normalize; the overall score mean(IA, BP, QP) and each judge.
+    # An SFT model per seed, and (_one_sft) one SFT model for every seed: the spread of RL and evaluation noise alone
+    "flow_gdpo_vs_sum": FLOW,
+    "flow_gdpo_vs_sum_one_sft": FLOW,
 }
 
 

@@ -42,13 +42,15 @@ MICRO = [
 ]
 
 
-def parse_args(doc: str, default_steps: int, extra=()) -> argparse.Namespace:
+def parse_args(doc: str, default_steps: int, extra=(), params: Path = REPO / "params.yaml") -> argparse.Namespace:
+    """The flags every claim experiment takes, `extra` ones before them; `params`: the default of --params (a recipe's
+    own params file, which `extends:` the core one)."""
     p = argparse.ArgumentParser(description=doc)
     for flag, kind, default, help_ in extra:
         p.add_argument(flag, type=kind, default=default, help=help_)
     p.add_argument("--steps", type=int, default=default_steps, help="RL steps per arm")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
-    p.add_argument("--params", type=Path, default=REPO / "params.yaml")
+    p.add_argument("--params", type=Path, default=params)
     p.add_argument("--tracking-uri", default=None, help="MLflow URI (default: params.yaml tracking.uri)")
     p.add_argument("--experiment", default="claims", help="MLflow experiment name")
     p.add_argument("--no-mlflow", action="store_true")

@@ -19,19 +19,23 @@ MIN_SEEDS = 3  # seeds whose premises held, below which no verdict is given
 @dataclass(frozen=True)
 class Premise:
     """`measure(one seed's results) -> number` must be >= `at_least` (and/or <= `at_most`). `arms`: the comparisons
-    it concerns (a row whose better or worse arm is one of them); empty = every row of the claim."""
+    it concerns (a row whose better or worse arm is one of them); empty = every row of the claim. `pair`, when given
+    instead, narrows it to the rows comparing exactly those two arms (either way round)."""
 
     name: str
     measure: Callable[[dict], float | None]
     at_least: float | None = None
     at_most: float | None = None
     arms: tuple[str, ...] = ()
+    pair: tuple[str, str] | None = None
 
     def describe(self) -> str:
         bounds = [f">= {self.at_least:g}" if self.at_least is not None else "", f"<= {self.at_most:g}" if self.at_most is not None else ""]
         return f"{self.name} {' and '.join(b for b in bounds if b)}"
 
     def concerns(self, better: str, worse: str) -> bool:
+        if self.pair is not None:
+            return {better, worse} == set(self.pair)
         return not self.arms or better in self.arms or worse in self.arms
 
     def check(self, result: dict) -> dict:
@@ -66,8 +70,27 @@ def _recorded(*path: str) -> Callable[[dict], float | None]:
 TEACHER_MARGIN = 0.05  # a teacher must beat its student's start by 5 points of held-out accuracy to teach it anything
 FLOOR = 0.05  # a student below 5% held-out accuracy gives RL or distillation almost no correct sample to work from
 
+MOVED = 1e-3  # a model trained off its start by less than a thousandth of its weights' norm has barely been trained
+REDRAWN = 1 / 255  # images that differ by less than one 8-bit grey level on average are, as images, the same
+
 SFT_SOLVES_TWO_STEP = Premise("SFT start's held-out greedy on two-step problems", lambda r: _row(r, "sft", "wp_greedy_accuracy_steps_2"),
                               at_least=FLOOR, arms=("sft_rl",))
+
+# CrossTimeEdit (flow_gdpo_vs_sum): each RL arm moved off the SFT model and the two off each other (weights, and the
+# images they draw from the same noise), and every judge has room both ways at the SFT start
+FLOW = [
+    *[p for arm in ("gdpo", "sum_then_normalize") for p in (
+        Premise(f"{arm}'s weights' relative L2 distance from the SFT model's", _recorded("arms", arm, "param_distance_from_sft"),
+                at_least=MOVED, arms=(arm,)),
+        Premise(f"{arm}'s images minus the SFT model's, same noise (mean |pixel difference|)",
+                _recorded("arms", arm, "image_difference_from_sft"), at_least=REDRAWN, arms=(arm,)))],
+    Premise("relative L2 distance between the two RL arms' weights", _recorded("between_rl_arms", "param_distance"), at_least=MOVED,
+            pair=("gdpo", "sum_then_normalize")),
+    Premise("the two RL arms' images, same noise (mean |pixel difference|)", _recorded("between_rl_arms", "image_difference"),
+            at_least=REDRAWN, pair=("gdpo", "sum_then_normalize")),
+    *[Premise(f"SFT start's held-out {judge.upper()} (floor and ceiling)", _recorded("sft", judge), at_least=FLOOR, at_most=1 - FLOOR)
+      for judge in ("ia", "bp", "qp")],
+]
 
 PREMISES: dict[str, list[Premise]] = {
     "gats_vs_opd": [
@@ -134,6 +157,8 @@ PREMISES: dict[str, list[Premise]] = {
                 at_least=TEACHER_MARGIN, arms=("roft",)),
         Premise("start's held-out greedy (floor and ceiling)", _recorded("sft_heldout", "greedy_accuracy"), at_least=FLOOR, at_most=0.95),
     ],
+    "flow_gdpo_vs_sum": FLOW,
+    "flow_gdpo_vs_sum_one_sft": FLOW,
 }
 
 

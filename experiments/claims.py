@@ -85,6 +85,11 @@ CLAIMS: dict[str, tuple[str, list[str]]] = {
     "samplers_arithmetic": ("samplers_compare", ["--dataset", "arithmetic", "--steps", "200", "--prompts", "200"]),
     "samplers_word_problems": ("samplers_compare", ["--dataset", "word_problems", "--steps", "60", "--prompts", "100", "--chunk", "25",
                                                     "--max-votes", "32"]),
+    # CrossTimeEdit at recipes/image/params.yaml's budget: per seed a 600-step flow_sft model, then 40 Flow-GRPO steps per
+    # arm, judged on 64 held-out edits x 2 samples; _one_sft: the SFT model of seed 0 for every seed (RL and evaluation
+    # noise alone)
+    "flow_gdpo_vs_sum": ("flow_gdpo_vs_sum", []),
+    "flow_gdpo_vs_sum_one_sft": ("flow_gdpo_vs_sum", ["--sft-seed", "0"]),
     # the same 100 updates of 32 prompts x 8 attempts per arm; retrospections at the spec's lower temperature (0.7-1.0)
     "roft_vs_grpo": ("roft_vs_grpo", ["--steps", "100", "--set", "rl.options.roft.temperature=0.7"]),
 }

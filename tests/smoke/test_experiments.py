@@ -23,6 +23,8 @@ EXPECTED = {
     "qglas_vs_quality": ({"claim", "steps", "arms", "table", "mlflow_runs", "runtime_s", "sft_heldout"}, {"quality_only", "qglas"}),
     "sdrl_strategies": ({"claim", "steps", "samples", "arms", "table", "mlflow_runs", "runtime_s", "sft_heldout"}, {"correctness", "sdrl"}),
     "kgpo_vs_hit1": ({"claim", "steps", "arms", "table", "mlflow_runs", "runtime_s", "sft_heldout", "start_signal"}, {"hit1", "kgpo"}),
+    "flow_gdpo_vs_sum": ({"claim", "steps", "n_heldout_edits", "sft", "arms", "between_rl_arms", "table", "mlflow_runs", "runtime_s"},
+                         {"gdpo", "sum_then_normalize"}),
     "audit_selective_control": ({"claim", "steps", "verifier", "arms", "table", "mlflow_runs", "runtime_s", "sft_heldout", "start"},
                                 {"verifier", "audit_0.1", "audit_0.3"}),
 }
@@ -31,7 +33,8 @@ EXPECTED = {
 # fewer held-out samples than the experiments' defaults (the numbers are meaningless at micro size); the MLflow
 # path is the same for every experiment (_common.log_arm), so the sdrl run skips it
 EXTRA = {"witness_vs_grpo": ["--samples", "8"], "sdrl_strategies": ["--samples", "2", "--no-mlflow"],
-         "kgpo_vs_hit1": ["--samples", "4", "--probe", "8", "--no-mlflow"], "audit_selective_control": ["--samples", "2", "--probe", "8", "--no-mlflow"]}
+         "kgpo_vs_hit1": ["--samples", "4", "--probe", "8", "--no-mlflow"], "audit_selective_control": ["--samples", "2", "--probe", "8", "--no-mlflow"],
+         "flow_gdpo_vs_sum": ["--no-mlflow"]}
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -93,6 +96,13 @@ def check_one_seed(name: str, data: dict, keys: set, arms: set) -> None:
                 v, c, e = m[where]["accepted"], m[where]["correct"], m[where]["accepted_error"]
                 assert v == pytest.approx(c + e) and 0.0 <= e <= v <= 1.0  # the verifier accepts every correct answer
         assert [r["arm"] for r in data["table"]] == ["start", "verifier", "audit_0.1", "audit_0.3"]
+        return
+    if name == "flow_gdpo_vs_sum":  # each judge and overall = mean(IA, BP, QP) of the SFT start and both RL arms, same edits
+        assert [r["arm"] for r in data["table"]] == ["sft", "gdpo", "sum_then_normalize"] and data["sft"]["overall"] == data["table"][0]["overall"]
+        assert all(r["overall"] == pytest.approx((r["ia"] + r["bp"] + r["qp"]) / 3) for r in data["table"])
+        # two RL steps move both arms off the SFT model (what the claim's premises measure), and apart
+        assert all(a["param_distance_from_sft"] > 0 and a["image_difference_from_sft"] > 0 for a in data["arms"].values())
+        assert data["between_rl_arms"]["param_distance"] > 0
         return
     for arm in data["arms"].values():
         assert "greedy_accuracy" in arm["heldout_after"]

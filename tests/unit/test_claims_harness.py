@@ -51,9 +51,10 @@ def test_summary_pairs_the_arms_by_seed(monkeypatch):
 
 def test_every_claim_experiment_has_comparisons_and_a_claims_entry():
     runner = load("claims_runner", REPO / "experiments" / "claims.py")
-    # not yet on the harness: the image claims (single runs), and the async simulator, which loops over --seeds itself
+    # not on the harness: the curation's geometric check (a single run over its own seeds), and the async simulator,
+    # which loops over --seeds itself
     own_seed_loop = {"async_simulator"}
-    scripts = {p.stem for p in (REPO / "experiments").glob("*.py") if not p.stem.startswith("_")} - {"claims", "curate_geometric", "flow_gdpo_vs_sum"} - own_seed_loop
+    scripts = {p.stem for p in (REPO / "experiments").glob("*.py") if not p.stem.startswith("_")} - {"claims", "curate_geometric"} - own_seed_loop
     assert set(runner.CLAIMS) <= set(H.COMPARISONS) and {script for script, _ in runner.CLAIMS.values()} == scripts
     for script in scripts:
         text = (REPO / "experiments" / f"{script}.py").read_text()
@@ -170,3 +171,21 @@ def test_the_worked_solutions_of_the_sft_warm_up_verify_in_the_rewards_format():
         assert pattern.findall(text) == [str(answer)] and text.count("=") == steps, (kind, text)
     with pytest.raises(SystemExit, match="unexpected solution form"):
         generator.worked({"solution": "12, the answer", "answer": "12"}, "#### {answer}")
+
+
+def test_a_premise_about_a_pair_concerns_only_the_row_comparing_them(monkeypatch):
+    """A premise on two arms' difference from each other (flow_gdpo_vs_sum: the two RL arms' weights apart) withholds
+    only their row, not their rows against a third arm; a premise on one arm concerns every row naming it."""
+    P = H.premises
+    apart = P.Premise("new and old apart", lambda r: r["apart"], at_least=0.1, pair=("old", "new"))
+    moved = P.Premise("new moved", lambda r: r["moved"], at_least=0.1, arms=("new",))
+    assert apart.concerns("new", "old") and apart.concerns("old", "new") and not apart.concerns("new", "base")
+    assert moved.concerns("new", "base") and moved.concerns("base", "new") and not moved.concerns("old", "base")
+    monkeypatch.setitem(H.COMPARISONS, "toy", [H.compare("score", "new", "old"), H.compare("score", "new", "base"),
+                                               H.compare("score", "old", "base")])
+    monkeypatch.setitem(P.PREMISES, "toy", [apart, moved])
+    results = [{**seed_result(a, b), "apart": 0.0, "moved": moved_by} for a, b, moved_by in ((0.3, 0.2, 0.5), (0.7, 0.6, 0.5), (0.51, 0.4, 0.0))]
+    for r, base in zip(results, (0.1, 0.5, 0.31)):
+        r["table"].append({"arm": "base", "score": base})
+    verdicts = [r["verdict"] for r in H.summarise("toy", results)]
+    assert verdicts == ["premise failed (0 of 3 seeds held)", "premise failed (2 of 3 seeds held)", "reproduced"]
