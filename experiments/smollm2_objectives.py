@@ -18,7 +18,8 @@ CISPO is not an arm: with one optimizer step per rollout batch (rl.epochs_per_ba
 the ratio is 1 up to the sampler-trainer mismatch, so CISPO's clipped, detached weight is 1 and its gradient is the
 example's token-mean policy gradient; for the same reason clip-higher changes nothing in `dapo` and GSPO's gradient is
 the sequence-mean policy gradient. What separates the arms here is the advantage's scaling, the aggregation and DAPO's
-sampling: the premise `arms_differ` checks that each arm's training trajectory differs from the example's.
+sampling: the claim's premise checks that each arm's run differs from the example's (its per-step completion
+length, `curve_gap`).
 
 Measured (experiments/claims.py's flags): grpo and dr_grpo, 3 seeds, each arm-seed 15-47 minutes as one of two to
 four 1-thread processes on 2 cores. dapo (its dynamic sampling adds up to 4 rollouts a step from a start at 11%
@@ -39,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import _claims as C
@@ -47,9 +47,8 @@ import smollm2_rl as base
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE_RESULTS = REPO / "experiments" / "results" / "smollm2_rl.json"
-STD = ["--set", "rl.std_scaling=group"]
 ARMS: dict[str, list[str]] = {
-    "grpo": [*STD, "--set", "rl.loss_agg=seq_mean"],
+    "grpo": ["--set", "rl.std_scaling=group", "--set", "rl.loss_agg=seq_mean"],
     "dr_grpo": ["--set", "rl.preset=dr_grpo"],
     "dapo": ["--set", "rl.preset=dapo"],
     "gspo": ["--set", "rl.preset=gspo"],
@@ -98,11 +97,7 @@ def main() -> None:
               # neither changes the run (make run's seed 0 at eval_every 10 equals smollm2_rl's at 5, figure for figure)
               "--set", "rl.eval_every=0", "--set", "rl.checkpoint_every=0",
               *(["--set", f"pipeline.threads={args.threads}"] if args.threads else [])]
-    if not (work / "problems" / "train.jsonl").is_file():
-        base.subprocess.run([sys.executable, str(REPO / "examples/word_problems/generate.py"), "--out", str(work / "problems"), "--n-train", "2000",
-                             "--n-heldout", "200", "--seed", "0"], check=True)
-    paths = ["--set", f"task.options.dataset.path={work}/problems/train.jsonl", "--set", f"task.options.dataset.heldout_path={work}/problems/heldout.jsonl",
-             "--set", "task.options.dataset.fields.completion=null", "--set", f"rl.lr={base.RL_LR}"]
+    paths = base.rl_from_checkpoint(work)
     base.stage("import", "--out", "import", overrides=[*shared, *paths, "--set", "pipeline.seed=0"], cwd=work)
     base.stage("data", "--out", "data", overrides=[*shared, *paths, "--set", "pipeline.seed=0"], cwd=work)
     seeded = [*shared, *paths, "--set", f"pipeline.seed={args.seed}"]

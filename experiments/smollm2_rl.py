@@ -59,6 +59,17 @@ def stage(name: str, *args: str, overrides: list[str], cwd: Path) -> tuple[dict,
     return json.loads((out / "metrics.json").read_text()), seconds
 
 
+def rl_from_checkpoint(work: Path) -> list[str]:
+    """The problems in `work` (written once: the same generator, sizes and seed for every experiment on them) and the
+    overrides that point the stages at them for RL straight from the checkpoint (no worked solutions, lr RL_LR)."""
+    if not (work / "problems" / "train.jsonl").is_file():
+        subprocess.run([sys.executable, str(REPO / "examples/word_problems/generate.py"), "--out", str(work / "problems"), "--n-train", "2000",
+                        "--n-heldout", "200", "--seed", "0"], check=True)
+    return ["--set", f"task.options.dataset.path={work}/problems/train.jsonl", "--set", f"task.options.dataset.heldout_path={work}/problems/heldout.jsonl",
+            "--set", "task.options.dataset.fields.completion=null",  # RL straight from the checkpoint: no worked solutions
+            "--set", f"rl.lr={RL_LR}"]
+
+
 def rl_settings(overrides: list[str]) -> int:
     """Samples per RL step (prompts_per_step x group_size) under the example's params and `overrides`."""
     from posttrain import resolve
@@ -79,12 +90,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     sets = [x for o in args.overrides for x in ("--set", o)] + (["--set", f"rl.steps={args.steps}"] if args.steps else [])
     shared = [*sets, "--set", f"tracking.uri=sqlite:///{work}/mlflow.db", "--set", f"tracking.artifact_root={work}/mlartifacts"]
-    if not (work / "problems" / "train.jsonl").is_file():
-        subprocess.run([sys.executable, str(REPO / "examples/word_problems/generate.py"), "--out", str(work / "problems"), "--n-train", "2000",
-                        "--n-heldout", "200", "--seed", "0"], check=True)
-    paths = ["--set", f"task.options.dataset.path={work}/problems/train.jsonl", "--set", f"task.options.dataset.heldout_path={work}/problems/heldout.jsonl",
-             "--set", "task.options.dataset.fields.completion=null",  # RL straight from the checkpoint: no worked solutions
-             "--set", f"rl.lr={RL_LR}"]
+    paths = rl_from_checkpoint(work)
     base = [*shared, *paths, "--set", "pipeline.seed=0"]
     seconds: dict[str, float] = {}
     _, seconds["import"] = stage("import", "--out", "import", overrides=base, cwd=work)

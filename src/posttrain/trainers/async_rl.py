@@ -349,7 +349,7 @@ class AsyncRollouts:
             parts.append(Samples(torch.tensor(p["ids"]), mask, torch.tensor(p["logp"], dtype=torch.float32), torch.tensor(p["finished"])))
             tags.append(torch.tensor(p["versions"])[None, :].expand_as(mask).masked_fill(mask == 0, -1))
             examples.append(p["example"])
-        samples = parts[0] if len(parts) == 1 else concat_samples(parts, self.run.tokenizer.pad_token_id)
+        samples = parts[0] if len(parts) == 1 else concat_samples(parts, self.run.pad_id)
         width = samples.completion_ids.shape[1]
         tags = torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1]), value=-1) for t in tags])
         moved = Samples(*(t.to(device) for t in (samples.completion_ids, samples.completion_mask, samples.logp, samples.finished)))

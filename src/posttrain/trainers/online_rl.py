@@ -149,6 +149,12 @@ class RLRun:
     critic_out: Path | None = None  # where a trained critic is saved at the end (models/value.save_critic)
     adapter: Policy | None = None  # how `policy` is encoded, sampled and scored (rollout/policy.py); None: a causal LM's way
 
+    @property
+    def pad_id(self) -> int:
+        """The id that pads token rows when rollouts join (dynamic sampling, async parts): the tokenizer's, or 0 for a
+        policy without text tokens (a flow policy's placeholder ids are all 0)."""
+        return self.tokenizer.pad_token_id if self.tokenizer is not None else 0
+
 
 @dataclass(frozen=True)
 class StepResult:
@@ -377,7 +383,7 @@ class OnlineRL:
         metrics.update({"dynamic_sampling/dropped_groups": float(dropped), "dynamic_sampling/extra_rollouts": float(extra)})
         if not kept_prompts:  # nothing informative within the bound: train on the last batch (zero advantages)
             return batch, texts, prompts, metrics
-        batch = concat(parts, self.run.tokenizer.pad_token_id if self.run.tokenizer is not None else 0)  # a policy without text tokens pads with 0
+        batch = concat(parts, self.run.pad_id)
         n = min(len(kept_prompts), cfg.prompts_per_step)
         rows = batch.group < n
         full = select_groups(batch, torch.arange(len(kept_prompts), device=batch.group.device) < n)
