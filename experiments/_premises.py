@@ -119,8 +119,9 @@ PREMISES: dict[str, list[Premise]] = {
     "respo_vs_clip": [Premise("clip baseline's held-out greedy gain", lambda r: _row(r, "clip", "heldout_greedy_after") - _row(r, "clip", "heldout_greedy_before"),
                               at_least=0.01)],
     "bridge_vs_baselines": [Premise("held-out questions evaluated", _recorded("n_heldout"), at_least=100)],
-    "pr_opd_text_world": [Premise("UniOPSD's rho (the teacher's precision) logged", _recorded("arms", "uniopsd", "rho_used"), at_least=0.0,
-                                  arms=("uniopsd",))],
+    # UniOPSD is GiGPO unless its peer teacher enters the step credit: c_k < 1 needs rho_used > 0 and a taught row
+    "pr_opd_text_world": [Premise("UniOPSD's share of step-rows whose credit the peer teacher entered (c_k < 1), run mean",
+                                  _recorded("arms", "uniopsd", "arbitration", "arbitrated_share"), at_least=0.05, arms=("uniopsd",))],
     # the graded reward can only teach something Hit@1 does not where it scores samples differently, from a start with room
     "kgpo_vs_hit1": [Premise("share of the start's sampled lists whose graded reward differs from Hit@1", _recorded("start_signal", "share_graded_differs"),
                              at_least=0.05),

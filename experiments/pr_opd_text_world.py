@@ -28,6 +28,7 @@ import _common as C
 from posttrain import resolve
 import _distill as D
 from posttrain.envs.text_world import CELLS, ROOMS, shortest_actions, transcript
+from posttrain.objectives.distill.uniopsd import arbitration
 from posttrain.rollout.sampling import generate
 from posttrain.trainers import contexts
 from posttrain.tasks import Example
@@ -120,8 +121,14 @@ def main() -> None:
     arms = {}
     for arm in ARMS:
         rl_cfg = resolve.updated(cfg.rl, "rl", **{"aux": ("pr_opd",) if arm == "pr_opd" else (), "advantage": "uniopsd" if arm == "uniopsd" else "grpo"})
-        history, after, seconds = C.run_arm(cfg, rl_cfg, task, train, held, path, args.seed, evaluate_fn=evaluate)
+        read = []  # UniOPSD's arbitration on each of its own updates
+        on_step = (lambda s, r, c=rl_cfg, out=read: out.append(arbitration(r.batch, c))) if arm == "uniopsd" else None
+        history, after, seconds = C.run_arm(cfg, rl_cfg, task, train, held, path, args.seed, on_step=on_step, evaluate_fn=evaluate)
         arms[arm] = {"heldout_after": after, "rl_seconds": round(seconds, 1), "_history": history, "_cfg": cfg.model_copy(update={"rl": rl_cfg})}
+        if read:
+            arms[arm]["arbitration"] = {key: sum(x[key] for x in read) / len(read) for key in read[0]}
+            arms[arm]["arbitration_curve"] = {key: [round(x[key], 4) for x in read] for key in ("rho_used", "c_star", "arbitrated_share")}
+            print("uniopsd arbitration, mean over the run: " + ", ".join(f"{key} {v:.3f}" for key, v in arms[arm]["arbitration"].items()), flush=True)
         print(f"{arm}: {seconds:.0f}s, held-out success {after['sampled_accuracy']:.4f}", flush=True)
     rows = [{**D.summary_row(a, arms[a], k), "rep_loss_last": C.window_mean(arms[a]["_history"], "pr_opd/rep_loss", False, k)} for a in ARMS]
     text = C.print_table(f"\nPR-OPD and UniOPSD vs GRPO on the key-room text world, {args.steps} steps, warm start {args.warm_start} (first/last {k} steps)", rows)

@@ -47,6 +47,9 @@ def test_distillation_experiment_runs_and_writes_json(name, tmp_path):
             assert compat["responses"] == 4 * 4 and compat["trd_std"] > 0 and compat["weight_max"] > 1
         if name == "pr_opd_text_world":  # what each method was fed on the start is recorded with the claim
             assert {"uniopsd_tiers_differ", "pr_opd_admissible", "pr_opd_goal_named_after_success"} <= set(data["signals"])
+            read = data["arms"]["uniopsd"]["arbitration"]  # what its premise reads: the teacher's share of the step credit
+            assert 0 <= read["arbitrated_share"] <= read["taught_share"] <= 1 and 0 <= read["c_star"] <= 1
+            assert len(data["arms"]["uniopsd"]["arbitration_curve"]["rho_used"]) == 2
         if name == "roft_vs_grpo":  # ROFT's premise is measured on its own batches, first and last fifth
             retro = data["arms"]["roft"]["retrospections"]
             assert 0 <= retro["retro_acc_first"] <= 1 and retro["lead_first"] == retro["retro_acc_first"] - retro["attempt_acc_first"]

@@ -13,7 +13,7 @@ import torch
 from posttrain import resolve
 from posttrain.objectives import advantages
 from posttrain.objectives.distill.anchors import step_rows, step_spans
-from posttrain.objectives.distill.uniopsd import successful_peers, tiers
+from posttrain.objectives.distill.uniopsd import arbitration, c_star, successful_peers, tiers
 from posttrain.rollout import RolloutBatch
 
 RL = resolve.load(Path(__file__).resolve().parents[2] / "params.yaml").rl
@@ -119,6 +119,21 @@ def test_teacher_credit_enters_only_on_taught_steps_and_keeps_the_episode_tier()
     torch.testing.assert_close(adv[0], torch.tensor([0.75 + 0.375, 0.0, 0.75 + 0.5]))  # untaught: A^E + A^S exactly
     plain = advantages.get("uniopsd")(batch.with_extras(peer_logp_gap=torch.zeros(4, 3)), cfg)
     assert not torch.allclose(adv[1:], plain[1:])  # trusted teacher moves the step credit of taught rows
+
+
+def test_arbitration_reads_out_whether_the_teacher_entered_the_credit():
+    gap = torch.tensor([[0.0, 0.0, 0.0], [0.4, 0.0, -0.6], [0.2, 0.0, 0.3], [-0.1, 0.0, 0.5]])
+    batch = episodes(ROWS, REWARDS).with_extras(peer_logp_gap=gap, uniopsd_rho=torch.tensor(0.0), train_step=torch.tensor(1.0))
+    cfg = rl(anchor="history")
+    untrusted = arbitration(batch, cfg)  # rho_used 0: c* = 1, every c_k = 1, the teacher enters nothing
+    assert untrusted["rho_used"] == 0.0 and untrusted["c_star"] == 1.0 and untrusted["arbitrated_share"] == 0.0
+    assert untrusted["taught_share"] == 6 / 8
+    trusted = arbitration(batch.with_extras(uniopsd_rho=torch.tensor(0.6)), cfg)
+    assert trusted["c_star"] == pytest.approx(c_star(0.6, 0.5)) and trusted["c_star"] < 1
+    assert 0 < trusted["arbitrated_share"] <= trusted["taught_share"]  # only taught rows are arbitrated
+    _, tier = tiers(batch, gap, cfg, cfg.options_for("uniopsd"))
+    differs = (tier.a_step - tier.a_episode).abs() > 1e-6
+    assert trusted["tiers_differ_share"] == pytest.approx(float(differs.float().mean())) and trusted["tiers_differ_share"] > 0
 
 
 def test_a_lone_success_is_never_its_own_peer():

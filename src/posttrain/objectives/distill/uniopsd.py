@@ -202,3 +202,19 @@ def uniopsd(batch: RolloutBatch, cfg) -> Tensor:
     lam = token_lambda(int(batch.extras["train_step"]) - 1, opts)
     per_step = fused_advantage(tier, c, gap[steps.row], steps.mask, lam, opts.eps_w)  # [N, T], each on its own tokens
     return torch.zeros(gap.shape, dtype=per_step.dtype, device=gap.device).index_add_(0, steps.row, per_step)
+
+
+def arbitration(batch: RolloutBatch, cfg) -> dict[str, float]:
+    """What UniOPSD's arbitration did on one batch that carries its extras (`peer_logp_gap`, `uniopsd_rho`):
+    rho_used and c*; the shares of step-rows the peer teacher taught, whose reliability c_k < 1 (the teacher's
+    estimate entered their credit: 0 whenever rho_used = 0, since then c* = 1), and whose step tier A^S differs
+    from omega A^E (the step credit tells them something the episode does not). Without the first two shares the
+    method is GiGPO; without the third it is GRPO."""
+    opts: UniOPSDOptions = cfg.options_for("uniopsd")
+    rho = float(batch.extras["uniopsd_rho"])
+    cstar = c_star(rho, opts.a_reliability)
+    _, tier = tiers(batch, batch.extras["peer_logp_gap"], cfg, opts)
+    c = reliability(tier, cstar)
+    differs = (tier.a_step - opts.step_advantage_w * tier.a_episode).abs() > 1e-6
+    return {"rho_used": rho, "c_star": cstar, "taught_share": float(tier.has_teacher.float().mean()),
+            "arbitrated_share": float((c < 1 - 1e-6).float().mean()), "tiers_differ_share": float(differs.float().mean())}
