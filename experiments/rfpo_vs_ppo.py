@@ -8,7 +8,9 @@ policy's verifier-labelled rollouts (recipes/rfpo/trainer.py: the only place lab
 same RL budget from the same start: `ppo` (preset ppo: verifier reward, learned critic), `rfpo` (preset rfpo:
 binarised debiased reward, frozen critic as the GAE baseline), `rfpo_raw` (rfpo with binarize false: the raw score
 V(s_L)). The results table has one row per arm: held-out greedy accuracy before and after RL, the gain, the mean
-completion length over the first and the last fifth of the steps, and the critic's held-out AUC and Brier score.
+completion length, the verifier's accuracy of the training rollouts and the mean reward over the first and the last fifth
+of the steps (the verifier scores every arm's rollouts for this record; only ppo's reward reads it), and the critic's
+held-out AUC and Brier score.
 
 The harness (experiments/_claims.py) pairs the arms by seed: RFPO's held-out accuracy after RL against the SFT
 start's, RFPO against supervised PPO and against the raw score, and the raw score's length exploit (RFPO's late
@@ -64,12 +66,15 @@ def main() -> None:
     figures = {"critic_auc": critic["heldout_auc"], "critic_brier": critic["heldout_brier"], "critic_brier_base": critic["heldout_brier_base_rate"]}
     table, last = [], {}
     for arm in ARMS:
-        rl_cfg = resolve.updated(cfg.rl, "rl", **arm_settings(cfg, arm, critic_path))
+        # the verifier also scores the critic-rewarded arms' rollouts, for the record only (their reward is the critic's)
+        rl_cfg = resolve.updated(cfg.rl, "rl", **{**arm_settings(cfg, arm, critic_path), "verify_rollouts": True})
         history, after, seconds = C.run_arm(cfg, rl_cfg, task, train, held, path, args.seed)
         k = max(1, len(history) // 5)
         row = {"arm": arm, "heldout_greedy_before": sft["greedy_accuracy"], "heldout_greedy_after": after["greedy_accuracy"],
                "gain": after["greedy_accuracy"] - sft["greedy_accuracy"], "len_first": C.window_mean(history, "completion_length", True, k),
-               "len_last": C.window_mean(history, "completion_length", False, k), **figures, "seconds": round(seconds, 1)}
+               "len_last": C.window_mean(history, "completion_length", False, k), "train_acc_first": C.window_mean(history, "accuracy", True, k),
+               "train_acc_last": C.window_mean(history, "accuracy", False, k), "reward_first": C.window_mean(history, "reward/total_mean", True, k),
+               "reward_last": C.window_mean(history, "reward/total_mean", False, k), **figures, "seconds": round(seconds, 1)}
         table.append(row)
         last[arm] = (history, cfg.model_copy(update={"rl": rl_cfg}), after)
         print(f"seed {args.seed} {arm}: SFT {sft['greedy_accuracy']:.3f} -> {after['greedy_accuracy']:.3f}, length "

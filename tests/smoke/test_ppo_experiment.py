@@ -56,3 +56,5 @@ def test_rfpo_vs_ppo_runs_through_the_harness(tmp_path, monkeypatch):
     check_tables(claim, {"ppo", "rfpo", "rfpo_raw"})
     (seed,) = claim["per_seed"]
     assert 0.0 <= seed["critic"]["heldout_brier"] <= 1.0 and all(row["len_last"] > 0 for row in seed["table"])
+    # the verifier's accuracy of every arm's training rollouts is recorded, the critic-rewarded arms' too
+    assert all(0.0 <= row["train_acc_first"] <= 1.0 and 0.0 <= row["train_acc_last"] <= 1.0 for row in seed["table"])

@@ -119,7 +119,8 @@ def success(batch: RolloutBatch) -> Tensor:
 
 def reward_context(cfg: RLConfig, samples) -> dict[str, object]:
     """What rewards may declare they need besides the text (see rewards.reward_matrix)."""
-    return {"lengths": samples.completion_mask.sum(-1).cpu(), "max_len": cfg.max_new_tokens, "overlong_buffer": cfg.overlong_buffer, "rl": cfg}
+    return {"lengths": samples.completion_mask.sum(-1).cpu(), "max_len": cfg.max_new_tokens, "overlong_buffer": cfg.overlong_buffer, "rl": cfg,
+            "completion_ids": samples.completion_ids, "completion_attention": samples.attention}
 
 
 def score_as_student(model, ctx: ExtraContext, batch: RolloutBatch, hidden: bool = False):

@@ -9,7 +9,7 @@ import torch
 
 from helpers import micro_params
 from posttrain import resolve
-from posttrain.recipes.rfpo.trainer import auc, state_mask, train_critic
+from posttrain.recipes.rfpo.trainer import auc, critic_prompts, state_mask, train_critic
 from posttrain.trainers.loop import TrainLoop
 
 CRITIC = {"n_prompts": 40, "samples_per_prompt": 4, "n_heldout_prompts": 20, "steps": 60, "batch_size": 32, "lr": 0.01,
@@ -24,6 +24,14 @@ def test_state_mask_covers_s0_through_the_last_state():
 def test_auc_counts_ordered_pairs():
     assert auc(torch.tensor([0.9, 0.8, 0.1]), torch.tensor([1.0, 1.0, 0.0])) == 1.0
     assert auc(torch.tensor([0.5, 0.5]), torch.tensor([1.0, 0.0])) == 0.5
+
+
+def test_the_critic_samples_prompts_from_the_whole_split_not_the_sft_examples_at_its_top():
+    train = list(range(4000))  # the SFT stage fine-tunes on the first sft.n_examples (500 by default)
+    drawn = critic_prompts(train, 500, seed=0)
+    assert len(set(drawn)) == 500 and drawn == critic_prompts(train, 500, seed=0) and drawn != critic_prompts(train, 500, seed=1)
+    assert 30 < sum(x < 500 for x in drawn) < 100  # about an eighth from the top, as in RL's own prompt draws
+    assert critic_prompts(train[:10], 50, seed=0) != train[:10] and sorted(critic_prompts(train[:10], 50, seed=0)) == train[:10]
 
 
 def test_the_critic_learns_to_predict_success_from_the_rollout(tmp_path):

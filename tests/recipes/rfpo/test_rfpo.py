@@ -134,3 +134,36 @@ def test_the_rfpo_experiment_arms_resolve_to_the_methods_they_name(tmp_path):
     from _claims import COMPARISONS
 
     assert {(c.better, c.worse) for c in COMPARISONS["rfpo_vs_ppo"]} == {("rfpo", "sft"), ("rfpo", "ppo"), ("rfpo", "rfpo_raw")}
+
+
+def test_the_reward_reads_the_critic_at_the_state_it_was_trained_on(rfpo_micro):
+    """The `rfpo` reward, called as the RL step calls it (reward_matrix with reward_context), scores V(s_L) of the
+    sampled token ids: the state the critic stage regressed, row for row, also where the policy produced a special
+    token mid-completion (this untrained policy does; decoding the text drops it, and the critic would be read at a
+    state it never saw)."""
+    from types import SimpleNamespace
+
+    from posttrain.models import load_tokenizer
+    from posttrain.models.value import final_values, load_critic, state_values
+    from posttrain.recipes.rfpo.trainer import labelled_rollouts
+    from posttrain.rewards import reward_matrix
+    from posttrain.trainers.extras import reward_context
+
+    cfg, task, examples, tokenizer, state, model = rfpo_micro
+    model.load_state_dict(state)
+    critic = load_critic(cfg.rl.critic.path + "/model", "cpu").eval()
+    tok = load_tokenizer(cfg.rl.critic.path + "/model")
+    data = labelled_rollouts(model, tok, task, examples[:6], 4, 6, 1.0, torch.Generator().manual_seed(0))
+    trained_on = final_values(state_values(critic, data.prompt_ids, data.prompt_mask, data.completion_ids, data.attention_mask),
+                              data.attention_mask).clamp(0, 1)
+    real = [ids[mask.bool()] for ids, mask in zip(data.completion_ids, data.attention_mask)]
+    texts = [tok.decode(ids, skip_special_tokens=True) for ids in real]
+    finished = [bool((ids == tok.eos_token_id).any()) for ids in real]
+    specials = {tok.pad_token_id, tok.bos_token_id} - {None}
+    assert any(any(t in specials for t in ids.tolist()) for ids in real)  # the case the text path got wrong
+    raw = resolve.updated(cfg.rl, "rl", options={"rfpo": {"binarize": False}})
+    samples = SimpleNamespace(completion_ids=data.completion_ids, completion_mask=data.attention_mask, attention=data.attention_mask)
+    rows = [e for e in examples[:6] for _ in range(4)]
+    scores, names, _ = reward_matrix(raw.rewards, task, rows, texts, finished, **reward_context(raw, samples))
+    assert names == ("rfpo",)
+    torch.testing.assert_close(scores[:, 0].float(), trained_on.float())

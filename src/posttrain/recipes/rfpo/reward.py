@@ -58,26 +58,24 @@ def _build(path: str):
 
 
 @torch.no_grad()
-def final_state_values(critic, tokenizer, examples, completions, finished) -> Tensor:
-    """[N] V(s_L): prompts encoded as the rollouts were (chat template), completions re-encoded (+ EOS when finished)."""
+def final_state_values(critic, tokenizer, examples, completion_ids: Tensor, attention: Tensor) -> Tensor:
+    """[N] V(s_L) of the sampled token ids (pad after EOS, `attention` 1 on every real token) after the prompts encoded
+    as the rollouts were (chat template): the states the critic stage regressed, and the GAE baseline reads. Decoding
+    and re-encoding the text instead would drop any special token the policy produced mid-completion (padding, BOS),
+    and score a state the critic never saw."""
     from posttrain.rollout.sampling import encode_prompts
     from posttrain.models.value import final_values, state_values
 
     device = next(critic.parameters()).device
     prompt_ids, prompt_mask = encode_prompts(tokenizer, list(examples), device)
-    tails = [tokenizer.encode(t, add_special_tokens=False) + ([tokenizer.eos_token_id] if f else []) for t, f in zip(completions, finished)]
-    width = max(1, max(len(t) for t in tails))
-    ids = torch.full((len(tails), width), tokenizer.pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(tails), width), dtype=torch.long)
-    for i, tail in enumerate(tails):
-        ids[i, : len(tail)], mask[i, : len(tail)] = torch.tensor(tail, dtype=torch.long), 1
-    ids, mask = ids.to(device), mask.to(device)
+    ids, mask = completion_ids.to(device), attention.to(device)
     return final_values(state_values(critic, prompt_ids, prompt_mask, ids, mask), mask).cpu().clamp(0.0, 1.0)
 
 
-@rewards.register("rfpo", needs=("rl", "lengths", "max_len"), options=RFPOOptions)
-def rfpo_reward(task, examples, completions, finished, *, rl, lengths, max_len) -> Tensor:
-    """RFPO's binarised, length-debiased score of the frozen critic (rl.critic.path); reads no answer and no verifier."""
+@rewards.register("rfpo", needs=("rl", "lengths", "max_len", "completion_ids", "completion_attention"), options=RFPOOptions)
+def rfpo_reward(task, examples, completions, finished, *, rl, lengths, max_len, completion_ids, completion_attention) -> Tensor:
+    """RFPO's binarised, length-debiased score of the frozen critic (rl.critic.path) on the sampled token ids; reads no
+    answer and no verifier (the texts are not read)."""
     from posttrain.errors import UserError
     from posttrain.models.value import critic_dir
 
@@ -85,5 +83,5 @@ def rfpo_reward(task, examples, completions, finished, *, rl, lengths, max_len) 
         raise UserError("rl.rewards: rfpo needs a pretrained critic: set rl.critic.path (the `critic` stage's output)")
     path = critic_dir(rl.critic.path)
     critic, tokenizer = _cached(_build, str(Path(path).resolve()), (Path(path) / "config.json").stat().st_mtime)
-    values = final_state_values(critic, tokenizer, examples, completions, finished)
+    values = final_state_values(critic, tokenizer, examples, completion_ids, completion_attention)
     return rfpo_scores(values, torch.as_tensor(lengths), max_len, rl.options_for("rfpo"))

@@ -1,7 +1,11 @@
 """Pretraining a success critic for RFPO (Reward-Free Policy Optimization, 2026): V_psi(s_t) ~ P(success | x, y_<=t) from labelled rollouts.
 
 The SFT policy samples `critic.samples_per_prompt` completions of each of `critic.n_prompts` training prompts (the
-rl budget and temperature, so the critic sees the rollouts RL will start from); the task's verifier labels each
+rl budget and temperature, so the critic sees the rollouts RL will start from); the prompts are a seeded uniform draw
+from the whole training split, the distribution RL draws its prompts from. (The first n_prompts would be the SFT
+stage's examples, `sft.n_examples` of them from the top: answers the policy memorised, solved far more often than
+the prompts RL meets, so a critic trained on them learns that the policy succeeds and is overconfident everywhere
+else.) The task's verifier labels each
 rollout 1 (solved) or 0. The critic (a value head on a copy of the policy, models/value.py) regresses every state of
 the rollout, s_0 (the prompt) through s_L (after the last token), on its eventual label with a squared error, whose
 minimiser is the conditional success probability. This is the only place labels are read; RL with preset `rfpo`
@@ -83,13 +87,20 @@ def heldout_metrics(critic, data: Labelled) -> dict[str, float]:
             "heldout_auc": auc(v, data.labels), "heldout_success_rate": rate, "heldout_value_mean": float(v.mean())}
 
 
+def critic_prompts(train: Sequence[Example], n: int, seed: int) -> list[Example]:
+    """`n` training prompts drawn uniformly without replacement (seeded), in the order drawn."""
+    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed + 2))[:n]
+    return [train[i] for i in order.tolist()]
+
+
 def train_critic(policy, tokenizer, task: Task, train: Sequence[Example], heldout: Sequence[Example], cfg, seed: int, loop: TrainLoop,
                  on_log: Callable[[int, dict[str, float]], None]):
     """(the trained critic, its metric history, the final metrics) under `cfg.critic` (the rl budget for rollouts)."""
     opts, rl = cfg.critic, cfg.rl
     generator = torch.Generator(device=next(policy.parameters()).device).manual_seed(seed)
     policy.eval()
-    data = labelled_rollouts(policy, tokenizer, task, list(train[: opts.n_prompts]), opts.samples_per_prompt, rl.max_new_tokens, rl.temperature, generator)
+    data = labelled_rollouts(policy, tokenizer, task, critic_prompts(train, opts.n_prompts, seed), opts.samples_per_prompt, rl.max_new_tokens,
+                             rl.temperature, generator)
     held = labelled_rollouts(policy, tokenizer, task, list(heldout[: opts.n_heldout_prompts]), opts.samples_per_prompt, rl.max_new_tokens,
                              rl.temperature, generator)
     critic = critic_from_policy(policy).train()
