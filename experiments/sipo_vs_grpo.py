@@ -1,7 +1,8 @@
 """Claim (b), SIPO (self-instructing policy optimization): the contrastive self-teacher gives a non-zero learning signal in groups where
 every rollout fails (GRPO's advantage is exactly 0 there), and so keeps improving where GRPO stalls.
 
-Setting: 2-digit multiplication, where a small SFT model solves few problems and most groups all fail.
+Setting: 2-digit multiplication, where a small SFT model solves few problems and many groups all fail (at the
+recorded budget, SFT on all 4,000 training problems for 3,000 steps, 17-23% held-out and 43-63% of groups).
 The start model is SFT'd on solved examples plus the same examples behind SIPO's contrastive context
 (`<ref>+<wrong>-...=<prompt>` -> `<ref>`), so the self-teacher can read the framing (the paper's model
 reads natural-language framing; ours must be taught this format). Arms from that start: `grpo`, `sipo`.
@@ -42,7 +43,9 @@ def main() -> None:
     args = C.parse_args(__doc__.split("\n")[0], 200)
     t0 = time.time()
     cfg = C.load_config(args, ["task.operations=['*']", "rl.rewards=[{name: correctness}]"])  # correctness only: all-fail means A = 0
-    task, train, held, _, _ = C.sft_start(cfg, args.seed)
+    task = C.build_task(cfg.task)  # (not C.sft_start: its plain SFT model is never used here)
+    splits = task.splits(args.seed)
+    train, held = splits["train"], splits["heldout"]
     plain = train[: cfg.sft.n_examples or None]
     path = D.sft_on(cfg, task, plain + hinted(plain, args.seed), args.seed, "sipo_sft", extra_chars=contexts.LABEL_CHARS)
     model, tok = C.load_pretrained(path)
