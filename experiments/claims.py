@@ -34,8 +34,9 @@ CLAIMS: dict[str, tuple[str, list[str]]] = {
     "respo_vs_clip": ("respo_vs_clip", ["--steps", "40"]),
     "qglas_vs_quality": ("qglas_vs_quality", ["--steps", "60"]),
     # the teacher is the SFT start + 600 GRPO steps (as ride_vs_oprd's): ahead of the start by 0.09-0.17 on seeds 0, 2, 3,
-    # not on seed 1 (-0.012); measured with --seeds 4 (0-2, then 3 merged), 2-3 min a seed on one shared core
-    "gats_vs_opd": ("gats_vs_opd", ["--steps", "60", "--teacher-steps", "600"]),
+    # not on seed 1 (-0.012). 600 student steps, as many as the teacher's: GATS's weight decays (to 0-0.04 in the last
+    # fifth); at 60 steps it stayed at 0.12-0.39. Measured with --seeds 4, 4.5-6 min a seed on one shared core
+    "gats_vs_opd": ("gats_vs_opd", ["--steps", "600", "--teacher-steps", "600"]),
     "sipo_vs_grpo": ("sipo_vs_grpo", ["--steps", "60"]),
     "think_opd_worked_steps": ("think_opd_worked_steps", ["--steps", "40", "--set", "rl.prompts_per_step=16", "--set", "eval.n_prompts=200"]),
     # a teacher 600 GRPO steps from its base (the same model as gats_vs_opd's for a seed): above it by 0.09-0.17 on seeds
