@@ -10,7 +10,7 @@ it from the same checkpoint on the same caption pairs (chosen = higher GPA, seve
 same steps, lr and beta. Captions for held-out shots are decoded greedily and sampled (temperature 1), judged
 against each shot's checklist.
 
-    .venv/bin/python experiments/gm_dpo_flexbench.py [--steps N] [--json FILE] [--tracking-uri URI] [--micro]
+    .venv/bin/python experiments/gm_dpo_flexbench.py [--steps N] [--sft-stop-gpa G] [--json FILE] [--tracking-uri URI] [--micro]
 """
 
 from __future__ import annotations
