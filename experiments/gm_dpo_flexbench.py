@@ -2,12 +2,15 @@
 and the weighted hallucination rate of the captions the policy writes for held-out shots.
 
 Set-up (data/flexbench.py): a tiny word-level model is SFT-trained as a noisy captioner (a share `--noise` of
-its training captions carry omissions, wrong actions/limbs/states or fabricated persons); then each arm trains
+its training captions carry omissions, wrong actions/limbs/states or fabricated persons). With `--sft-stop-gpa G`
+the SFT stops at the first check (every 5 steps) where its greedy GPA on the first 100 training shots reaches G,
+so the start sits below the ceiling (the captioner goes from GPA ~0 to ~100 within a few dozen steps, at a step
+that differs by seed, so no fixed budget leaves every seed room); then each arm trains
 it from the same checkpoint on the same caption pairs (chosen = higher GPA, severity = GPA gap / 100) with the
 same steps, lr and beta. Captions for held-out shots are decoded greedily and sampled (temperature 1), judged
 against each shot's checklist.
 
-    .venv/bin/python experiments/gm_dpo_flexbench.py [--steps N] [--json FILE] [--tracking-uri URI] [--micro]
+    .venv/bin/python experiments/gm_dpo_flexbench.py [--steps N] [--sft-stop-gpa G] [--json FILE] [--tracking-uri URI] [--micro]
 """
 
 from __future__ import annotations
@@ -31,19 +34,48 @@ ARMS = ("dpo", "gm_dpo")
 MAX_CAPTION = 16  # tokens: two clauses of at most 6 words, plus EOS
 
 
-def noisy_captioner(cfg, train_shots, noise: float, sft_steps: int, seed: int):
-    """A cached SFT checkpoint trained on captions of which a share `noise` are corrupted."""
-    path = C.CACHE / f"flexbench_sft_{cfg.section_hash('model', 'sft')}_{len(train_shots)}_{noise}_{sft_steps}_s{seed}"
+STOP_EVERY, STOP_SHOTS = 5, 100  # --sft-stop-gpa: check every 5 SFT steps, on the first 100 training shots
+
+
+class _Stop(Exception):
+    pass
+
+
+def noisy_captioner(cfg, train_shots, noise: float, sft_steps: int, seed: int, stop_gpa: float | None = None):
+    """(a cached SFT checkpoint trained on captions of which a share `noise` are corrupted, the SFT steps it ran).
+    With `stop_gpa` the SFT stops at the first check where greedy GPA on the first training shots reaches it."""
+    stop = f"_stop{stop_gpa}" if stop_gpa is not None else ""
+    path = C.CACHE / f"flexbench_sft_{cfg.section_hash('model', 'sft')}_{len(train_shots)}_{noise}_{sft_steps}{stop}_s{seed}"
     if not (path / "done").exists():
         rng = random.Random(seed)
         examples = [Example(s.prompt(), s.reference() if rng.random() >= noise else F.corrupted_caption(s, rng), "") for s in train_shots]
         seed_everything(seed)
         tokenizer = word_tokenizer(F.vocabulary())
         model = build_tiny(cfg.model, tokenizer)
-        train_sft(model, tokenizer, examples, cfg.sft.model_copy(update={"steps": sft_steps, "n_examples": 0}), seed, on_log=lambda s, m: None)
+        ran = {"steps": sft_steps}
+
+        def check(step, metrics):
+            if stop_gpa is not None and greedy_gpa(model, tokenizer, train_shots[:STOP_SHOTS]) >= stop_gpa:
+                ran["steps"] = step
+                raise _Stop
+
+        sft = cfg.sft.model_copy(update={"steps": sft_steps, "n_examples": 0, **({"log_every": STOP_EVERY} if stop_gpa is not None else {})})
+        try:
+            train_sft(model, tokenizer, examples, sft, seed, on_log=check)
+        except _Stop:
+            pass
         save_pretrained(model, tokenizer, path)
-        (path / "done").write_text("ok")
-    return path
+        (path / "done").write_text(str(ran["steps"]))
+    text = (path / "done").read_text()
+    return path, int(text) if text.isdigit() else sft_steps
+
+
+@torch.no_grad()
+def greedy_gpa(model, tokenizer, shots) -> float:
+    model.eval()
+    _, texts = generate(model, tokenizer, [s.prompt() for s in shots], MAX_CAPTION, greedy=True)
+    model.train()
+    return F.caption_metrics(texts, shots)["gpa"]
 
 
 @torch.no_grad()
@@ -61,7 +93,8 @@ def caption_eval(model, tokenizer, shots, seed: int) -> dict[str, float]:
 def main() -> None:
     args = C.parse_args(__doc__.split("\n")[0], 200, [("--shots", int, 800, "training shots"), ("--heldout", int, 200, "held-out shots"),
                                                       ("--noise", float, 0.5, "share of corrupted SFT captions"),
-                                                      ("--sft-steps", int, 400, "SFT steps of the noisy captioner"),
+                                                      ("--sft-steps", int, 400, "SFT steps of the noisy captioner (at most, with --sft-stop-gpa)"),
+                                                      ("--sft-stop-gpa", float, None, "stop the SFT once greedy GPA on 100 training shots reaches this"),
                                                       ("--pairs-per-shot", int, 4, "caption pairs per training shot")])
     t0 = time.time()
     cfg = C.load_config(args, [f"preference.steps={args.steps}"])
@@ -69,10 +102,10 @@ def main() -> None:
         args.shots, args.heldout, args.sft_steps = 40, 10, 10
     shots = F.make_shots(args.shots + args.heldout, args.seed)
     train_shots, held_shots = shots[: args.shots], shots[args.shots :]
-    path = noisy_captioner(cfg, train_shots, args.noise, args.sft_steps, args.seed)
+    path, sft_steps_run = noisy_captioner(cfg, train_shots, args.noise, args.sft_steps, args.seed, args.sft_stop_gpa)
     model, tokenizer = load_pretrained(path)
     before = caption_eval(model, tokenizer, held_shots, args.seed)
-    print("SFT captioner: " + ", ".join(f"{k} {v:.3f}" for k, v in before.items()), flush=True)
+    print(f"SFT captioner ({sft_steps_run} steps): " + ", ".join(f"{k} {v:.3f}" for k, v in before.items()), flush=True)
     train_pairs = F.shot_pairs(train_shots, args.pairs_per_shot, args.seed)
     held_pairs = F.shot_pairs(held_shots, 2, args.seed + 1)
     arms, rows = {}, []
@@ -98,7 +131,8 @@ def main() -> None:
             runs[arm] = C.log_arm(a["_cfg"], f"gm_dpo_flexbench/{arm}", a["_history"], final, rows, text)
     for a in arms.values():
         a.pop("_history"), a.pop("_cfg")
-    results = {"claim": "gm_dpo_flexbench", "steps": args.steps, "n_train_pairs": len(train_pairs), "noise": args.noise, "arms": arms,
+    results = {"claim": "gm_dpo_flexbench", "steps": args.steps, "n_train_pairs": len(train_pairs), "noise": args.noise,
+               "sft_steps": sft_steps_run, "sft_stop_gpa": args.sft_stop_gpa, "arms": arms,
                "table": rows, "mlflow_runs": runs, "runtime_s": round(time.time() - t0, 1)}
     print(f"runtime {results['runtime_s']}s")
     C.write_json(args, results)

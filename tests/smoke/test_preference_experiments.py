@@ -17,7 +17,7 @@ EXPECTED = {
     # trm_disjoint is left out (the same code path as bt_disjoint, and a TRM is the slowest part)
     "reward_model_rl": ({"bt", "trm", "verifier", "bt_disjoint"}, ["--arms", "bt,trm,verifier,bt_disjoint", "--set", "reward_model.steps=3", "--set", "reward_model.n_pairs=30",
                                                     "--set", "reward_model.n_heldout_pairs=10", *TRM_MICRO]),
-    "gm_dpo_flexbench": ({"dpo", "gm_dpo"}, []),
+    "gm_dpo_flexbench": ({"dpo", "gm_dpo"}, ["--sft-stop-gpa", "-1000"]),  # any GPA reaches -1000: the SFT stops at its first check
     "abc_align_pseudo_labels": ({"pseudo_only", "gold_only", "abc_align", "ppi"}, ["--gold", "8"]),
     "glime_vs_naive": ({"naive", "naive_paraphrase", "glime"}, ["--edits", "2"]),
 }
@@ -39,6 +39,8 @@ def test_experiment_runs_and_writes_json(name, tmp_path):
     assert all(len(c["worse_values"]) == 2 and is_verdict(c["verdict"]) for c in claim["comparisons"])
     for data in claim["per_seed"]:
         assert data["claim"] == name and data["steps"] == 2 and set(data["arms"]) == arms and data["table"]
+        if name == "gm_dpo_flexbench":
+            assert data["sft_steps"] == 5 and data["sft_stop_gpa"] == -1000
         if name == "reward_model_rl":  # each reward model's pick among 8 SFT samples, between a random pick and the oracle's
             assert {"bt_pick_accuracy", "trm_pick_accuracy"} <= set(data["best_of_n"]["same"]) and "bt_pick_accuracy" in data["best_of_n"]["disjoint"]
             for picks in data["best_of_n"].values():
