@@ -71,10 +71,12 @@ ASYNC = [compare("acc_equal_time", "async_pace", "async_none"), compare("time_to
          compare(HELDOUT, "async_pace", "sync"), compare("gen_wait_s", "async_pace", "sync", lower=True),
          compare(HELDOUT, "async_pace", "async_max_staleness")]
 # asct_vs_ppo.py (issue 19): ASCT's tree credit vs trajectory-return PPO and vs a Monte-Carlo value baseline at matched
-# auxiliary tokens, on the held-out greedy actor; the cost-aware tree policy vs the uniform one (utility, and the tokens it spends)
+# auxiliary tokens, on the held-out greedy actor and on episodes sampled from it (issue 34: the credit arms can end at one
+# greedy policy while their distributions differ); the cost-aware tree policy vs the uniform one (utility, tokens spent)
 ASCT = [compare("utility", "asct", "trajectory"), compare("utility", "asct", "mc_value"), compare("utility", "asct_agent_uct", "trajectory"),
         compare("utility", "asct_agent_uct", "asct"), compare("f1", "asct", "trajectory"), compare("f1", "asct", "mc_value"),
-        compare("aux_tokens", "asct_agent_uct", "asct", lower=True)]
+        compare("aux_tokens", "asct_agent_uct", "asct", lower=True), compare("sampled_utility", "asct", "trajectory"),
+        compare("sampled_utility", "asct", "mc_value"), compare("sampled_utility", "asct_agent_uct", "asct")]
 FLOW = [compare(metric, better, worse) for better, worse in (("gdpo", "sft"), ("sum_then_normalize", "sft"), ("gdpo", "sum_then_normalize"))
         for metric in ("overall", "ia", "bp", "qp")]
 # claim (the script stem, or a claims.py CLAIMS name when one script runs several) -> the differences it claims

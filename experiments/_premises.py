@@ -92,7 +92,20 @@ FLOW = [
       for judge in ("ia", "bp", "qp")],
 ]
 
+def _relative_gap(column: str, a: str, b: str) -> Callable[[dict], float]:
+    """|a - b| / |b| of one results-table column (each arm one row)."""
+    return lambda r: abs(_row(r, a, column) - _row(r, b, column)) / max(abs(_row(r, b, column)), 1e-12)
+
+
+# the cost-aware tree policy is compared with the uniform one only where their searches differed (with n_sim at most the
+# legal actions, both visit every action once, in the same order: the same tree, token for token)
+ASCT_SEARCHES_DIFFER = Premise("AgentUCT's and the uniform tree's auxiliary tokens, relative gap", _relative_gap("aux_tokens", "asct_agent_uct", "asct"),
+                               at_least=0.01, pair=("asct_agent_uct", "asct"))
+
 PREMISES: dict[str, list[Premise]] = {
+    "asct_vs_ppo": [ASCT_SEARCHES_DIFFER],
+    "asct_vs_ppo_short": [ASCT_SEARCHES_DIFFER],
+    "asct_lm_vs_ppo": [ASCT_SEARCHES_DIFFER],
     "gats_vs_opd": [
         Premise("teacher held-out greedy minus the student's start", _lead("teacher_heldout", "sft_heldout"), at_least=TEACHER_MARGIN),
         Premise("GATS distillation weight at its first logged step", lambda r: r["arms"]["gats"]["weight_curve"][0], at_least=0.01,

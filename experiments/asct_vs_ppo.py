@@ -13,8 +13,10 @@ questions, 0.1 per call), the same actor initialisation, rounds, episodes and PP
                     (asct.mc_token_budget = that arm's aux_tokens / its visited states)
 
 Each arm's held-out figures are the greedy actor alone (deployment: no tree): utility, F1, search calls, gold-passage
-recall; plus the auxiliary tokens it spent in training (in total and per visited state). The harness pairs ASCT
-with each baseline by seed.
+recall; with `--set asct.eval_samples=k` also the same figures over k episodes sampled from the actor per question
+(`sampled_*`: the credit arms can end at one greedy policy and still differ in what they sample); plus the auxiliary
+tokens it spent in training (in total and per visited state). The harness pairs ASCT with each baseline by seed; the
+two tree policies are compared only on seeds where their searches differed (their auxiliary tokens, _premises.py).
 
     .venv/bin/python experiments/claims.py --claim asct_lm_vs_ppo       (the LM actor: 10 rounds of 8 episodes, N = 4)
     .venv/bin/python experiments/claims.py --claim asct_vs_ppo          (the MLP actor: 40 rounds)

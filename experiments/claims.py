@@ -84,8 +84,9 @@ CLAIMS: dict[str, tuple[str, list[str]]] = {
     "async_pace": ("async_pace", ["--steps", "200", "--every", "10"]),
     "async_pace_deterministic": ("async_pace", ["--steps", "200", "--every", "10", "--schedule", "deterministic"]),
     "bridge_vs_baselines": ("bridge_vs_baselines", ["--steps", "10"]),
-    "asct_vs_ppo": ("asct_vs_ppo", ["--steps", "40", "--set", "asct.actor=mlp"]),  # the MLP actor over action features
-    "asct_vs_ppo_short": ("asct_vs_ppo", ["--steps", "12", "--set", "asct.actor=mlp"]),
+    # the MLP actor over action features; held-out figures of the greedy actor and of 8 episodes sampled per question
+    "asct_vs_ppo": ("asct_vs_ppo", ["--steps", "40", "--set", "asct.actor=mlp", "--set", "asct.eval_samples=8"]),
+    "asct_vs_ppo_short": ("asct_vs_ppo", ["--steps", "12", "--set", "asct.actor=mlp", "--set", "asct.eval_samples=8"]),
     # the LM actor, at a budget the shared CPU allows: 10 rounds of 8 episodes, N = 4, a 32-wide LM warm-started 30 steps
     "asct_lm_vs_ppo": ("asct_vs_ppo", ["--steps", "10", "--set", "asct.episodes=8", "--set", "asct.n_sim=4", "--set", "asct.n_heldout=60",
                                        "--set", "asct.lm.sft_steps=30", "--set", "model.hidden_size=32", "--set", "model.intermediate_size=64"]),

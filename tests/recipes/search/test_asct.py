@@ -57,7 +57,7 @@ class ProbeEnv(RecoverableEnv):
 
 def settings(**kw):
     base = dict(actor="mlp", credit="asct", tree_policy="uniform", n_sim=6, uct_c=1.0, cost_weight=0.1, lambda_mix=1.0, mc_rollouts=6, mc_token_budget=0, episodes=6,
-                iterations=2, epochs=2, lr=0.05, clip_eps=0.2, entropy_coef=0.0, max_grad_norm=1.0, hidden_size=8, max_steps=6, log_every=1)
+                iterations=2, epochs=2, lr=0.05, clip_eps=0.2, entropy_coef=0.0, max_grad_norm=1.0, hidden_size=8, max_steps=6, log_every=1, eval_samples=0)
     return SimpleNamespace(**{**base, **kw})
 
 

@@ -67,6 +67,22 @@ def test_the_tree_feeds_a_non_degenerate_credit_in_the_search_environment(setup)
     assert metrics["q_spread"] > 0 and metrics["aux_tokens"] > 0 and (advantages != 0).float().mean() > 0.3
 
 
+def test_sampled_held_out_episodes_read_the_policy_beyond_its_argmax(setup):
+    """evaluate() with eval_samples k: k sampled episodes per question beside the greedy one, from a generator of their
+    own seeded by the run's seed (the same figures twice; the training generator untouched); an untrained actor's
+    near-uniform policy samples other episodes than its argmax, so the sampled figures are not the greedy ones."""
+    env, train, held = setup
+    cfg = SimpleNamespace(actor="mlp", episodes=6, lr=0.01, clip_eps=0.2, hidden_size=8, max_steps=6, eval_samples=4)
+    trainer = ASCTTrainer(cfg, env, train, seed=0)
+    state = trainer.generator.get_state()
+    first, episodes = trainer.evaluate(held[:5])
+    assert torch.equal(trainer.generator.get_state(), state) and len(episodes) == 5
+    assert {"utility", "f1", "sampled_utility", "sampled_f1", "sampled_tokens"} <= set(first) and first == trainer.evaluate(held[:5])[0]
+    assert (first["sampled_utility"], first["sampled_tokens"]) != (first["utility"], first["tokens"])
+    greedy_only, _ = ASCTTrainer(SimpleNamespace(**{**vars(cfg), "eval_samples": 0}), env, train, seed=0).evaluate(held[:5])
+    assert greedy_only == {k: v for k, v in first.items() if not k.startswith("sampled_")}
+
+
 def test_the_stage_refuses_a_task_other_than_search():
     from posttrain.errors import UserError
 

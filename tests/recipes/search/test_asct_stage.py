@@ -53,7 +53,7 @@ def test_a_killed_asct_run_resumes_bit_for_bit(tmp_path):
 
 def test_the_asct_claim_runs_through_the_harness_on_a_micro_budget(tmp_path, monkeypatch):
     results = claim_in_process(monkeypatch, tmp_path, "asct_vs_ppo", "asct_vs_ppo",
-                               ["--steps", "1", "--micro", "--no-mlflow", "--seeds", "2", "--json", str(tmp_path / "o.json")])
+                               ["--steps", "1", "--micro", "--no-mlflow", "--seeds", "2", "--set", "asct.eval_samples=2", "--json", str(tmp_path / "o.json")])
     from _claims import COMPARISONS
 
     assert len(results["comparisons"]) == len(COMPARISONS["asct_vs_ppo"])
@@ -61,6 +61,8 @@ def test_the_asct_claim_runs_through_the_harness_on_a_micro_budget(tmp_path, mon
         arms = {r["arm"]: r for r in seed["table"]}
         assert set(arms) == {"asct", "asct_agent_uct", "trajectory", "mc_value"} and arms["trajectory"]["aux_tokens"] == 0
         assert arms["asct"]["aux_tokens"] > 0 and arms["mc_value"]["aux_tokens_per_visit"] >= seed["mc_token_budget"] > 0
+        assert all(0 <= r["sampled_f1"] <= 1 and "sampled_utility" in r for r in arms.values())  # the sampled held-out rows' figures
+    assert {p["seed"] for p in results["premises"]} == {0, 1}  # the tree policies' search gap, measured on each seed
 
 
 def test_the_measured_claim_fed_every_arm_a_learning_signal():

@@ -169,7 +169,7 @@ class ASCTTrainer:
         self.cfg, self.env, self.train = cfg, env, list(train)
         self.actor = actors.get(cfg.actor)(cfg, env, model_cfg, env.alphabet())
         self.optimizer = torch.optim.Adam(self.actor.parameters(), lr=self.actor.learning_rate(cfg))
-        self.generator = torch.Generator().manual_seed(seed)
+        self.seed, self.generator = seed, torch.Generator().manual_seed(seed)
         self.loss_settings = LossSettings(clip_eps_low=cfg.clip_eps, clip_eps_high=cfg.clip_eps, loss_agg="token_mean")
 
     def parts(self) -> dict:
@@ -214,13 +214,23 @@ class ASCTTrainer:
 
     @torch.no_grad()
     def evaluate(self, examples: Sequence) -> tuple[dict[str, float], list[Episode]]:
-        """Greedy actor episodes (deployment: no tree) and the environment's figures of each."""
+        """Greedy actor episodes (deployment: no tree) and the environment's figures of each; with `eval_samples` k > 0,
+        also k sampled episodes per question (`sampled_*`, from a generator of their own seeded by the run's seed): the
+        policy's distribution, which two runs can move differently while their argmax actions agree."""
         episodes = [play(self.actor, self.env, e, None, greedy=True, max_steps=self.cfg.max_steps) for e in examples]
+        out = self.figures(episodes)
+        if self.cfg.eval_samples:
+            draw = torch.Generator().manual_seed(self.seed + 7919)
+            sampled = [play(self.actor, self.env, e, draw, max_steps=self.cfg.max_steps) for e in examples for _ in range(self.cfg.eval_samples)]
+            out.update({f"sampled_{k}": v for k, v in self.figures(sampled).items()})
+        return out, episodes
+
+    def figures(self, episodes: Sequence[Episode]) -> dict[str, float]:
         rows = [self.env.figures(e.final) if hasattr(self.env, "figures") else {} for e in episodes]
         out = {"utility": sum(e.utility for e in episodes) / len(episodes), "tokens": sum(e.tokens for e in episodes) / len(episodes)}
         for key in rows[0] if rows else []:
             out[key] = sum(r[key] for r in rows) / len(rows)
-        return out, episodes
+        return out
 
 
 def train_asct(cfg, env: RecoverableEnv, train: Sequence, heldout: Sequence, seed: int, loop: TrainLoop | None = None,

@@ -73,6 +73,7 @@ class AsctConfig(Section):
     hidden_size: int = Field(32, gt=0)  # the mlp actor: an MLP scoring each legal action from its features
     max_steps: int = Field(6, gt=0)  # actions per episode (an episode cut off scores as unanswered)
     n_heldout: int = Field(200, gt=0)  # held-out questions for the greedy actor's figures (at most task.n_heldout)
+    eval_samples: int = Field(0, ge=0)  # > 0: also this many sampled actor episodes per held-out question (heldout_sampled_*)
     example_episodes: int = Field(8, ge=0)  # held-out episodes logged as a table (queries, passages, answers)
     log_every: int = Field(5, gt=0)
     checkpoint_every: int = Field(10, ge=0)  # rounds between checkpoints: `posttrain asct --resume`; 0: none
