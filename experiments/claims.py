@@ -64,6 +64,8 @@ CLAIMS: dict[str, tuple[str, list[str]]] = {
     "rfpo_vs_ppo": ("rfpo_vs_ppo", ["--steps", "100", "--set", "critic.n_prompts=500", "--set", "critic.steps=300", "--set", "rl.critic.lr=0.002"]),
     "async_pace": ("async_pace", ["--steps", "200", "--every", "10"]),
     "async_pace_deterministic": ("async_pace", ["--steps", "200", "--every", "10", "--schedule", "deterministic"]),
+    # the script's world: 50 people, every question kind (a third 2-hop), 50 train / 100 held-out questions; 10 iterations
+    # of 4 questions x 4 episodes per arm after 400 SFT steps; 50-70 s a seed on one shared core
     "bridge_vs_baselines": ("bridge_vs_baselines", ["--steps", "10"]),
     "asct_vs_ppo": ("asct_vs_ppo", ["--steps", "40", "--set", "asct.actor=mlp"]),  # the MLP actor over action features
     "asct_vs_ppo_short": ("asct_vs_ppo", ["--steps", "12", "--set", "asct.actor=mlp"]),
