@@ -74,8 +74,8 @@ CLAIMS: dict[str, tuple[str, list[str]]] = {
                                        "--set", "asct.lm.sft_steps=30", "--set", "model.hidden_size=32", "--set", "model.intermediate_size=64"]),
     # 3 objects, 1-2 hops; SFT 3000 steps of 16 at lr 0.006 on 20,000 scenes (issue 34: 200 steps at lr 0.003 on 2,000
     # left the VLM at chance, 0.28-0.33; seed-0 probes at lr 0.006: 0.43 after 2000 steps on 2,000 scenes, 0.47 on 20,000),
-    # then 20 RL steps of 4 questions x G=8 at lr 1e-3 (12 steps at 3e-4 changed no greedy answer); about 20 min a seed
-    # on one shared core, most of it the two SFTs
+    # then 20 RL steps of 4 questions x G=8 at lr 1e-3 (12 steps at 3e-4 changed no greedy answer); 9-17 min a seed on
+    # one shared core, most of it the two SFTs; measured with --seeds 4 (seeds 0-2, then seed 3 merged)
     "viskg_gdpo_vs_grpo": ("viskg_gdpo_vs_grpo", ["--steps", "20", "--set", "viskg.data.n_objects=3", "--set", "viskg.data.max_hops=2",
                                                   "--set", "viskg.data.n_train=20000", "--set", "viskg.data.n_heldout=100",
                                                   "--set", "viskg.sft.steps=3000", "--set", "viskg.sft.batch_size=16", "--set", "viskg.sft.lr=0.006",
