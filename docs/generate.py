@@ -201,13 +201,14 @@ def counted(statuses: list[str]) -> str:
 
 
 def claim_statuses(results: Path, measured, min_seeds: int) -> list[str] | None:
-    """The statuses of the rows of `measured.claim` naming one of `measured.arms` (every row when it names none), or
-    None when the claim has no results file."""
+    """The statuses of the rows of `measured.claim` naming one of `measured.arms` (every row when it names none), less
+    its construction checks (rows that hold by the setup's construction), or None when the claim has no results file."""
     path = results / f"{measured.claim}.json"
     if not path.is_file():
         return None
     data = json.loads(path.read_text())
-    rows = [c for c in data["comparisons"] if not measured.arms or c["better"] in measured.arms or c["worse"] in measured.arms]
+    rows = [c for c in data["comparisons"] if (not measured.arms or c["better"] in measured.arms or c["worse"] in measured.arms)
+            and not c.get("construction_check")]  # a check of the setup's construction is no evidence for the method
     return [row_status(c, len(data["seeds"]), min_seeds) for c in rows]
 
 

@@ -2,12 +2,16 @@
 first, first-order value-function penalty) reaches a higher held-out EM and gold-passage recall than policy-only GRPO
 with a frozen retriever, naive joint training and joint training in the other order (policy first).
 
-Setup: a small world of the search task (8 people, 1-hop questions; task.options.search), a tiny char-level policy warm-started by SFT on the
-reference transcripts (the loss on its own tokens), and a `dual_encoder` retriever pre-trained weakly (a few
-contrastive steps on entity-only queries, so its top-k often misses the gold passage: room to learn) and sampled as
-the stochastic top-N policy. Every arm starts from the same SFT policy and the same retriever for a seed.
+Setup: a small world of the search task (50 people, 4 companies, 4 cities; every question kind, so about a third are
+2-hop "where is pN's employer based?"; task.options.search), 50 train and 100 held-out questions, a tiny char-level
+policy warm-started by SFT on the train questions' reference transcripts (the loss on its own tokens), and a
+`dual_encoder` retriever pre-trained weakly (a few contrastive steps on entity-only queries, so its top-k often
+misses the gold passage: room to learn) and sampled as the stochastic top-N policy. Every arm starts from the same
+SFT policy and the same retriever for a seed.
 Metrics: held-out EM / F1 (greedy policy, top-k retrieval) and recall of gold passages, after `--steps`
-iterations; the same on the train questions; the rollout reward over the last third of the iterations.
+iterations, and EM on the held-out 2-hop questions alone; the same on the train questions; the rollout reward over
+the last third of the iterations. The results record the held-out count (`n_heldout`), its 2-hop share, and the
+held-out EM of answering each kind's most frequent train answer without searching (`heldout_prior_em`).
 
     .venv/bin/python experiments/bridge_vs_baselines.py [--steps N] [--seeds 3] [--json FILE] [--micro] [--no-mlflow]
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections import Counter
 
 import pandas as pd
 import torch
@@ -23,18 +28,35 @@ from mlflow import MlflowClient
 
 import _common as C
 from posttrain.envs.retrievers import DualEncoder, RetrievalPolicy, train_dual_encoder
+from posttrain.envs.search import exact_match
 from posttrain.models import build_tiny, train_char_tokenizer
 from posttrain.tasks import build_task
 from posttrain.recipes.search.bridge_trainer import ARMS, BridgeLoop, action_mask_sft
 
-WORLD = ["task.name=search", "task.options.search.people=8", "task.options.search.companies=4", "task.options.search.cities=4",
-         "task.options.search.kinds=[employer, home]", "task.n_train=12", "task.n_heldout=4", "task.options.search.top_k=1",
+# 50 people x 3 kinds = 150 questions: 50 train, 100 held out (issue 34: at least 100, multi-hop among them); 140 new
+# tokens per episode hold a 2-hop transcript (two searches, two results, the answer: 136 characters at most)
+WORLD = ["task.name=search", "task.options.search.people=50", "task.options.search.companies=4", "task.options.search.cities=4",
+         "task.options.search.kinds=[employer, home, hq]", "task.n_train=50", "task.n_heldout=100", "task.options.search.top_k=1",
          "task.options.search.candidates=6", "task.options.search.max_calls=2", "model.hidden_size=64", "model.intermediate_size=128",
-         "model.layers=2", "model.heads=4", "model.kv_heads=2", "model.max_positions=256", "bridge.max_new_tokens=80", "bridge.sft_steps=400"]
+         "model.layers=2", "model.heads=4", "model.kv_heads=2", "model.max_positions=256", "bridge.max_new_tokens=140", "bridge.sft_steps=400"]
+MULTI_HOP = "hq"  # the 2-hop question kind
 MICRO_WORLD = ["task.options.search.people=6", "task.options.search.companies=3", "task.options.search.cities=3", "task.n_train=4",
                "task.n_heldout=2", "task.options.search.kinds=[employer]", "model.hidden_size=32", "model.intermediate_size=64",
                "model.layers=1", "model.heads=2", "model.kv_heads=1", "bridge.sft_steps=40", "bridge.sft_lr=0.01", "bridge.retriever_warmup_steps=3",
                "bridge.prompts_per_step=2", "bridge.group_size=3", "bridge.max_new_tokens=80", "task.options.search.cost_per_call=0.2"]
+
+
+def multihop_em(loop: BridgeLoop, held: list) -> float:
+    """EM of the last evaluation (greedy, one episode per question, in `held`'s order) on the 2-hop questions alone."""
+    hits = [exact_match(row["answer"] or None, e.answer) for row, e in zip(loop.last_eval_episodes, held) if e.metadata["kind"] == MULTI_HOP]
+    return sum(hits) / len(hits) if hits else float("nan")
+
+
+def prior_em(train: list, held: list) -> float:
+    """Held-out EM of answering, without searching, each kind's most frequent train answer (few companies and cities:
+    an answer can be right by its prior alone)."""
+    common = {kind: Counter(e.answer for e in train if e.metadata["kind"] == kind).most_common(1) for kind in {e.metadata["kind"] for e in held}}
+    return sum(bool(common[e.metadata["kind"]]) and common[e.metadata["kind"]][0][0] == e.answer for e in held) / len(held)
 
 
 def main() -> None:
@@ -66,13 +88,14 @@ def main() -> None:
         retrieval = RetrievalPolicy(encoder, o.top_k, o.candidates, bc.tau, torch.Generator().manual_seed(args.seed))
         settings = bc.model_copy(update={"arm": arm})
         loop = BridgeLoop(task, policy, tok, retrieval, settings, seed=args.seed)
-        before = loop.evaluate(held) if arm == ARMS[0] else arms[ARMS[0]]["before"]
+        before = {**loop.evaluate(held), "em_multihop": multihop_em(loop, held)} if arm == ARMS[0] else arms[ARMS[0]]["before"]
         start_s = time.time()
         history = loop.train(train, bc.iterations)
-        after = loop.evaluate(held)
+        after = {**loop.evaluate(held), "em_multihop": multihop_em(loop, held)}
         last = history[-max(1, len(history) // 3):]
         train_after = loop.evaluate(train)
-        row = {"arm": arm, "em_before": before["em"], "em": after["em"], "f1": after["f1"], "recall_before": before["recall"],
+        row = {"arm": arm, "em_before": before["em"], "em": after["em"], "f1": after["f1"], "em_multihop_before": before["em_multihop"],
+               "em_multihop": after["em_multihop"], "recall_before": before["recall"],
                "recall": after["recall"], "train_em": train_after["em"], "train_recall": train_after["recall"], "train_reward_last": sum(h["reward"] for h in last) / len(last),
                "order_ok": float(all(o == ("retriever", "policy") for o in loop.order)) if arm in ("bridge", "naive") else float("nan")}
         rows.append(row)
@@ -87,7 +110,10 @@ def main() -> None:
             runs[arm] = C.log_arm(cfg, f"bridge_vs_baselines/{arm}", arms[arm]["history"], arms[arm]["after"], rows, text)
             if runs[arm]:  # the example episodes: queries, retrieved passages, answers
                 MlflowClient(cfg.tracking.uri).log_table(runs[arm], pd.DataFrame(arms[arm]["episodes"]), "example_episodes.json")
-    results = {"claim": "bridge_vs_baselines", "steps": args.steps, "sft_loss_last": sft_losses[-1], "arms": arms, "table": rows,
+    results = {"claim": "bridge_vs_baselines", "steps": args.steps, "n_heldout": len(held), "n_train": len(train),
+               "heldout_multihop_share": sum(e.metadata["kind"] == MULTI_HOP for e in held) / len(held),
+               "heldout_prior_em": prior_em(train, held), "sft_loss_last": sft_losses[-1],
+               "arms": arms, "table": rows,
                "mlflow_runs": runs, "runtime_s": round(time.time() - t0, 1)}
     print(f"runtime {results['runtime_s']}s")
     C.write_json(args, results)

@@ -4,7 +4,9 @@ compactness), from the same SFT start (the paper reports ~2 points); and the que
 a full-scene caption as the intermediate representation on accuracy, with fewer tokens.
 
 Per seed: SFT with negative rationales (recipes/viskg/trainer.py `train_sft`, the viskg_sft stage's loop) once per
-representation, then each arm's RL from its SFT model, scored by greedy decoding of the held-out questions. Arms
+representation, then each arm's RL from its SFT model, scored by greedy decoding of the held-out questions; each arm
+records the share of held-out greedy answers its RL changed from its SFT model's (`answers_changed_from_sft`), and the
+seed the share on which gdpo's and grpo's answers differ (`answers_differ_gdpo_grpo`). Arms
 (the viskg section otherwise as in params.yaml, plus this script's --set overrides):
 
     gdpo            representation kg,      rl.advantage gdpo
@@ -24,12 +26,18 @@ from pathlib import Path
 
 import _common as C
 from posttrain.recipes.viskg.vlm import load_vlm
+from posttrain.recipes.viskg.rewards import parse_output
 from posttrain.recipes.viskg.trainer import build_model, evaluate, train_rl, train_sft
 
 ARMS = {"gdpo": ("kg", "gdpo"), "grpo": ("kg", "grpo"), "caption_gdpo": ("caption", "gdpo")}
 MICRO = ["viskg.data.grid=2", "viskg.data.n_objects=3", "viskg.data.max_hops=2", "viskg.data.n_train=24", "viskg.data.n_heldout=4",
          "viskg.model.hidden_size=16", "viskg.model.layers=1", "viskg.sft.steps=2", "viskg.sft.batch_size=4", "viskg.rl.prompts_per_step=2",
          "viskg.rl.group_size=2", "viskg.rl.max_new_tokens=12", "viskg.eval.max_new_tokens=12"]
+
+
+def changed(answers: list, others: list) -> float:
+    """Share of the held-out questions whose greedy answer differs between two models (no answer counts as one)."""
+    return sum(a != b for a, b in zip(answers, others)) / len(answers)
 
 
 def sft_start(v, seed: int) -> tuple[Path, dict, list[dict]]:
@@ -52,19 +60,22 @@ def main() -> None:
     t0 = time.time()
     cfg = C.load_config(args, (MICRO if args.micro else []) + [f"viskg.rl.steps={args.steps}", "viskg.rl.checkpoint_every=0",
                                                                 "viskg.sft.checkpoint_every=0"])
-    arms, rows = {}, []
+    arms, rows, answers = {}, [], {}
     for name in args.arms.split(","):
         representation, advantage = ARMS[name]
         v = cfg.viskg.model_copy(update={"representation": representation, "rl": cfg.viskg.rl.model_copy(update={"advantage": advantage})})
         path, sft, sft_history = sft_start(v, args.seed)
         start = time.time()
         vlm = load_vlm(path)
+        sft_rows = evaluate(v, vlm, args.seed)[1]  # the SFT model's greedy answers, to count the ones RL changed
         history = train_rl(v, vlm, args.seed)
         final, samples, _, _ = evaluate(v, vlm, args.seed)
+        answers[name] = [parse_output(r["output"]).answer for r in samples]
         row = {"arm": name, "accuracy": final["accuracy"], "accuracy_sft": sft["accuracy"], "format_rate": final["format_rate"],
                "tokens": final["tokens"], "graph_tokens": final["graph_tokens"], "tokens_sft": sft["tokens"],
                "train_accuracy_reward_last": C.window_mean(history, "reward_accuracy", False, max(1, len(history) // 4)),
-               "varied_accuracy_mean": sum(h["varied_accuracy"] for h in history) / len(history)}
+               "varied_accuracy_mean": sum(h["varied_accuracy"] for h in history) / len(history),
+               "answers_changed_from_sft": changed(answers[name], [parse_output(r["output"]).answer for r in sft_rows])}
         rows.append(row)
         arms[name] = {"sft": sft, "final": final, "seconds": round(time.time() - start, 1), "samples": samples[:4],
                       "varied_accuracy_mean": row["varied_accuracy_mean"], "accuracy_curve": C.curve(history, "reward_accuracy"),
@@ -83,7 +94,8 @@ def main() -> None:
                                    rows, text)
     for a in arms.values():
         a.pop("_history"), a.pop("_cfg"), a.pop("_sft_history")
-    C.write_json(args, {"claim": "viskg_gdpo_vs_grpo", "steps": args.steps, "arms": arms, "table": rows, "mlflow_runs": runs,
+    between = {"answers_differ_gdpo_grpo": changed(answers["gdpo"], answers["grpo"])} if {"gdpo", "grpo"} <= set(answers) else {}
+    C.write_json(args, {"claim": "viskg_gdpo_vs_grpo", "steps": args.steps, "arms": arms, "table": rows, **between, "mlflow_runs": runs,
                         "runtime_s": round(time.time() - t0, 1)})
 
 

@@ -189,3 +189,13 @@ def test_a_premise_about_a_pair_concerns_only_the_row_comparing_them(monkeypatch
         r["table"].append({"arm": "base", "score": base})
     verdicts = [r["verdict"] for r in H.summarise("toy", results)]
     assert verdicts == ["premise failed (0 of 3 seeds held)", "premise failed (2 of 3 seeds held)", "reproduced"]
+
+
+def test_a_construction_check_is_marked_in_its_row(monkeypatch):
+    """A row that holds by the setup's construction (viskg: the graph is a sub-path of the caption) gets its verdict
+    and carries `construction_check`, which docs/generate.py leaves out of a method's decided rows; other rows carry no flag."""
+    monkeypatch.setitem(H.COMPARISONS, "toy", [H.compare("score", "new", "old"),
+                                               H.compare("score (construction check)", "new", "old", column="score", construction_check=True)])
+    plain, check = H.summarise("toy", [seed_result(0.3, 0.2), seed_result(0.7, 0.6), seed_result(0.51, 0.4)])
+    assert "construction_check" not in plain and check["construction_check"] is True
+    assert check["verdict"] == plain["verdict"] == "reproduced" and check["metric"] == "score (construction check)"

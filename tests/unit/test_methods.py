@@ -186,3 +186,11 @@ def test_the_readme_index_links_every_method_to_its_row():
     assert index in readme and len(readme.splitlines()) <= 150
     for method in M.METHODS:
         assert f"{method.number} | [{method.name}](docs/claims.md#method-{method.number})" in index
+
+
+def test_a_construction_check_is_not_counted_as_a_decided_row(tmp_path):
+    write(tmp_path, "checked", [0, 1, 2], [row("a", "b", "inconclusive", True, [0, 1, 2]),
+                                           {**row("a", "c", "reproduced", True, [0, 1, 2]), "construction_check": True}])
+    methods = SimpleNamespace(MIN_SEEDS=3, BASES=(), METHODS=(M.Method(1, "Checked", "x.md", (M.Measured("checked", "tiny"),)),))
+    line = next(x for x in G.render_methods(tmp_path, methods).splitlines() if x.startswith('| <a id="method-1"'))
+    assert line.endswith("| **1 decided**: 1 inconclusive |")
