@@ -95,8 +95,8 @@ CLAIMS: dict[str, tuple[str, list[str]]] = {
     # noise alone)
     "flow_gdpo_vs_sum": ("flow_gdpo_vs_sum", []),
     "flow_gdpo_vs_sum_one_sft": ("flow_gdpo_vs_sum", ["--sft-seed", "0"]),
-    # the same 100 updates of 32 prompts x 8 attempts per arm; retrospections at the spec's lower temperature (0.7-1.0)
-    "roft_vs_grpo": ("roft_vs_grpo", ["--steps", "100", "--set", "rl.options.roft.temperature=0.7"]),
+    # the same 100 updates of 32 prompts x 8 attempts per arm; retrospections at the spec's lower temperature (0.7-1.0); a start SFT'd 900 steps (off the ceiling)
+    "roft_vs_grpo": ("roft_vs_grpo", ["--steps", "100", "--set", "rl.options.roft.temperature=0.7", "--set", "sft.steps=900"]),
 }
 
 
