@@ -9,7 +9,7 @@ from a format-only SFT (random replies of 1-4 moves), so no arm has seen the ora
 Every arm rewards [care (weight 1) with rl.options.care.source = generator | uniform | oracle, correctness
 (weight 0: the rate of best replies, monitored only)].
 
-    .venv/bin/python experiments/care_dialogue.py [--steps N] [--json FILE] [--tracking-uri URI] [--micro]
+    .venv/bin/python experiments/care_dialogue.py [--steps N] [--policy-beta B] [--json FILE] [--tracking-uri URI] [--micro]
 """
 
 from __future__ import annotations
@@ -71,7 +71,9 @@ def format_only_sft(cfg, seed: int):
 
 
 def main() -> None:
-    args = C.parse_args(__doc__.split("\n")[0], 200, [("--arms", str, ",".join(ARMS), "comma-separated weight sources to run")])
+    args = C.parse_args(__doc__.split("\n")[0], 200, [("--arms", str, ",".join(ARMS), "comma-separated weight sources to run"),
+                                                      ("--policy-beta", float, None, "the policy arms' KL to their start (rl.beta); "
+                                                       "the rubric generator's preference RL keeps rl.beta")])
     t0 = time.time()
     cfg = C.load_config(args, DIALOGUE + ["rl.rewards=[{name: care}]"] + (MICRO_CARE if args.micro else []))
     gen_dir, gen = rubric_generator(cfg, args.seed)
@@ -88,7 +90,8 @@ def main() -> None:
     for source in args.arms.split(","):
         options = {**cfg.rl.options, "care": {"source": source, "path": str(gen_dir)}}
         specs = (RewardSpec(name="care", weight=1.0), RewardSpec(name="correctness", weight=0.0))
-        rl_cfg = resolve.updated(cfg.rl, "rl", **{"rewards": specs, "options": options})
+        beta = {} if args.policy_beta is None else {"beta": args.policy_beta}
+        rl_cfg = resolve.updated(cfg.rl, "rl", **{"rewards": specs, "options": options, **beta})
         history, after, seconds = C.run_arm(cfg, rl_cfg, task, train, held, path, args.seed)
         arms[source] = {"heldout_before": sft, "heldout_after": after, "rl_seconds": round(seconds, 1),
                         "care_reward_curve": C.curve(history, "reward/care_mean"), "best_reply_rate_curve": C.curve(history, "accuracy"),
@@ -111,7 +114,8 @@ def main() -> None:
             runs[source] = C.log_arm(a["_cfg"], f"care_dialogue/{source}", a["_history"], final, rows, text)
     for a in arms.values():
         a.pop("_history"), a.pop("_cfg")
-    results = {"claim": "care_dialogue", "steps": args.steps, "sft_heldout": sft, "rubric_generator": gen,
+    results = {"claim": "care_dialogue", "steps": args.steps, "policy_beta": cfg.rl.beta if args.policy_beta is None else args.policy_beta,
+               "sft_heldout": sft, "rubric_generator": gen,
                "generator_weight_error_on_heldout_dialogues": gen_on_dialogues, "arms": arms, "table": rows,
                "mlflow_runs": runs, "runtime_s": round(time.time() - t0, 1)}
     print(f"runtime {results['runtime_s']}s")

@@ -4,10 +4,13 @@ much as GRPO at the same number of updates and sampled attempts (the abstract: R
 after 40).
 
 Setting: 2-digit addition (params.yaml's task). A from-scratch character model cannot read a retrospection prompt
-it never saw, so the start model is SFT'd on the plain examples plus each example behind ROFT's retrospection
-prompt (`<attempt>-<outcome>=<prompt>` -> the reference; the attempt right with outcome `=` half the time, a
-near-miss with outcome `-` otherwise), as sipo_vs_grpo.py teaches SIPO's context. The SFT data never holds an RL
-prompt's retrospection of an RL attempt: what ROFT trains on is sampled on-policy during RL. Arms from that start:
+it never saw, so the start model is SFT'd on the plain examples plus each example twice behind ROFT's retrospection
+prompt (`<attempt>-<outcome>=<prompt>` -> the reference): after the right attempt with outcome `=`, and after a
+wrong attempt with outcome `-`. The wrong attempts are a weaker model's own (the plain examples SFT'd for half the
+steps, sampled as RL samples), a near miss where it never failed the example: synthetic near misses alone taught the
+start to ignore the attempt (it answered afresh after either outcome, so its retrospections repeated the attempts'
+accuracy: lead 0.024 / 0.028 / -0.002 at 1,000 SFT steps). The SFT data never holds a retrospection of an attempt
+the RL policy made: what ROFT trains on is sampled on-policy during RL. Arms from that start:
 `grpo` (preset grpo) and `roft` (preset roft), with the same steps, prompts per step, group size and lr, so the
 same updates and the same attempts (ROFT also samples one retrospection per attempt).
 
@@ -24,10 +27,13 @@ from __future__ import annotations
 import random
 import time
 
+import torch
+
 import _common as C
 import _distill as D
 from posttrain import resolve
 from ppo_vs_grpo import resolve_preset
+from posttrain.rollout.sampling import generate
 from posttrain.tasks import Example, build_task
 from posttrain.trainers import contexts
 from posttrain.trainers.extras import row_examples, success
@@ -36,18 +42,39 @@ ARMS = ("grpo", "roft")
 NEAR_MISSES = (-10, -2, -1, 1, 2, 10)
 
 
-def retrospection_examples(examples: list[Example], seed: int) -> list[Example]:
-    """Each example behind ROFT's retrospection prompt, its reference as the target: half after the right attempt
-    (outcome ok), half after a near miss (outcome failed)."""
+def own_failures(cfg, task, plain: list[Example], seed: int, extra_chars: str) -> list[list[str]]:
+    """Per plain example, the distinct wrong attempts of a weaker model of the same kind (SFT'd on the plain examples
+    for half the start's steps), sampled as RL samples attempts (rl.group_size at rl.temperature): the failures an
+    RL attempt actually shows, rather than synthetic near misses."""
+    path = D.sft_on(cfg, task, plain, seed, "roft_attempts", steps=max(1, cfg.sft.steps // 2), extra_chars=extra_chars)
+    model, tok = C.load_pretrained(path)
+    model.eval()
+    g = cfg.rl.group_size
+    out, texts = generate(model, tok, [e.prompt for e in plain], cfg.rl.max_new_tokens, group_size=g,
+                          temperature=cfg.rl.temperature, generator=torch.Generator().manual_seed(seed), chunk=256)
+    finished = out.finished.tolist()
+    wrong: list[list[str]] = [[] for _ in plain]
+    for i, text in enumerate(texts):
+        e = plain[i // g]
+        if task.correctness_reward(text, finished[i], e) < 1.0 and text not in wrong[i // g]:
+            wrong[i // g].append(text)
+    return wrong
+
+
+def retrospection_examples(examples: list[Example], seed: int, failures: list[list[str]] | None = None) -> list[Example]:
+    """Each example behind ROFT's retrospection prompt twice, its reference the target both times: after the right
+    attempt (outcome ok) and after a failed one (outcome failed): one of `failures[i]` (a model's own wrong attempts
+    at the example) where it has any, else a near miss (+-1, 2, 10). The pair differs only in the attempt and its
+    outcome, so the start learns to read them: copy a right attempt, answer afresh after a failed one."""
     rng = random.Random(seed)
     out = []
-    for e in examples:
-        ok = rng.random() < 0.5
-        attempt = e.completion if ok else str(abs(int(e.answer) + rng.choice(NEAR_MISSES)))
-        if attempt == e.completion:  # |answer - d| can land back on the answer
-            ok = True
-        feedback = contexts.OUTCOME_OK if ok else contexts.OUTCOME_FAILED
-        out.append(Example(prompt=contexts.retrospection_prompt(e, attempt, feedback), completion=e.completion, answer=e.answer))
+    for i, e in enumerate(examples):
+        own = failures[i] if failures else []
+        wrong = rng.choice(own) if own else str(abs(int(e.answer) + rng.choice(NEAR_MISSES)))
+        if wrong == e.completion:  # |answer - d| can land back on the answer
+            wrong = str(int(e.answer) + 1)
+        for attempt, feedback in ((e.completion, contexts.OUTCOME_OK), (wrong, contexts.OUTCOME_FAILED)):
+            out.append(Example(prompt=contexts.retrospection_prompt(e, attempt, feedback), completion=e.completion, answer=e.answer))
     return out
 
 
@@ -78,8 +105,11 @@ def main() -> None:
     splits = task.splits(args.seed)
     train, held = splits["train"], splits["heldout"]
     plain = train[: cfg.sft.n_examples or None]
-    path = D.sft_on(cfg, task, plain + retrospection_examples(plain, args.seed), args.seed, "roft_sft",
-                    extra_chars=contexts.LABEL_CHARS + contexts.OUTCOME_OK + contexts.OUTCOME_FAILED)
+    chars = contexts.LABEL_CHARS + contexts.OUTCOME_OK + contexts.OUTCOME_FAILED
+    failures = own_failures(cfg, task, plain, args.seed, chars)
+    own_share = sum(bool(f) for f in failures) / len(failures)
+    print(f"weaker model's own wrong attempts on {own_share:.3f} of the SFT examples", flush=True)
+    path = D.sft_on(cfg, task, plain + retrospection_examples(plain, args.seed, failures), args.seed, "roft_sft", extra_chars=chars)
     model, tok = C.load_pretrained(path)
     sft = C.evaluate(model, tok, task, held, cfg.eval, args.seed)[0]
     print(f"SFT (plain + retrospection format) held-out greedy {sft['greedy_accuracy']:.4f}", flush=True)
@@ -99,7 +129,7 @@ def main() -> None:
     arms["roft"]["retrospections"] = retro
     text = C.print_table(f"\nROFT vs GRPO on 2-digit addition, {args.steps} updates each (first/last {k} steps)", rows)
     print("ROFT's retrospections: " + ", ".join(f"{key} {v:.3f}" for key, v in retro.items()), flush=True)
-    D.finish(args, cfg, "roft_vs_grpo", arms, rows, text, {"sft_heldout": sft, "k": k, "sft_steps": cfg.sft.steps}, t0)
+    D.finish(args, cfg, "roft_vs_grpo", arms, rows, text, {"sft_heldout": sft, "k": k, "sft_steps": cfg.sft.steps, "own_failure_share": own_share}, t0)
 
 
 if __name__ == "__main__":

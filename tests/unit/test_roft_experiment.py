@@ -30,11 +30,14 @@ def example(a: int, b: int) -> Example:
     return Example(prompt=f"{a:02d}+{b:02d}=", completion=str(a + b), answer=str(a + b))
 
 
-def test_retrospection_examples_end_in_the_reference_after_a_right_or_a_wrong_attempt():
+def test_retrospection_examples_end_in_the_reference_after_a_right_and_a_wrong_attempt():
     plain = [example(a, b) for a in range(10, 30) for b in range(40, 45)]
     out = E.retrospection_examples(plain, seed=0)
+    assert len(out) == 2 * len(plain)
+    for i in range(len(plain)):  # each example twice: after its right attempt (ok), then after a failed one
+        assert [r.prompt.split(contexts.INCORRECT, 1)[1][0] for r in out[2 * i : 2 * i + 2]] == [contexts.OUTCOME_OK, contexts.OUTCOME_FAILED]
     outcomes = set()
-    for e, r in zip(plain, out):
+    for e, r in zip((e for e in plain for _ in range(2)), out):
         assert (r.completion, r.answer) == (e.completion, e.answer)  # the target: the reference, never the attempt
         attempt, rest = r.prompt.split(contexts.INCORRECT, 1)
         feedback, prompt = rest[0], rest[1:]
@@ -47,6 +50,25 @@ def test_retrospection_examples_end_in_the_reference_after_a_right_or_a_wrong_at
     assert outcomes == {contexts.OUTCOME_OK, contexts.OUTCOME_FAILED}
     assert out == E.retrospection_examples(plain, seed=0) and out != E.retrospection_examples(plain, seed=1)
 
+
+
+def test_retrospection_examples_take_a_models_own_wrong_attempt_where_it_has_one():
+    """With `failures`, a failed row's attempt is one of that example's own wrong attempts; an example without any
+    falls back to a near miss. The outcome still tells the truth and the target is still the reference."""
+    plain = [example(a, b) for a in range(10, 30) for b in range(40, 45)]
+    failures = [[str(a + b + 7), "x1"] if a % 2 else [] for a in range(10, 30) for b in range(40, 45)]
+    out = E.retrospection_examples(plain, seed=0, failures=failures)
+    used = {True: 0, False: 0}
+    for e, r, own in zip((e for e in plain for _ in range(2)), out, (f for f in failures for _ in range(2))):
+        assert (r.completion, r.answer) == (e.completion, e.answer)
+        attempt, rest = r.prompt.split(contexts.INCORRECT, 1)
+        if rest[0] == contexts.OUTCOME_FAILED:
+            assert attempt in own if own else abs(int(attempt) - int(e.answer)) in {1, 2, 10}
+            used[bool(own)] += 1
+        else:
+            assert attempt == e.completion
+    assert used[True] > 0 and used[False] > 0
+    assert out == E.retrospection_examples(plain, seed=0, failures=failures)
 
 class CharTokenizer:
     """Digits as ids 1-10, 0 as padding: what retrospection_stats needs of a tokenizer."""
