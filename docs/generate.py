@@ -187,6 +187,8 @@ def row_status(row: dict, n_seeds: int, min_seeds: int) -> str:
     verdict = row["verdict"]
     if verdict.startswith("premise failed"):
         return "premise failed"
+    if verdict.startswith("too few seeds"):
+        return f"under {min_seeds} seeds"
     if verdict not in DECIDED:
         return verdict  # identical arms
     premise = row.get("premise") or {}

@@ -217,7 +217,8 @@ def verdict(low: float, high: float, lower_is_better: bool) -> str:
 def summarise(claim: str, per_seed: list[dict], seeds: list[int] | None = None) -> list[dict]:
     """One row per claimed difference: each side's mean and interval, the per-seed values, the paired difference,
     and the verdict, given only over the seeds where the claim's premises (experiments/_premises.py) held, and only
-    when at least `MIN_SEEDS` did (`premise failed` otherwise). Two arms equal on every seed are `identical arms`:
+    when at least `MIN_SEEDS` did (`premise failed` otherwise; `too few seeds` when none failed but the run has fewer).
+    Two arms equal on every seed are `identical arms`:
     no comparison at all."""
     seeds = list(range(len(per_seed))) if seeds is None else seeds
     checks = premises.check(claim, per_seed)
@@ -239,6 +240,8 @@ def summarise(claim: str, per_seed: list[dict], seeds: list[int] | None = None) 
         md, ld, hd = t_interval(diff)
         if better == worse:
             decided = "identical arms"
+        elif not enough and len(held) == len(per_seed):  # nothing failed: the run has too few seeds for a verdict
+            decided = f"too few seeds ({len(held)}, at least {premises.MIN_SEEDS} needed)"
         elif not enough:
             decided = f"premise failed ({len(held)} of {len(per_seed)} seeds held)"
         else:

@@ -149,9 +149,11 @@ def save_llava_checkpoint(directory: Path, seed: int = 0) -> Path:
 
 
 def is_verdict(text: str) -> bool:
-    """A claims-harness verdict. At micro size (2 seeds) a claim with declared premises reads `premise failed (...)`
-    (experiments/_premises.MIN_SEEDS are needed) and tiny arms can end equal on every seed (`identical arms`)."""
-    return text in {"reproduced", "contradicted", "inconclusive", "identical arms"} or text.startswith("premise failed (")
+    """A claims-harness verdict. At micro size (2 seeds) a row reads `too few seeds (...)` where every premise held and
+    `premise failed (...)` where one failed (experiments/_premises.MIN_SEEDS are needed); tiny arms can end equal on
+    every seed (`identical arms`)."""
+    return (text in {"reproduced", "contradicted", "inconclusive", "identical arms"} or text.startswith("premise failed (")
+            or text.startswith("too few seeds ("))
 
 
 def repo_params(path: Path | None = None) -> dict:

@@ -141,6 +141,18 @@ def test_a_failed_premise_withholds_the_verdict(monkeypatch):
     assert H.premise_table("toy", more, [10, 11, 12, 13])[1] == {"seed": 11, "premise": "teacher lead >= 0.05", "value": 0.0, "held": False}
 
 
+def test_a_run_with_too_few_seeds_says_so_not_that_a_premise_failed(monkeypatch):
+    """Two seeds on which every premise held give no verdict (3 are needed), and the row says why: too few seeds."""
+    P = H.premises
+    monkeypatch.setitem(H.COMPARISONS, "toy", [H.compare("score", "new", "old")])
+    monkeypatch.setitem(P.PREMISES, "toy", [P.Premise("teacher lead", lambda r: r["lead"], at_least=0.05)])
+    results = [{**seed_result(a, b), "lead": 0.2} for a, b in ((0.3, 0.2), (0.7, 0.6))]
+    row = H.summarise("toy", results, seeds=[0, 1])[0]
+    assert row["verdict"] == "too few seeds (2, at least 3 needed)" and row["premise"]["held_seeds"] == [0, 1]
+    results[1]["lead"] = 0.0
+    assert H.summarise("toy", results, seeds=[0, 1])[0]["verdict"] == "premise failed (1 of 2 seeds held)"
+
+
 def test_identical_arms_are_flagged_not_compared(monkeypatch):
     monkeypatch.setitem(H.COMPARISONS, "toy", [H.compare("score", "new", "old")])
     (row,) = H.summarise("toy", [seed_result(0.3, 0.3), seed_result(0.5, 0.5), seed_result(0.4, 0.4)])
