@@ -116,6 +116,9 @@ class ModelConfig(Section):
     autocast: Literal["none", "bf16", "fp16"] = "none"  # mixed precision of every forward pass; fp16 needs CUDA
     # sampling (models/decoders.py): replay each decode step as a CUDA graph (Llama-family models on CUDA, no autocast)
     cuda_graphs: bool = False
+    # sampling (models/decoders.py): decode rollouts from a copy of the weights cast to this dtype at each rollout
+    # (Llama-family models without LoRA; training stays in `dtype`, the gap shows as mismatch/k3); None: `dtype`
+    sampler_dtype: Literal["float32", "bfloat16", "float16"] | None = None
 
     @field_validator("path")
     @classmethod

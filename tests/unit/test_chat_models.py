@@ -176,6 +176,18 @@ def test_fp16_autocast_needs_cuda(loaded):
         apply_precision(model, "fp16", False, CPU)
 
 
+def test_sampler_dtype_is_set_by_prepare_model_and_fp16_needs_cuda(loaded, cfg):
+    from posttrain.models.decoders import SAMPLER_DTYPE, unwrap
+
+    model, tokenizer = loaded
+    prepared = prepare_model(copy.deepcopy(model), tokenizer, model_cfg(cfg, sampler_dtype="bfloat16"), CPU)
+    assert getattr(unwrap(prepared), SAMPLER_DTYPE) == torch.bfloat16 and next(prepared.parameters()).dtype == torch.float32
+    samples, _ = generate(prepared, tokenizer, ["12+34="], 6, group_size=2)
+    assert samples.logp.dtype == torch.float32 and torch.isfinite(samples.logp).all()
+    with pytest.raises(UserError, match="sampler_dtype float16 needs a CUDA device"):
+        prepare_model(copy.deepcopy(model), tokenizer, model_cfg(cfg, sampler_dtype="float16"), CPU)
+
+
 def test_the_length_check_counts_the_rendered_prompt_not_its_text(loaded, cfg, tmp_path):
     """A prompt whose text fits but whose chat rendering (system turn, headers) does not is refused by the token
     count the model reads, for sampling stages and SFT rows alike."""

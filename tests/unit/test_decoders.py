@@ -17,7 +17,7 @@ from posttrain.config import LoraConfig
 from posttrain.models import maybe_lora
 from posttrain.models.logprobs import completion_logprobs
 from posttrain.rollout import decode as engine
-from posttrain.models.decoders import FastLlamaDecoder, HFDecoder, decoder_for, positions_from_mask, shared_prompts
+from posttrain.models.decoders import FastLlamaDecoder, HFDecoder, decoder_for, positions_from_mask, shared_prompts, use_sampler_dtype
 from posttrain.rollout.sampling import categorical, sample
 
 GROUP, NEW = 3, 5
@@ -108,6 +108,55 @@ def test_sample_with_cuda_graph_requested_on_cpu_is_the_plain_sample(model, prom
     plain = sample(model, ids, mask, generator=torch.Generator().manual_seed(0), **kwargs)
     graphed = sample(model, ids, mask, generator=torch.Generator().manual_seed(0), cuda_graph=True, **kwargs)
     assert torch.equal(plain.completion_ids, graphed.completion_ids) and torch.equal(plain.logp, graphed.logp)
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_sampler_dtype_decodes_as_the_cast_model_and_leaves_the_weights(model, prompts, static):
+    """`model.sampler_dtype: bfloat16` on a float32 model: the decode loop's logits are exactly those of the same model
+    cast to bfloat16 (every matmul, the KV buffer and the norms in bf16, logits returned in float32; the rotary table
+    kept in float32), the float32 weights are untouched, the training forward stays float32, and the cast moves the
+    logits by bf16 rounding only."""
+    ids, mask = prompts
+    torch.manual_seed(3)
+    completion = torch.randint(3, model.config.vocab_size, (ids.shape[0] * GROUP, NEW))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    exact = decode_teacher_forced(FastLlamaDecoder(model), ids, mask, completion)
+    cast_model = copy.deepcopy(model).to(torch.bfloat16)
+    cast_model.model.rotary_emb.inv_freq = model.model.rotary_emb.inv_freq.clone()  # .to() cast the rotary table too; the loop keeps it
+    want = decode_teacher_forced(FastLlamaDecoder(cast_model), ids, mask, completion)
+    use_sampler_dtype(model, torch.bfloat16)
+    try:
+        decoder = FastLlamaDecoder(model)
+        if static:
+            with torch.no_grad():  # as the rollout runs: the cast copies are taken without gradient
+                out = [decoder.prefill(ids, mask, GROUP, NEW, static=True)]
+                out += [decoder.step(completion[:, t]) for t in range(NEW - 1)]
+            got = torch.stack(out, dim=1)
+        else:
+            got = decode_teacher_forced(decoder, ids, mask, completion)
+        assert decoder.dtype == torch.bfloat16 and decoder.keys[0].dtype == torch.bfloat16 and got.dtype == torch.float32
+        assert torch.equal(got, want)  # the same bf16 program
+        gap = float((got - exact).abs().max())
+        assert 0 < gap < 0.1 * float(exact.abs().max()), gap  # it did decode in bf16, and moved the logits by its rounding only
+        assert all(torch.equal(v, before[k]) and v.dtype == before[k].dtype for k, v in model.state_dict().items())
+        with torch.enable_grad():
+            logits = FastLlamaDecoder(model).completion_logits(ids, mask, completion, torch.full((ids.shape[0],), GROUP))
+        assert logits.dtype == torch.float32
+        torch.testing.assert_close(logits, reference_logits(model, ids.repeat_interleave(GROUP, 0), mask.repeat_interleave(GROUP, 0), completion),
+                                   atol=1e-5, rtol=0)
+    finally:
+        use_sampler_dtype(model, None)
+
+
+def test_sampler_dtype_is_ignored_with_lora_wrapped_projections(model):
+    """LoRA-wrapped layers are called as modules in the weights' dtype: the loop samples in float32."""
+    lora = LoraConfig(r=4, alpha=8, dropout=0.0, target_modules=("q_proj", "v_proj"))
+    peft_model = maybe_lora(copy.deepcopy(model), lora)
+    use_sampler_dtype(peft_model, torch.bfloat16)
+    decoder = FastLlamaDecoder(peft_model)
+    with torch.no_grad():
+        decoder._fuse_weights()
+    assert decoder.dtype == torch.float32 and not decoder.cast
 
 
 def test_fast_decoder_is_chosen_for_llama_family(model):

@@ -41,3 +41,21 @@ def test_sync_mismatch_is_zero_and_every_correction_is_the_identity(micro):
         assert all(abs(h[f"{name}/weight_mean"] - 1) < 1e-4 and h[f"{name}/dropped_fraction"] == 0 for h in history)
         for key, value in weights.items():
             assert torch.allclose(other[key], value, atol=1e-5), (name, key)
+
+
+def test_a_bf16_sampler_shows_as_a_small_mismatch_and_trains(micro):
+    """`model.sampler_dtype: bfloat16` on the float32 micro model: the recorded log-probs now come from the bf16 decode,
+    so the step measures a non-zero sampler-trainer gap (k3), small (below 1e-2 per token here), and the weights still
+    move in float32."""
+    from posttrain.models.decoders import use_sampler_dtype
+
+    model = micro[5]
+    use_sampler_dtype(model, torch.bfloat16)
+    try:
+        history, weights = two_steps(micro)
+    finally:
+        use_sampler_dtype(model, None)
+    for h in history:
+        assert 1e-9 < h["mismatch/k3"] < 1e-2, h["mismatch/k3"]
+    assert all(v.dtype == torch.float32 for v in weights.values())
+    assert max(float((weights[k] - v).abs().max()) for k, v in micro[4].items()) > 1e-4

@@ -18,6 +18,13 @@ the positions not yet written masked out. On CUDA that step is captured once as 
 every token (one launch instead of a few hundred small kernels per token); elsewhere it runs eagerly, which is
 how the CPU tests check it against the plain step.
 
+With `model.sampler_dtype` (`use_sampler_dtype`) the decode loop of a Llama-family model whose layers are all plain
+runs in that dtype: each prefill casts the weights it reads once (the fused q/k/v and gate/up, the output and down
+projections, the norms, the embedding and the head), the KV buffer and every matmul are in that dtype, and the logits
+are returned in float32. The model's own weights, the training forward and its gradient stay in `model.dtype`: the
+sampler then differs from the trainer by the cast, which the RL step measures (`mismatch/k3`) like any
+sampler-trainer gap. A model the fast decoder does not run, or one with LoRA-wrapped layers, samples in its own dtype.
+
 `FastLlamaDecoder.completion_logits` applies the same sharing to the training forward pass: when G
 rows share a prompt, the prompt is encoded once (with gradient) and the G completions attend to its
 keys/values, so the prompt tokens cost 1/G of a plain `model.forward` over `prompt + completion`.
@@ -32,12 +39,19 @@ from transformers import DynamicCache, PreTrainedModel
 
 
 CUDA_GRAPHS = "posttrain_cuda_graphs"  # model attribute set by `use_cuda_graphs`, read by the rollout engine
+SAMPLER_DTYPE = "posttrain_sampler_dtype"  # model attribute set by `use_sampler_dtype`, read by FastLlamaDecoder
 
 
 def use_cuda_graphs(model: PreTrainedModel, enabled: bool) -> None:
     """Make the rollout engine replay the model's decode steps as CUDA graphs (`model.cuda_graphs`), where it can: a
     Llama-family model on a CUDA device without autocast (autocast's weight cache cannot be captured)."""
     setattr(unwrap(model), CUDA_GRAPHS, enabled)
+
+
+def use_sampler_dtype(model: PreTrainedModel, dtype: torch.dtype | None) -> None:
+    """Make the fast decoder sample in `dtype` (`model.sampler_dtype`; None: the weights' own dtype), from a cast of
+    the weights taken at each prefill; training is unaffected."""
+    setattr(unwrap(model), SAMPLER_DTYPE, dtype)
 
 
 def positions_from_mask(mask: Tensor) -> Tensor:
@@ -112,6 +126,16 @@ def _plain(*modules: nn.Module) -> bool:
     return all(type(m) is nn.Linear for m in modules)
 
 
+def _projections(layer: nn.Module) -> tuple[nn.Module, ...]:
+    attn, mlp = layer.self_attn, layer.mlp
+    return attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj
+
+
+def _rms(weight: Tensor, eps: float, x: Tensor) -> Tensor:
+    """The Llama-family RMSNorm at x's dtype: normalised in float32, cast back, then scaled by `weight`."""
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
+
+
 def _fuse(*linears: nn.Linear) -> tuple[Tensor, Tensor | None]:
     weight = torch.cat([m.weight for m in linears], dim=0)
     if all(m.bias is None for m in linears):
@@ -140,6 +164,8 @@ class FastLlamaDecoder:
         self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.fused: list[dict[str, Tensor | None]] = []
+        self.cast: dict[str, Tensor] = {}  # the sampler-dtype copies of the embedding, final norm and head (else empty)
+        self.dtype = lm.lm_head.weight.dtype  # the decode loop's dtype (set by `_fuse_weights`)
 
     # -- shared pieces -------------------------------------------------------------------------------
 
@@ -164,9 +190,23 @@ class FastLlamaDecoder:
             return F.rms_norm(x, module.weight.shape, module.weight, module.variance_epsilon)
         return module(x)
 
+    def _layer_norm(self, i: int, which: str, module: nn.Module, x: Tensor) -> Tensor:
+        """RMSNorm `module` of layer `i` (`which`: "input" or "post"), from its sampler-dtype copy when there is one
+        (the model's own math: normalised in float32, cast back, then scaled)."""
+        weight = self.fused[i].get(which) if self.fused else None
+        return self._norm(module, x) if weight is None else _rms(weight, module.variance_epsilon, x)
+
+    def _linear(self, i: int, name: str, module: nn.Module, x: Tensor) -> Tensor:
+        """Projection `module` of layer `i`, from its sampler-dtype copy (`name`, `name`_bias) when there is one."""
+        weight = self.fused[i].get(name) if self.fused else None
+        return module(x) if weight is None else F.linear(x, weight, self.fused[i].get(f"{name}_bias"))
+
+    def _embed(self, ids: Tensor) -> Tensor:
+        return self.body.embed_tokens(ids) if "embed" not in self.cast else F.embedding(ids, self.cast["embed"])
+
     def _attention_inputs(self, i: int, layer: nn.Module, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Rotated q [..., Hq, D], k [..., Hkv, D] and v [..., Hkv, D] of layer `i` for its residual input x [..., H]."""
-        h = self._norm(layer.input_layernorm, x)
+        h = self._layer_norm(i, "input", layer.input_layernorm, x)
         heads = (self.n_heads, self.n_kv, self.n_kv)
         fused = self.fused[i]["qkv"] if self.fused else None
         if fused is not None:
@@ -180,29 +220,44 @@ class FastLlamaDecoder:
         return qk[..., : self.n_heads, :], qk[..., self.n_heads :, :], v
 
     def _mlp(self, i: int, layer: nn.Module, x: Tensor) -> Tensor:
-        h = self._norm(layer.post_attention_layernorm, x)
+        h = self._layer_norm(i, "post", layer.post_attention_layernorm, x)
         fused = self.fused[i]["gate_up"] if self.fused else None
         if fused is None:
             return layer.mlp(h)
         gate, up = F.linear(h, fused).chunk(2, dim=-1)
-        return layer.mlp.down_proj(F.silu(gate) * up)
+        return self._linear(i, "down", layer.mlp.down_proj, F.silu(gate) * up)
 
     def _logits(self, x: Tensor) -> Tensor:
+        if "head" in self.cast:
+            return F.linear(_rms(self.cast["norm"], self.body.norm.variance_epsilon, x), self.cast["head"], self.cast.get("head_bias")).float()
         return self.lm.lm_head(self._norm(self.body.norm, x)).float()
 
     # -- decoding (no gradient) ------------------------------------------------------------------------
 
     def _fuse_weights(self) -> None:
-        """Concatenate q/k/v and gate/up weights of plain `nn.Linear` layers (LoRA-wrapped ones stay as they are)."""
-        self.fused = []
+        """Concatenate q/k/v and gate/up weights of plain `nn.Linear` layers (LoRA-wrapped ones stay as they are);
+        with a sampler dtype (`use_sampler_dtype`) and every projection plain, cast every weight the loop reads to it."""
+        own = self.lm.lm_head.weight.dtype
+        want = getattr(self.lm, SAMPLER_DTYPE, None) or own
+        projections = [m for layer in self.body.layers for m in _projections(layer)]
+        cast = want != own and _plain(*projections, self.lm.lm_head) and type(self.body.embed_tokens) is nn.Embedding
+        to = (lambda t: None if t is None else t.to(want)) if cast else (lambda t: t)  # noqa: E731
+        self.dtype, self.fused, self.cast = (want if cast else own), [], {}
         for layer in self.body.layers:
             attn, mlp = layer.self_attn, layer.mlp
             entry: dict[str, Tensor | None] = {"qkv": None, "qkv_bias": None, "gate_up": None}
             if _plain(attn.q_proj, attn.k_proj, attn.v_proj):
-                entry["qkv"], entry["qkv_bias"] = _fuse(attn.q_proj, attn.k_proj, attn.v_proj)
+                entry["qkv"], entry["qkv_bias"] = map(to, _fuse(attn.q_proj, attn.k_proj, attn.v_proj))
             if _plain(mlp.gate_proj, mlp.up_proj) and mlp.gate_proj.bias is None and mlp.up_proj.bias is None:
-                entry["gate_up"] = _fuse(mlp.gate_proj, mlp.up_proj)[0]
+                entry["gate_up"] = to(_fuse(mlp.gate_proj, mlp.up_proj)[0])
+            if cast:
+                entry.update(o=to(attn.o_proj.weight), o_bias=to(attn.o_proj.bias), down=to(mlp.down_proj.weight), down_bias=to(mlp.down_proj.bias),
+                             input=to(layer.input_layernorm.weight), post=to(layer.post_attention_layernorm.weight))
             self.fused.append(entry)
+        if cast:
+            embed, head = self.body.embed_tokens.weight, self.lm.lm_head.weight
+            self.cast = {"embed": to(embed), "norm": to(self.body.norm.weight), "head_bias": to(self.lm.lm_head.bias)}
+            self.cast["head"] = self.cast["embed"] if head is embed else to(head)  # tied weights: one copy
 
     def _layers(self, x: Tensor, cos: Tensor, sin: Tensor, attn_mask: Tensor | None, write_at: int, causal: bool = False) -> Tensor:
         """Run every decoder layer on `x` [N, L, H] with rotary cos/sin [N, L, 1, D]; keys/values are written at
@@ -218,7 +273,7 @@ class FastLlamaDecoder:
                 q.transpose(1, 2), self.keys[i][:n, :, :end], self.values[i][:n, :, :end], attn_mask=attn_mask,
                 is_causal=causal and attn_mask is None, scale=attn.scaling, enable_gqa=True,
             )
-            x = x + attn.o_proj(out.transpose(1, 2).reshape(n, length, -1))
+            x = x + self._linear(i, "o", attn.o_proj, out.transpose(1, 2).reshape(n, length, -1))
             x = x + self._mlp(i, layer, x)
         return x
 
@@ -227,9 +282,9 @@ class FastLlamaDecoder:
         b, p = mask.shape
         rows = b * repeat
         capacity = p + max_new_tokens
-        dtype, device = self.lm.lm_head.weight.dtype, mask.device
         if not torch.is_grad_enabled():
             self._fuse_weights()
+        dtype, device = self.dtype, mask.device
         valid = mask.bool()
         self.padded = not bool(valid.all())
         positions = positions_from_mask(mask)
@@ -241,7 +296,7 @@ class FastLlamaDecoder:
         prompt_keys, prompt_values = self.keys, self.values
         self.keys, self.values = [k[:b] for k in prompt_keys], [v[:b] for v in prompt_values]
         cos, sin = self._rope(positions, dtype)
-        x = self._layers(self.body.embed_tokens(ids) if embeds is None else embeds, cos, sin, _prompt_mask(valid)[:, None] if self.padded else None, 0, causal=True)
+        x = self._layers(self._embed(ids) if embeds is None else embeds.to(self.dtype), cos, sin, _prompt_mask(valid)[:, None] if self.padded else None, 0, causal=True)
         self.keys, self.values = prompt_keys, prompt_values
         # share the prompt's keys/values across the group: rows b -> b*repeat .. b*repeat+repeat-1
         if repeat > 1:
@@ -267,7 +322,7 @@ class FastLlamaDecoder:
         t = self.length - self.prompt_length
         mask = self.key_valid[:, None, None, : self.length + 1] if self.padded else None
         cos, sin = self.step_cos[:, t : t + 1], self.step_sin[:, t : t + 1]
-        x = self._layers(self.body.embed_tokens(token[:, None]), cos, sin, mask, self.length)
+        x = self._layers(self._embed(token[:, None]), cos, sin, mask, self.length)
         self.length += 1
         return self._logits(x[:, -1])
 
@@ -276,9 +331,9 @@ class FastLlamaDecoder:
         [N, S] (0 on padding): the next `step` feeds the token after them, at position `mask.sum(-1)`."""
         n, s = mask.shape
         capacity = s + max_new_tokens
-        dtype, device = self.lm.lm_head.weight.dtype, mask.device
         if not torch.is_grad_enabled():
             self._fuse_weights()
+        dtype, device = self.dtype, mask.device
         self.keys = [torch.empty(n, self.n_kv, capacity, self.head_dim, dtype=dtype, device=device) for _ in self.body.layers]
         self.values = [torch.empty_like(k) for k in self.keys]
         for buffer, given in zip((*self.keys, *self.values), (*keys, *values)):
@@ -316,7 +371,7 @@ class FastLlamaDecoder:
         mask = allowed[:, None, None, :]
         step = slot - self.prompt_length
         cos, sin = self.step_cos.index_select(1, step), self.step_sin.index_select(1, step)
-        x = self.body.embed_tokens(self.static_token[:, None])
+        x = self._embed(self.static_token[:, None])
         n = x.shape[0]
         for i, layer in enumerate(self.body.layers):
             attn = layer.self_attn
@@ -326,7 +381,7 @@ class FastLlamaDecoder:
             out = F.scaled_dot_product_attention(
                 q.transpose(1, 2), self.keys[i], self.values[i], attn_mask=mask, scale=attn.scaling, enable_gqa=True
             )
-            x = x + attn.o_proj(out.transpose(1, 2).reshape(n, 1, -1))
+            x = x + self._linear(i, "o", attn.o_proj, out.transpose(1, 2).reshape(n, 1, -1))
             x = x + self._mlp(i, layer, x)
         return self._logits(x[:, -1])
 

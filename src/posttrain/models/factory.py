@@ -28,7 +28,7 @@ from posttrain.config import HUB_ID, LoraConfig, ModelConfig
 from posttrain.errors import UserError
 from posttrain.models.chat import PromptFormat, configure_prompts
 from posttrain.models.precision import apply_precision
-from posttrain.models.decoders import use_cuda_graphs
+from posttrain.models.decoders import use_cuda_graphs, use_sampler_dtype
 
 _ARCH = {"qwen2": Qwen2Config, "llama": LlamaConfig}
 
@@ -162,6 +162,9 @@ def prepare_model(
         model = maybe_lora(model, cfg.lora)
     apply_precision(model, cfg.autocast, cfg.gradient_checkpointing and train, device)
     use_cuda_graphs(model, cfg.cuda_graphs)
+    if cfg.sampler_dtype == "float16" and device.type != "cuda":
+        raise UserError(f"model.sampler_dtype float16 needs a CUDA device (this run uses {device.type}); use bfloat16")
+    use_sampler_dtype(model, getattr(torch, cfg.sampler_dtype) if cfg.sampler_dtype else None)
     return model
 
 
