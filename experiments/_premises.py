@@ -163,7 +163,7 @@ PREMISES: dict[str, list[Premise]] = {
     # an objective that samples exactly what the example sampled at every step is the same run under another name
     "smollm2_objectives": [Premise(f"{arm}'s completion-length curve minus the example's (mean |difference|, tokens)",
                                    _recorded("completion_length_gap", arm), at_least=0.25, arms=(arm,))
-                           for arm in ("grpo", "dr_grpo")],  # the arms measured (claims.py); dapo and gspo add theirs when they run
+                           for arm in ("grpo", "dr_grpo", "dapo", "gspo")],
     # ROFT learns from its retrospections only: they must be a different (better) answer than the attempts they explain,
     # else the loss is self-imitation of the attempts; and a start off floor and ceiling for either arm to move
     "roft_vs_grpo": [

@@ -1,5 +1,5 @@
-"""Claim: the objectives users compare first (GRPO, Dr. GRPO; DAPO and GSPO ready, not yet measured) on a real
-checkpoint, SmolLM2-135M-Instruct, at one task and budget: examples/smollm2's RL straight from the import
+"""Claim: the objectives users compare first (GRPO, Dr. GRPO, DAPO, GSPO) on a real checkpoint,
+SmolLM2-135M-Instruct, at one task and budget: examples/smollm2's RL straight from the import
 (experiments/smollm2_rl.py: 20 steps of 8 prompts x 8 samples, 48 new tokens, lr 2e-5), each arm that budget with its
 method's `rl` keys on top.
 
@@ -21,16 +21,19 @@ the sequence-mean policy gradient. What separates the arms here is the advantage
 sampling: the claim's premise checks that each arm's run differs from the example's (its per-step completion
 length, `curve_gap`).
 
-Measured (experiments/claims.py's flags): grpo and dr_grpo, 3 seeds, each arm-seed 15-47 minutes as one of two to
-four 1-thread processes on 2 cores. dapo (its dynamic sampling adds up to 4 rollouts a step from a start at 11%
-accuracy) and gspo were left for a session with the cores to spare: `--arms dapo,gspo` adds them to the same work
-directory, and a run with every arm then collects all of them.
+`--recorded-arms A,B` reads those arms' rows from this claim's recorded results
+(experiments/results/smollm2_objectives.json, the same stages, settings and seeds) instead of running them, the way
+`example` is read: the arms were measured in different sessions (grpo and dr_grpo in one, dapo and gspo in a later
+one), each row says where it came from (`recorded_from`), and wall times compare only between arms of one session.
+
+Measured (experiments/claims.py's flags): 3 seeds; grpo and dr_grpo each arm-seed 15-47 minutes as one of two to
+four 1-thread processes on 2 cores; dapo and gspo as two parallel 1-thread processes (their wall times in the table).
 
 Per arm and seed the table row holds the eval stage's held-out metrics (`wp_*`), the RL history's mean entropy and
-completion length over the last 5 steps, and the arm's wall time (RL + evaluation; the arms ran as two parallel
-1-thread processes, the example at 2 threads alone: compare wall times between the new arms only).
+completion length over the last 5 steps, and the arm's wall time (RL + evaluation; the arms ran as parallel
+1-thread processes, the example at 2 threads alone: compare wall times between arms of one session only).
 
-    .venv/bin/python experiments/smollm2_objectives.py [--arms grpo,dr_grpo,dapo,gspo] [--threads N] [--work DIR] [--json FILE]
+    .venv/bin/python experiments/smollm2_objectives.py [--arms grpo,dr_grpo,dapo,gspo] [--recorded-arms A,B] [--threads N] [--work DIR] [--json FILE]
 
 Arms can run as separate processes on one work directory (`--arms grpo --seeds 3` and `--arms dapo --seeds 3` side
 by side); a final run with every arm then only collects their finished outputs.
@@ -47,6 +50,7 @@ import smollm2_rl as base
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE_RESULTS = REPO / "experiments" / "results" / "smollm2_rl.json"
+RECORDED = REPO / "experiments" / "results" / "smollm2_objectives.json"
 ARMS: dict[str, list[str]] = {
     "grpo": ["--set", "rl.std_scaling=group", "--set", "rl.loss_agg=seq_mean"],
     "dr_grpo": ["--set", "rl.preset=dr_grpo"],
@@ -70,6 +74,16 @@ def example_row(seed: int) -> dict:
             "final_train_accuracy": one["rl_metrics"]["final_train_accuracy"]}
 
 
+def recorded_row(arm: str, seed: int) -> dict:
+    """`arm`'s row on `seed` from this claim's recorded results (an arm measured in an earlier session)."""
+    recorded = json.loads(RECORDED.read_text())
+    one = next((s for s in recorded["per_seed"] if s["seed"] == seed), None)
+    row = next((r for r in one["table"] if r["arm"] == arm), None) if one else None
+    if row is None:
+        raise SystemExit(f"{RECORDED.name} has no arm {arm!r} on seed {seed}: run it (--arms {arm}) instead of --recorded-arms")
+    return {**row, "recorded_from": row.get("recorded_from", recorded["command"])}
+
+
 def curve_gap(result: dict, arm: str) -> float:
     """Mean absolute difference, in tokens, between `arm`'s and the example's per-step completion length over the run:
     0 when the arm sampled what the example sampled at every step (the same run under another name)."""
@@ -82,12 +96,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
+    p.add_argument("--recorded-arms", default="", help="arms read from the recorded results instead of run (see the docstring)")
     p.add_argument("--threads", type=int, default=None, help="pipeline.threads for this process (default: the example's 2)")
     p.add_argument("--work", type=Path, default=REPO / "outputs" / "claims" / "smollm2_objectives")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     arms = [a for a in args.arms.split(",") if a]
-    unknown = sorted(set(arms) - set(ARMS))
+    recorded_arms = [a for a in args.recorded_arms.split(",") if a]
+    unknown = sorted(set(arms + recorded_arms) - set(ARMS))
     if unknown:
         raise SystemExit(f"--arms: unknown {unknown}; known: {sorted(ARMS)}")
     work = args.work.resolve()
@@ -101,7 +117,7 @@ def main() -> None:
     base.stage("import", "--out", "import", overrides=[*shared, *paths, "--set", "pipeline.seed=0"], cwd=work)
     base.stage("data", "--out", "data", overrides=[*shared, *paths, "--set", "pipeline.seed=0"], cwd=work)
     seeded = [*shared, *paths, "--set", f"pipeline.seed={args.seed}"]
-    table = [example_row(args.seed)]
+    table = [example_row(args.seed), *(recorded_row(arm, args.seed) for arm in recorded_arms if arm not in arms)]
     for arm in arms:
         run = f"seed{args.seed}/{arm}"
         _, rl_seconds = base.stage("rl", "--in", "data=data", "--in", "policy=import", "--out", f"{run}/rl", overrides=[*seeded, *ARMS[arm]], cwd=work)
@@ -116,6 +132,7 @@ def main() -> None:
             "completion_length_curve": [h["completion_length"] for h in history], "train_accuracy_curve": [h.get("accuracy") for h in history],
             "entropy_curve": [h.get("entropy") for h in history], "final_train_accuracy": history[-1].get("accuracy"),
         })
+    arms = [*(a for a in recorded_arms if a not in arms), *arms]
     results = {"checkpoint": base.CHECKPOINT, "seed": args.seed, "arms": arms, "example_source": str(EXAMPLE_RESULTS.relative_to(REPO)),
                "table": table}
     results["completion_length_gap"] = {arm: curve_gap(results, arm) for arm in arms}
