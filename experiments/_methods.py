@@ -124,5 +124,5 @@ BASES: tuple[Measured, ...] = (
     Measured("smollm2_rl", SMOLLM2, what="GRPO straight from a real checkpoint"),
     Measured("smollm2_sft_rl", SMOLLM2, what="SFT on worked solutions, then GRPO at lr 2e-5"),
     Measured("smollm2_sft_rl_low_lr", SMOLLM2, what="the same, GRPO at lr 5e-6"),
-    Measured("smollm2_objectives", SMOLLM2, what="GRPO and Dr. GRPO against the example's objective, one budget, on the real checkpoint"),
+    Measured("smollm2_objectives", SMOLLM2, what="GRPO, Dr. GRPO, DAPO and GSPO against the example's objective, one budget, on the real checkpoint"),
 )

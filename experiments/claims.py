@@ -115,7 +115,8 @@ CLAIMS: dict[str, tuple[str, list[str]]] = {
     "smollm2_sft_rl": ("smollm2_sft_rl", []),  # the same, after 40 SFT steps on worked solutions
     "smollm2_sft_rl_low_lr": ("smollm2_sft_rl", ["--rl-lr", "5e-6"]),  # the same SFT starts, RL at a quarter of the lr
     # GRPO and Dr. GRPO at smollm2_rl's budget, against its arm (dapo, gspo: not yet measured, see the script's docstring)
-    "smollm2_objectives": ("smollm2_objectives", ["--arms", "grpo,dr_grpo"]),
+    # grpo and dr_grpo measured 2026-12-06, dapo and gspo 2026-12-07 (rows read back with --recorded-arms)
+    "smollm2_objectives": ("smollm2_objectives", ["--arms", "dapo,gspo", "--recorded-arms", "grpo,dr_grpo"]),
     "samplers_arithmetic": ("samplers_compare", ["--dataset", "arithmetic", "--steps", "200", "--prompts", "200"]),
     "samplers_word_problems": ("samplers_compare", ["--dataset", "word_problems", "--steps", "60", "--prompts", "100", "--chunk", "25",
                                                     "--max-votes", "32"]),
