@@ -302,7 +302,7 @@ def build(cfg, sft_steps: int, eos: bool = True, vocab: int | None = None):
         train_sft(model, tokenizer, pool, sft_cfg, cfg.pipeline.seed, on_log=lambda step, metrics: None)
     model.zero_grad(set_to_none=True)
     use_cuda_graphs(model, cfg.model.cuda_graphs)  # our step's rollouts (`--set model.cuda_graphs=true`); TRL ignores it
-    use_sampler_dtype(model, getattr(torch, cfg.model.sampler_dtype) if cfg.model.sampler_dtype else None)  # ours only, like cuda_graphs
+    use_sampler_dtype(model, cfg.model.sampler_dtype)  # ours only, like cuda_graphs
     if not eos:
         eos_off(model, tokenizer.eos_token_id)
     return task, train, tokenizer, model.to(torch.device("cpu"))

@@ -159,6 +159,21 @@ def test_sampler_dtype_is_ignored_with_lora_wrapped_projections(model):
     assert decoder.dtype == torch.float32 and not decoder.cast
 
 
+def test_sampler_dtype_is_ignored_with_biased_gate_and_up():
+    """gate/up with biases are not fused, so the loop keeps the weights' dtype instead of mixing bf16 and float32."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    biased = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                          num_key_value_heads=1, mlp_bias=True))
+    use_sampler_dtype(biased, "bfloat16")
+    ids, mask = torch.tensor([[3, 4, 5]]), torch.ones(1, 3, dtype=torch.long)
+    decoder = FastLlamaDecoder(biased)
+    with torch.no_grad():
+        logits = decoder.prefill(ids, mask, 2, 2)
+    assert decoder.dtype == torch.float32 and not decoder.cast and torch.isfinite(logits).all()
+
+
 def test_fast_decoder_is_chosen_for_llama_family(model):
     assert isinstance(decoder_for(model), FastLlamaDecoder)
 

@@ -48,10 +48,10 @@ def use_cuda_graphs(model: PreTrainedModel, enabled: bool) -> None:
     setattr(unwrap(model), CUDA_GRAPHS, enabled)
 
 
-def use_sampler_dtype(model: PreTrainedModel, dtype: torch.dtype | None) -> None:
-    """Make the fast decoder sample in `dtype` (`model.sampler_dtype`; None: the weights' own dtype), from a cast of
-    the weights taken at each prefill; training is unaffected."""
-    setattr(unwrap(model), SAMPLER_DTYPE, dtype)
+def use_sampler_dtype(model: PreTrainedModel, dtype: torch.dtype | str | None) -> None:
+    """Make the fast decoder sample in `dtype` (`model.sampler_dtype`, a torch dtype or its name; None: the weights'
+    own dtype), from a cast of the weights taken at each prefill; training is unaffected."""
+    setattr(unwrap(model), SAMPLER_DTYPE, getattr(torch, dtype) if isinstance(dtype, str) else dtype)
 
 
 def positions_from_mask(mask: Tensor) -> Tensor:
@@ -240,7 +240,8 @@ class FastLlamaDecoder:
         own = self.lm.lm_head.weight.dtype
         want = getattr(self.lm, SAMPLER_DTYPE, None) or own
         projections = [m for layer in self.body.layers for m in _projections(layer)]
-        cast = want != own and _plain(*projections, self.lm.lm_head) and type(self.body.embed_tokens) is nn.Embedding
+        cast = (want != own and _plain(*projections, self.lm.lm_head) and type(self.body.embed_tokens) is nn.Embedding
+                and all(layer.mlp.gate_proj.bias is None and layer.mlp.up_proj.bias is None for layer in self.body.layers))  # gate/up fused
         to = (lambda t: None if t is None else t.to(want)) if cast else (lambda t: t)  # noqa: E731
         self.dtype, self.fused, self.cast = (want if cast else own), [], {}
         for layer in self.body.layers:

@@ -164,7 +164,7 @@ def prepare_model(
     use_cuda_graphs(model, cfg.cuda_graphs)
     if cfg.sampler_dtype == "float16" and device.type != "cuda":
         raise UserError(f"model.sampler_dtype float16 needs a CUDA device (this run uses {device.type}); use bfloat16")
-    use_sampler_dtype(model, getattr(torch, cfg.sampler_dtype) if cfg.sampler_dtype else None)
+    use_sampler_dtype(model, cfg.sampler_dtype)
     return model
 
 
