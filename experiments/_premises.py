@@ -164,6 +164,14 @@ PREMISES: dict[str, list[Premise]] = {
     "smollm2_objectives": [Premise(f"{arm}'s completion-length curve minus the example's (mean |difference|, tokens)",
                                    _recorded("completion_length_gap", arm), at_least=0.25, arms=(arm,))
                            for arm in ("grpo", "dr_grpo", "dapo", "gspo")],
+    # the self-teacher must read the hint (the checkpoint told the answer vs not, one measurement for every seed), SIPO's
+    # redistribution must act in all-fail groups, and each arm's run must differ from the example's
+    "smollm2_self_distill": [
+        Premise("checkpoint's held-out greedy told the reference answer minus plain", _recorded("teacher", "lead"), at_least=0.10),
+        Premise("SIPO advantage's token std in all-fail groups", lambda r: _row(r, "sipo", "all_fail_token_spread"), at_least=1e-4, arms=("sipo",)),
+        *[Premise(f"{arm}'s completion-length curve minus the example's (mean |difference|, tokens)", _recorded("completion_length_gap", arm),
+                  at_least=0.25, arms=(arm,)) for arm in ("sipo", "opsd")],
+    ],
     # ROFT learns from its retrospections only: they must be a different (better) answer than the attempts they explain,
     # else the loss is self-imitation of the attempts; and a start off floor and ceiling for either arm to move
     "roft_vs_grpo": [

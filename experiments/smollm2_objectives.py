@@ -84,6 +84,20 @@ def recorded_row(arm: str, seed: int) -> dict:
     return {**row, "recorded_from": row.get("recorded_from", recorded["command"])}
 
 
+def arm_row(arm: str, wp: dict, history: list[dict], wall_seconds: float, threads: int) -> dict:
+    """An arm's table row: the eval stage's held-out metrics (`wp_*`), entropy and completion length over the last
+    LAST steps, wall time, and the per-step curves."""
+    last = history[-LAST:]
+    return {
+        "arm": arm, **{f"wp_{k}": v for k, v in wp.items()},
+        "completion_length_last": sum(h["completion_length"] for h in last) / len(last),
+        "entropy_last": sum(h.get("entropy", float("nan")) for h in last) / len(last),
+        "wall_seconds": wall_seconds, "threads": threads,
+        "completion_length_curve": [h["completion_length"] for h in history], "train_accuracy_curve": [h.get("accuracy") for h in history],
+        "entropy_curve": [h.get("entropy") for h in history], "final_train_accuracy": history[-1].get("accuracy"),
+    }
+
+
 def curve_gap(result: dict, arm: str) -> float:
     """Mean absolute difference, in tokens, between `arm`'s and the example's per-step completion length over the run:
     0 when the arm sampled what the example sampled at every step (the same run under another name)."""
@@ -123,15 +137,7 @@ def main() -> None:
         _, rl_seconds = base.stage("rl", "--in", "data=data", "--in", "policy=import", "--out", f"{run}/rl", overrides=[*seeded, *ARMS[arm]], cwd=work)
         wp, eval_seconds = base.stage("eval", "--in", "data=data", "--in", f"model={run}/rl", "--out", f"{run}/eval", overrides=seeded, cwd=work)
         history = json.loads((work / run / "rl" / "history.json").read_text())
-        last = history[-LAST:]
-        table.append({
-            "arm": arm, **{f"wp_{k}": v for k, v in wp.items()},
-            "completion_length_last": sum(h["completion_length"] for h in last) / len(last),
-            "entropy_last": sum(h.get("entropy", float("nan")) for h in last) / len(last),
-            "wall_seconds": rl_seconds + eval_seconds, "threads": args.threads or 2,
-            "completion_length_curve": [h["completion_length"] for h in history], "train_accuracy_curve": [h.get("accuracy") for h in history],
-            "entropy_curve": [h.get("entropy") for h in history], "final_train_accuracy": history[-1].get("accuracy"),
-        })
+        table.append(arm_row(arm, wp, history, rl_seconds + eval_seconds, args.threads or 2))
     arms = [*(a for a in recorded_arms if a not in arms), *arms]
     results = {"checkpoint": base.CHECKPOINT, "seed": args.seed, "arms": arms, "example_source": str(EXAMPLE_RESULTS.relative_to(REPO)),
                "table": table}

@@ -294,3 +294,19 @@ def test_composition_metrics_collapse_and_share():
     assert m["reward/r0_adv_share"] > m["reward/r1_adv_share"]
     zero = composition_metrics(make_batch([1.0, 1.0], [0, 0]), torch.zeros(2))
     assert zero["reward/r0_adv_share"] == 0.0 and zero["reward/r0_collapsed"] == 1.0
+
+
+def test_all_fail_groups_and_the_signal_they_still_carry():
+    """reward/<k>_all_zero is the share of groups where reward k is 0 on every row (NaN read as 0);
+    advantage/<k>_all_zero_abs the mean |A_t| over their valid tokens and _spread the per-row token std of A_t there,
+    0 for a sequence-level advantage, the redistribution's size for a token-level one."""
+    batch = make_batch([[0.0, 0.5], [0.0, 0.0], [1.0, 0.0], [0.0, 0.0], [float("nan"), 1.0], [0.0, 0.0]], [0, 0, 1, 1, 2, 2])
+    sequence = torch.tensor([0.2, -0.2, 0.5, -0.5, 0.4, -0.4])
+    m = composition_metrics(batch, sequence)
+    assert m["reward/r0_all_zero"] == pytest.approx(2 / 3) and m["reward/r1_all_zero"] == pytest.approx(1 / 3)
+    assert m["advantage/r0_all_zero_abs"] == pytest.approx(0.3) and m["advantage/r0_all_zero_spread"] == 0.0
+    tokens = sequence[:, None] + torch.tensor([[-1.0, 0.0, 1.0]] * 6)  # the same rows, redistributed over 3 tokens
+    m = composition_metrics(batch, tokens)
+    assert m["advantage/r0_all_zero_spread"] == pytest.approx((2 / 3) ** 0.5) and m["advantage/r1_all_zero_abs"] == pytest.approx(5 / 6)
+    none = composition_metrics(make_batch([1.0, 0.0], [0, 0]), torch.zeros(2))
+    assert none["reward/r0_all_zero"] == 0.0 and none["advantage/r0_all_zero_abs"] == 0.0 and none["advantage/r0_all_zero_spread"] == 0.0

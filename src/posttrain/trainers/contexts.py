@@ -1,8 +1,15 @@
 """Teacher contexts: the text a (self-)teacher reads in front of the student's own response.
 
-Every context is `<privileged text><SEP><prompt>`, so the teacher scores exactly the student's tokens
-after a prompt that differs only by what it was told. Built from `=` and `-` (and SIPO's `+` label), characters
-of the arithmetic and text-world alphabets, so a character tokenizer trained on the task can encode them.
+Two framings of the same information, so the teacher scores exactly the student's tokens after a prompt that
+differs only by what it was told:
+
+- character (default): `<privileged text><SEP><prompt>`, built from `=` and `-` (and SIPO's `+` label), characters
+  of the arithmetic and text-world alphabets, so a character tokenizer trained on the task can encode them (a
+  from-scratch model must be taught the format; the experiments SFT it on contexts like these);
+- natural (`natural=True`, what a chat model gets: trainers/extras.py passes `uses_chat(tokenizer)`): the prompt,
+  then the privileged text introduced in words ("A reference solution: ..."), then a line asking for the model's
+  own answer (OPSD's pi_theta(. | x, y*): the problem and the reference solution), which an instruct model reads
+  without training. The chat template then renders it as the user turn, with the example's system prompt.
 """
 
 from __future__ import annotations
@@ -18,25 +25,37 @@ LABEL_CHARS = CORRECT + INCORRECT
 OUTCOME_OK, OUTCOME_FAILED = "=", "-"  # PR-OPD's hindsight outcome label (its SFT format; not SIPO's labels)
 
 
-def answer_context(example: Example) -> str:
-    """OPSD's privileged context: the reference solution, then the prompt."""
-    return f"{example.completion}{SEP}{example.prompt}"
+# the natural framing's closing line: what the teacher is asked to do after reading the privileged text
+OWN_ANSWER = "Now answer the problem yourself."
+# SIPO's labels in the natural framing: equally long, so C+ and C- differ in the label words only
+RIGHT, WRONG = "Right", "Wrong"
 
 
-def peer_context(example: Example, peer_completion: str) -> str:
-    """UniOPSD's hindsight context: a successful peer's response, then the prompt."""
-    return f"{peer_completion}{SEP}{example.prompt}"
+def told(example: Example, lead: str, text: str, natural: bool = False) -> str:
+    """`example`'s prompt with the privileged `text`: `<text><SEP><prompt>`, or (natural) the prompt, then
+    `<lead>: <text>` and OWN_ANSWER."""
+    return f"{example.prompt}\n\n{lead}: {text}\n{OWN_ANSWER}" if natural else f"{text}{SEP}{example.prompt}"
 
 
-def trace_context(example: Example, trace: str) -> str:
-    """ThinkOPD's context: the teacher's think trace z, then the prompt."""
-    return f"{trace}{SEP}{example.prompt}"
+def answer_context(example: Example, natural: bool = False) -> str:
+    """OPSD's privileged context: the reference solution and the prompt."""
+    return told(example, "A reference solution", example.completion, natural)
 
 
-def skill_context(example: Example, skill: str) -> str:
-    """PR-OPD's context: the policy's hindsight skill, then the prompt (an empty skill adds nothing, so the
+def peer_context(example: Example, peer_completion: str, natural: bool = False) -> str:
+    """UniOPSD's hindsight context: a successful peer's response and the prompt."""
+    return told(example, "A correct solution from another attempt", peer_completion, natural)
+
+
+def trace_context(example: Example, trace: str, natural: bool = False) -> str:
+    """ThinkOPD's context: the teacher's think trace z and the prompt."""
+    return told(example, "Worked reasoning", trace, natural)
+
+
+def skill_context(example: Example, skill: str, natural: bool = False) -> str:
+    """PR-OPD's context: the policy's hindsight skill and the prompt (an empty skill adds nothing, so the
     teacher pass then equals the student pass)."""
-    return f"{skill}{SEP}{example.prompt}" if skill else example.prompt
+    return told(example, "A lesson from an earlier attempt", skill, natural) if skill else example.prompt
 
 
 def reflection_prompt(example: Example, trajectory: str, success: bool) -> str:
@@ -53,14 +72,19 @@ def retrospection_prompt(example: Example, attempt: str, feedback: str) -> str:
     return f"{attempt}{INCORRECT}{feedback}{SEP}{example.prompt}"
 
 
-def contrastive_contexts(example: Example, mistakes: list[str]) -> tuple[str, str]:
+def contrastive_contexts(example: Example, mistakes: list[str], natural: bool = False) -> tuple[str, str]:
     """SIPO's (C+, C-): the reference and the group's mistakes, framed with the reference as correct and the
     mistakes as incorrect (C+) or the other way round (C-). The two strings have the same characters
-    except the labels, so biases common to both (length, style, having a hint at all) cancel in the gap."""
-    def framed(ref_label: str, mistake_label: str) -> str:
+    except the labels, so biases common to both (length, style, having a hint at all) cancel in the gap.
+    Natural: one line per answer, `Right: <answer>` / `Wrong: <answer>`, after the prompt."""
+    def framed(ref_ok: bool) -> str:
+        if natural:
+            lines = [f"{RIGHT if ref_ok else WRONG}: {example.completion}", *(f"{WRONG if ref_ok else RIGHT}: {m}" for m in mistakes)]
+            return f"{example.prompt}\n\nAnswers to this problem, each marked right or wrong:\n" + "\n".join(lines) + f"\n{OWN_ANSWER}"
+        ref_label, mistake_label = (CORRECT, INCORRECT) if ref_ok else (INCORRECT, CORRECT)
         return example.completion + ref_label + "".join(m + mistake_label for m in mistakes) + SEP + example.prompt
 
-    return framed(CORRECT, INCORRECT), framed(INCORRECT, CORRECT)
+    return framed(True), framed(False)
 
 
 def group_mistakes(texts: list[str], success: list[bool], own: int, limit: int) -> list[str]:

@@ -20,7 +20,7 @@ generator, so a resumed run draws the same numbers as an uninterrupted one.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -31,6 +31,7 @@ from posttrain.config import RLConfig
 from posttrain.errors import UserError, assert_no_grad
 from posttrain.rollout.policy import Policy
 from posttrain.rollout.sampling import decode_completions, encode_prompts, generate
+from posttrain.models.chat import uses_chat
 from posttrain.models.teacher import teacher_forward
 from posttrain.models.value import token_values
 from posttrain.objectives import advantages, auxiliaries, losses, needs_of
@@ -128,10 +129,22 @@ def score_as_student(model, ctx: ExtraContext, batch: RolloutBatch, hidden: bool
     return teacher_forward(model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.attention_mask, ctx.cfg.temperature, hidden)
 
 
-def score_under(model, ctx: ExtraContext, context_texts: list[str], batch: RolloutBatch, hidden: bool = False):
-    """The batch's completions read by `model` after per-row context texts (no gradient)."""
+def score_under(model, ctx: ExtraContext, context_texts: list[str | Example], batch: RolloutBatch, hidden: bool = False):
+    """The batch's completions read by `model` after per-row contexts (no gradient): texts, or examples whose
+    prompt is the context (`in_context`: a chat template then renders the example's system prompt too)."""
     ids, mask = encode_prompts(ctx.tokenizer, context_texts, batch.completion_ids.device)
     return teacher_forward(model, ids, mask, batch.completion_ids, batch.attention_mask, ctx.cfg.temperature, hidden)
+
+
+def in_context(example: Example, text: str) -> Example:
+    """`example` with `text` (a trainers/contexts framing of it) as its prompt, its system prompt kept: the teacher
+    reads the instructions the student was sampled under."""
+    return replace(example, prompt=text, messages=None)
+
+
+def natural(ctx: ExtraContext) -> bool:
+    """Whether the contexts are framed in words (a chat model) or in the character format (trainers/contexts.py)."""
+    return uses_chat(ctx.tokenizer)
 
 
 def decode_transcripts(tokenizer: PreTrainedTokenizerBase, batch: RolloutBatch) -> list[str]:
@@ -249,7 +262,7 @@ def base_logprobs(ctx: ExtraContext, prompts, batch) -> Tensor:
 @extras.register("privileged_logprobs")
 def privileged_logprobs(ctx: ExtraContext, prompts, batch) -> Tensor:
     """[B, T, V] OPSD's teacher: the policy itself, told the reference solution."""
-    texts = [contexts.answer_context(e) for e in row_examples(prompts, batch)]
+    texts = [in_context(e, contexts.answer_context(e, natural(ctx))) for e in row_examples(prompts, batch)]
     return score_under(ctx.policy, ctx, texts, batch).logprobs
 
 
@@ -262,7 +275,8 @@ def contrast_logp_gap(ctx: ExtraContext, prompts, batch) -> Tensor:
     for rows in group_rows(batch):
         for own in rows:
             mistakes = contexts.group_mistakes([texts[j] for j in rows], [ok[j] for j in rows], rows.index(own), limit)
-            positive[own], negative[own] = contexts.contrastive_contexts(examples[own], mistakes)
+            pair = contexts.contrastive_contexts(examples[own], mistakes, natural(ctx))
+            positive[own], negative[own] = (in_context(examples[own], text) for text in pair)
     return score_under(ctx.policy, ctx, positive, batch).logp - score_under(ctx.policy, ctx, negative, batch).logp
 
 
@@ -274,7 +288,7 @@ def peer_logp_gap(ctx: ExtraContext, prompts, batch) -> Tensor:
     examples, ok = row_examples(prompts, batch), success(batch).tolist()
     texts = decode_transcripts(ctx.tokenizer, batch)
     peers = successful_peers(ok, batch.group.tolist())
-    peer_texts = [contexts.peer_context(e, texts[j] if j is not None else "") for e, j in zip(examples, peers)]
+    peer_texts = [in_context(e, contexts.peer_context(e, texts[j] if j is not None else "", natural(ctx))) for e, j in zip(examples, peers)]
     teacher = score_under(ctx.policy, ctx, peer_texts, batch).logp
     gap = (teacher - batch.old_logp) * batch.completion_mask
     return gap * torch.tensor([j is not None for j in peers], dtype=gap.dtype, device=gap.device)[:, None]
@@ -290,7 +304,7 @@ def trace_logprobs(ctx: ExtraContext, prompts, batch) -> Tensor:
     model = ctx.models.get("teacher", ctx.policy)
     _, traces = generate(model, ctx.tokenizer, [e.prompt for e in prompts], ctx.cfg.max_new_tokens, greedy=True)
     _, index = torch.unique(batch.group, return_inverse=True)
-    texts = [contexts.trace_context(prompts[g], ctx.task.think_trace(traces[g])) for g in index.tolist()]
+    texts = [in_context(prompts[g], contexts.trace_context(prompts[g], ctx.task.think_trace(traces[g]), natural(ctx))) for g in index.tolist()]
     return score_under(model, ctx, texts, batch).logprobs
 
 
