@@ -211,3 +211,21 @@ def test_a_construction_check_is_marked_in_its_row(monkeypatch):
     plain, check = H.summarise("toy", [seed_result(0.3, 0.2), seed_result(0.7, 0.6), seed_result(0.51, 0.4)])
     assert "construction_check" not in plain and check["construction_check"] is True
     assert check["verdict"] == plain["verdict"] == "reproduced" and check["metric"] == "score (construction check)"
+
+
+def test_the_self_distillation_claim_reads_what_its_script_writes():
+    """smollm2_self_distill's comparisons and premises against one seed's results shaped as the script writes them:
+    SIPO's rows need its token signal in all-fail groups, every row the teacher's lead, each arm a run of its own."""
+    def arm(name, accuracy, **extra):
+        return {"arm": name, "wp_greedy_accuracy": accuracy, "wp_sampled_accuracy": accuracy / 2, **extra}
+
+    def seed(i, spread):
+        table = [arm("example", 0.26 + i / 100), arm("grpo", 0.2 + i / 50), arm("sipo", 0.3 + i / 100, all_fail_token_spread=spread),
+                 arm("opsd", 0.1 + i / 30, all_fail_token_spread=0.0)]
+        return {"teacher": {"lead": 0.28}, "completion_length_gap": {"sipo": 3.0, "opsd": 5.0}, "table": table}
+
+    rows = H.summarise("smollm2_self_distill", [seed(i, 0.04) for i in range(3)], seeds=[0, 1, 2])
+    assert {(r["better"], r["worse"]) for r in rows} == {(a, b) for a in ("sipo", "opsd") for b in ("example", "grpo")}
+    assert all(r["verdict"] in ("reproduced", "contradicted", "inconclusive") for r in rows)
+    silent = H.summarise("smollm2_self_distill", [seed(i, 0.0) for i in range(3)], seeds=[0, 1, 2])
+    assert {r["better"] for r in silent if r["verdict"].startswith("premise failed")} == {"sipo"}  # OPSD's rows do not need SIPO's signal
