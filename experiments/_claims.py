@@ -185,8 +185,8 @@ COMPARISONS: dict[str, list[Compare]] = {
     # smollm2_self_distill.py (issue 39): SIPO (the example's advantage + the contrastive self-teacher's token
     # redistribution) and OPSD (reverse KL to the policy told the answer, no reward) against the example's objective, the
     # baseline SIPO builds on, and against GRPO; SIPO's own claim is about all-fail groups, its row the signal there
-    "smollm2_self_distill": [*[compare(m, arm, base) for arm in ("sipo", "opsd") for base in ("example", "grpo")
-                               for m in ("wp_greedy_accuracy", "wp_sampled_accuracy")]],
+    "smollm2_sipo": [compare(m, "sipo", base) for base in ("example", "grpo") for m in ("wp_greedy_accuracy", "wp_sampled_accuracy")],
+    "smollm2_opsd": [compare(m, "opsd", base) for base in ("example", "grpo") for m in ("wp_greedy_accuracy", "wp_sampled_accuracy")],
     # ROFT (retrospection-only NLL) vs GRPO at the same updates and attempts from the same start; each against its start
     "roft_vs_grpo": [compare(HELDOUT, "roft", "grpo"),
                      Compare(HELDOUT, "roft", "sft", row("roft", HELDOUT), row("roft", "heldout_greedy_before")),

@@ -73,6 +73,10 @@ FLOOR = 0.05  # a student below 5% held-out accuracy gives RL or distillation al
 MOVED = 1e-3  # a model trained off its start by less than a thousandth of its weights' norm has barely been trained
 REDRAWN = 1 / 255  # images that differ by less than one 8-bit grey level on average are, as images, the same
 
+# smollm2_self_distill.py: the checkpoint told the reference answer (the self-teacher's context) against plain, one
+# measurement for every seed (the same weights and problems)
+SELF_TEACHER_READS_THE_HINT = Premise("checkpoint's held-out greedy told the reference answer minus plain", _recorded("teacher", "lead"), at_least=0.10)
+
 SFT_SOLVES_TWO_STEP = Premise("SFT start's held-out greedy on two-step problems", lambda r: _row(r, "sft", "wp_greedy_accuracy_steps_2"),
                               at_least=FLOOR, arms=("sft_rl",))
 
@@ -166,11 +170,14 @@ PREMISES: dict[str, list[Premise]] = {
                            for arm in ("grpo", "dr_grpo", "dapo", "gspo")],
     # the self-teacher must read the hint (the checkpoint told the answer vs not, one measurement for every seed), SIPO's
     # redistribution must act in all-fail groups, and each arm's run must differ from the example's
-    "smollm2_self_distill": [
-        Premise("checkpoint's held-out greedy told the reference answer minus plain", _recorded("teacher", "lead"), at_least=0.10),
-        Premise("SIPO advantage's token std in all-fail groups", lambda r: _row(r, "sipo", "all_fail_token_spread"), at_least=1e-4, arms=("sipo",)),
-        *[Premise(f"{arm}'s completion-length curve minus the example's (mean |difference|, tokens)", _recorded("completion_length_gap", arm),
-                  at_least=0.25, arms=(arm,)) for arm in ("sipo", "opsd")],
+    "smollm2_sipo": [
+        SELF_TEACHER_READS_THE_HINT,
+        Premise("SIPO advantage's token std in all-fail groups", lambda r: _row(r, "sipo", "all_fail_token_spread"), at_least=1e-4),
+        Premise("sipo's completion-length curve minus the example's (mean |difference|, tokens)", _recorded("completion_length_gap", "sipo"), at_least=0.25),
+    ],
+    "smollm2_opsd": [
+        SELF_TEACHER_READS_THE_HINT,
+        Premise("opsd's completion-length curve minus the example's (mean |difference|, tokens)", _recorded("completion_length_gap", "opsd"), at_least=0.25),
     ],
     # ROFT learns from its retrospections only: they must be a different (better) answer than the attempts they explain,
     # else the loss is self-imitation of the attempts; and a start off floor and ceiling for either arm to move

@@ -118,7 +118,8 @@ CLAIMS: dict[str, tuple[str, list[str]]] = {
     # grpo and dr_grpo measured 2026-12-06, dapo and gspo 2026-12-07 (rows read back with --recorded-arms)
     "smollm2_objectives": ("smollm2_objectives", ["--arms", "dapo,gspo", "--recorded-arms", "grpo,dr_grpo"]),
     # SIPO and OPSD at smollm2_objectives' budget from the same import (example and grpo rows read back, not re-run)
-    "smollm2_self_distill": ("smollm2_self_distill", ["--threads", "1"]),
+    "smollm2_sipo": ("smollm2_self_distill", ["--arms", "sipo", "--threads", "1"]),
+    "smollm2_opsd": ("smollm2_self_distill", ["--arms", "opsd", "--threads", "1"]),
     "samplers_arithmetic": ("samplers_compare", ["--dataset", "arithmetic", "--steps", "200", "--prompts", "200"]),
     "samplers_word_problems": ("samplers_compare", ["--dataset", "word_problems", "--steps", "60", "--prompts", "100", "--chunk", "25",
                                                     "--max-votes", "32"]),

@@ -29,10 +29,11 @@ Premises, per seed:
 Per arm and seed the row holds the eval stage's held-out metrics (`wp_*`), entropy and completion length over the
 last 5 steps, the share of all-fail groups and the advantage they still carried, and the wall time (RL + eval).
 
-    .venv/bin/python experiments/smollm2_self_distill.py [--arms sipo,opsd] [--threads N] [--work DIR] [--json FILE]
+    .venv/bin/python experiments/smollm2_self_distill.py [--arms sipo|opsd] [--threads N] [--work DIR] [--json FILE]
 
-Arms can run as separate processes on one work directory (as smollm2_objectives); a final run with every arm then
-only collects their finished outputs.
+Each arm is its own claim (`smollm2_sipo`, `smollm2_opsd`: experiments/claims.py), so each reports on the seeds it was
+measured on. Arms and seeds can run as separate processes on one work directory (`--seed 2 --seeds 1`); a final run
+then only collects their finished outputs.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -97,7 +99,7 @@ def steps_mean(history: list[dict], key: str, where: str | None = None) -> float
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
+    p.add_argument("--arms", default="sipo", help=f"one of {', '.join(ARMS)} (each is its own claim: smollm2_<arm>)")
     p.add_argument("--threads", type=int, default=None, help="pipeline.threads for this process (default: the example's 2)")
     p.add_argument("--work", type=Path, default=REPO / "outputs" / "claims" / "smollm2_objectives")
     p.add_argument("--json", type=Path, default=None)
@@ -141,5 +143,13 @@ def main() -> None:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 
 
+def claim_of(argv: list[str]) -> str:
+    """One claim per arm, each on the seeds it was measured on: `smollm2_opsd` for `--arms opsd`, else `smollm2_sipo`."""
+    arms = argv[argv.index("--arms") + 1] if "--arms" in argv else "sipo"
+    if arms not in ARMS:
+        raise SystemExit(f"--arms: one of {sorted(ARMS)} under the claims harness (each arm is its own claim), got {arms!r}")
+    return f"smollm2_{arms}"
+
+
 if __name__ == "__main__":
-    C.run_seeds(main, "smollm2_self_distill")
+    C.run_seeds(main, claim_of(sys.argv[1:]))

@@ -213,19 +213,27 @@ def test_a_construction_check_is_marked_in_its_row(monkeypatch):
     assert check["verdict"] == plain["verdict"] == "reproduced" and check["metric"] == "score (construction check)"
 
 
-def test_the_self_distillation_claim_reads_what_its_script_writes():
-    """smollm2_self_distill's comparisons and premises against one seed's results shaped as the script writes them:
-    SIPO's rows need its token signal in all-fail groups, every row the teacher's lead, each arm a run of its own."""
+def test_the_self_distillation_claims_read_what_their_script_writes(monkeypatch):
+    """smollm2_sipo's and smollm2_opsd's comparisons and premises against results shaped as smollm2_self_distill.py
+    writes them: SIPO's rows need its token signal in all-fail groups, every row the teacher's lead, each arm a run of
+    its own; the script names the claim from its arm."""
     def arm(name, accuracy, **extra):
         return {"arm": name, "wp_greedy_accuracy": accuracy, "wp_sampled_accuracy": accuracy / 2, **extra}
 
-    def seed(i, spread):
-        table = [arm("example", 0.26 + i / 100), arm("grpo", 0.2 + i / 50), arm("sipo", 0.3 + i / 100, all_fail_token_spread=spread),
-                 arm("opsd", 0.1 + i / 30, all_fail_token_spread=0.0)]
-        return {"teacher": {"lead": 0.28}, "completion_length_gap": {"sipo": 3.0, "opsd": 5.0}, "table": table}
+    def seed(i, method, spread=0.04, lead=0.28):
+        table = [arm("example", 0.26 + i / 100), arm("grpo", 0.2 + i / 50), arm(method, 0.3 + i / 30, all_fail_token_spread=spread)]
+        return {"teacher": {"lead": lead}, "completion_length_gap": {method: 3.0}, "table": table}
 
-    rows = H.summarise("smollm2_self_distill", [seed(i, 0.04) for i in range(3)], seeds=[0, 1, 2])
-    assert {(r["better"], r["worse"]) for r in rows} == {(a, b) for a in ("sipo", "opsd") for b in ("example", "grpo")}
-    assert all(r["verdict"] in ("reproduced", "contradicted", "inconclusive") for r in rows)
-    silent = H.summarise("smollm2_self_distill", [seed(i, 0.0) for i in range(3)], seeds=[0, 1, 2])
-    assert {r["better"] for r in silent if r["verdict"].startswith("premise failed")} == {"sipo"}  # OPSD's rows do not need SIPO's signal
+    for method in ("sipo", "opsd"):
+        rows = H.summarise(f"smollm2_{method}", [seed(i, method) for i in range(3)], seeds=[0, 1, 2])
+        assert {(r["better"], r["worse"]) for r in rows} == {(method, "example"), (method, "grpo")}
+        assert all(r["verdict"] in ("reproduced", "contradicted", "inconclusive") for r in rows)
+        unread = H.summarise(f"smollm2_{method}", [seed(i, method, lead=0.0) for i in range(3)], seeds=[0, 1, 2])
+        assert all(r["verdict"].startswith("premise failed") for r in unread)  # a teacher that does not read the hint
+    silent = H.summarise("smollm2_sipo", [seed(i, "sipo", spread=0.0) for i in range(3)], seeds=[0, 1, 2])
+    assert all(r["verdict"].startswith("premise failed") for r in silent)
+    monkeypatch.syspath_prepend(str(REPO / "experiments"))
+    script = load("smollm2_self_distill_script", REPO / "experiments" / "smollm2_self_distill.py")
+    assert script.claim_of(["--arms", "opsd", "--threads", "1"]) == "smollm2_opsd" and script.claim_of(["--arms", "sipo"]) == "smollm2_sipo"
+    with pytest.raises(SystemExit, match="each arm is its own claim"):
+        script.claim_of(["--arms", "sipo,opsd"])
