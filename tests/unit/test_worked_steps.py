@@ -131,8 +131,9 @@ def test_teacher_reads_the_steps_before_the_prompt_and_scores_the_response_token
     ctx = extras.ExtraContext(model, tok, task, cfg.rl, {}, 1, torch.Generator().manual_seed(0))
     teacher = extras.trace_logprobs(ctx, prompts, batch)
     steps = [task.think_trace(c) for c in greedy]
-    assert seen == [[f"{steps[i // 2]}={prompts[i // 2].prompt}" for i in range(4)]]
-    assert all(":" not in t for t in seen[0])  # no `:answer` in the teacher's context
+    contexts = [[t.prompt for t in texts] for texts in seen]  # each row's example, its prompt the context (system kept)
+    assert contexts == [[f"{steps[i // 2]}={prompts[i // 2].prompt}" for i in range(4)]]
+    assert all(":" not in t for t in contexts[0])  # no `:answer` in the teacher's context
     assert teacher.shape == (*batch.completion_ids.shape, len(tok)) and not teacher.requires_grad
     bare = extras.score_under(model, ctx, [e.prompt for e in prompts for _ in range(2)], batch).logprobs
     assert not torch.allclose(teacher, bare)  # the trace changes the teacher's targets
