@@ -67,7 +67,7 @@ METHODS: tuple[Method, ...] = (
     Method(2, "GM-DPO", "reward_models.md#offline-preference-objectives-dpo-gm_dpo-abc_align",
            (Measured("gm_dpo_flexbench", "tiny Qwen2 from scratch (2 layers, hidden 64), word-level tokenizer"),)),
     Method(3, "PR-OPD", "distillation.md#pr-opd-pr_opd-auxiliary", (Measured("pr_opd_text_world", TINY, ("pr_opd",)),)),
-    Method(4, "SIPO", "distillation.md#sipo-sipo", (Measured("sipo_vs_grpo", TINY),)),
+    Method(4, "SIPO", "distillation.md#sipo-sipo", (Measured("sipo_vs_grpo", TINY), Measured("smollm2_sipo", SMOLLM2))),
     Method(5, "RIDE", "distillation.md#ride-ride-ride_logits-auxiliary", (Measured("ride_vs_oprd", TINY),)),
     Method(6, "Test-time self-distillation (TTSD)", "samplers.md#test-time-self-distillation-ttsd",
            (Measured("samplers_arithmetic", TINY, TTSD_ARMS), Measured("samplers_word_problems", WORD_PROBLEMS, TTSD_ARMS))),
@@ -125,4 +125,5 @@ BASES: tuple[Measured, ...] = (
     Measured("smollm2_sft_rl", SMOLLM2, what="SFT on worked solutions, then GRPO at lr 2e-5"),
     Measured("smollm2_sft_rl_low_lr", SMOLLM2, what="the same, GRPO at lr 5e-6"),
     Measured("smollm2_objectives", SMOLLM2, what="GRPO, Dr. GRPO, DAPO and GSPO against the example's objective, one budget, on the real checkpoint"),
+    Measured("smollm2_opsd", SMOLLM2, what="OPSD (reverse KL to the policy told the answer) against the example's objective and GRPO, on the real checkpoint"),
 )
