@@ -166,6 +166,9 @@ COMPARISONS: dict[str, list[Compare]] = {
                          compare("subgoal_progress", "dsp_w2", "dsp_w0")],
     "samplers_arithmetic": SAMPLERS,
     "samplers_word_problems": SAMPLERS,
+    # smollm2_samplers.py (issue 39): the same samplers on the real checkpoint, no training (so no RL row); power
+    # sampling against the temperature sampling it sharpens
+    "smollm2_samplers": [*SAMPLERS[:8], compare("accuracy", "power", "temperature")],
     # smollm2_rl.py (issue 32): GRPO from SmolLM2-135M-Instruct against its start, held-out greedy (and sampled) accuracy
     "smollm2_rl": [compare("wp_greedy_accuracy", "rl", "base"), compare("wp_greedy_accuracy_steps_1", "rl", "base"),
                    compare("wp_greedy_accuracy_steps_2", "rl", "base"), compare("ar_greedy_accuracy", "rl", "base"),
@@ -178,8 +181,9 @@ COMPARISONS: dict[str, list[Compare]] = {
                               for m in ("wp_greedy_accuracy_steps_2", "wp_greedy_accuracy_steps_1", "wp_greedy_accuracy", "ar_greedy_accuracy")],
     # smollm2_objectives.py (issue 39): each method's claim against GRPO (std-scaled advantage, sequence-mean loss) on the
     # real checkpoint at one budget; `example` is examples/smollm2's objective (no std division, token-mean loss)
-    "smollm2_objectives": [*[compare(m, arm, "grpo") for arm in ("example", "dr_grpo", "dapo", "gspo")
+    "smollm2_objectives": [*[compare(m, arm, "grpo") for arm in ("example", "dr_grpo", "dapo", "gspo", "max_rl")
                              for m in ("wp_greedy_accuracy", "wp_greedy_accuracy_steps_1")],
+                           compare("wp_greedy_accuracy", "max_rl", "example"),  # MaxRL changes only the example's advantage
                            compare("completion_length_last", "dr_grpo", "grpo", lower=True),  # Dr. GRPO: no length bias toward long wrong answers
                            compare("wp_sampled_accuracy", "dapo", "grpo")],
     # smollm2_self_distill.py (issue 39): SIPO (the example's advantage + the contrastive self-teacher's token

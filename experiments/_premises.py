@@ -164,10 +164,19 @@ PREMISES: dict[str, list[Premise]] = {
                 lambda r: round(_row(r, "naive_paraphrase", "paraphrase_accuracy") - _row(r, "naive", "paraphrase_accuracy"), 6), at_least=0.05,
                 arms=("naive_paraphrase",)),
     ],
+    # the real checkpoint's samplers: answers long enough to search over, contexts that move the model (TTSD's reward is
+    # their log-odds), chains that move (the tiny models' MH acceptance was 0.99)
+    "smollm2_samplers": [
+        Premise("greedy answer length (generated tokens per answer)", lambda r: r["arms"]["greedy"]["generated_tokens"], at_least=16),
+        Premise("greedy accuracy under c+ minus under c-",
+                lambda r: r["arms"]["context_positive"]["accuracy"] - r["arms"]["context_negative"]["accuracy"], at_least=0.05, arms=("ttsd",)),
+        Premise("power sampling's MH acceptance", lambda r: r["arms"]["power"]["mh_acceptance"], at_most=0.9,
+                arms=("power", "power_matched", "ppt")),
+    ],
     # an objective that samples exactly what the example sampled at every step is the same run under another name
     "smollm2_objectives": [Premise(f"{arm}'s completion-length curve minus the example's (mean |difference|, tokens)",
                                    _recorded("completion_length_gap", arm), at_least=0.25, arms=(arm,))
-                           for arm in ("grpo", "dr_grpo", "dapo", "gspo")],
+                           for arm in ("grpo", "dr_grpo", "dapo", "gspo", "max_rl")],
     # the self-teacher must read the hint (the checkpoint told the answer vs not, one measurement for every seed), SIPO's
     # redistribution must act in all-fail groups, and each arm's run must differ from the example's
     "smollm2_sipo": [

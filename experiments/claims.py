@@ -114,10 +114,13 @@ CLAIMS: dict[str, tuple[str, list[str]]] = {
     "smollm2_rl": ("smollm2_rl", []),
     "smollm2_sft_rl": ("smollm2_sft_rl", []),  # the same, after 40 SFT steps on worked solutions
     "smollm2_sft_rl_low_lr": ("smollm2_sft_rl", ["--rl-lr", "5e-6"]),  # the same SFT starts, RL at a quarter of the lr
-    # GRPO and Dr. GRPO at smollm2_rl's budget, against its arm (dapo, gspo: not yet measured, see the script's docstring)
-    # grpo and dr_grpo measured 2026-12-06, dapo and gspo 2026-12-07 (rows read back with --recorded-arms)
-    "smollm2_objectives": ("smollm2_objectives", ["--arms", "dapo,gspo", "--recorded-arms", "grpo,dr_grpo"]),
+    # GRPO, Dr. GRPO, DAPO, GSPO and MaxRL at smollm2_rl's budget, against GRPO and the example's arm
+    # grpo and dr_grpo measured 2026-12-06, dapo and gspo 2026-12-07, max_rl in a later session (earlier arms read back)
+    "smollm2_objectives": ("smollm2_objectives", ["--arms", "max_rl", "--recorded-arms", "grpo,dr_grpo,dapo,gspo"]),
     # SIPO and OPSD at smollm2_objectives' budget from the same import (example and grpo rows read back, not re-run)
+    # the samplers on the real checkpoint, no training: 30 of the 200 held-out problems a seed (disjoint slices), one
+    # thread per seed, the seeds as parallel processes (merged)
+    "smollm2_samplers": ("smollm2_samplers", ["--prompts", "30", "--threads", "1", "--no-mlflow"]),
     "smollm2_sipo": ("smollm2_self_distill", ["--arms", "sipo", "--threads", "1"]),
     "smollm2_opsd": ("smollm2_self_distill", ["--arms", "opsd", "--threads", "1"]),
     "samplers_arithmetic": ("samplers_compare", ["--dataset", "arithmetic", "--steps", "200", "--prompts", "200"]),

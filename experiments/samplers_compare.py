@@ -29,6 +29,7 @@ import json
 import math
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -84,8 +85,6 @@ def tagged_word_problems(cfg):
     """SFT rows with quality tags, as task.options.arithmetic.quality_tags makes them (its fractions and tags): a
     `careless_fraction` of solutions with the final answer changed, a `tagged_fraction` of prompts prefixed with
     their quality. The verifier's answer is untouched; held-out problems stay untagged."""
-    from dataclasses import replace as with_fields
-
     from posttrain.tasks.arithmetic import planted_error
 
     opts = cfg.task.options_for("arithmetic")
@@ -101,7 +100,7 @@ def tagged_word_problems(cfg):
                 head, _, tail = completion.rpartition(e.answer)
                 completion = head + planted_error(e.answer, rng) + tail
             prefix = (opts.careless_tag if careless else opts.expert_tag) if tagged else ""
-            out.append(with_fields(e, prompt=prefix + e.prompt, completion=completion))
+            out.append(replace(e, prompt=prefix + e.prompt, completion=completion))
         return out
 
     return tag
@@ -113,8 +112,11 @@ def summary(values: list[float]) -> dict:
     return {"mean": mean, "lo": lo, "hi": hi, "values": values}
 
 
-def arms(args) -> list[tuple[str, str, object, int]]:
-    """(arm, sampler, options, answers per prompt)."""
+TAGGED = ("expert, verified: ", "careless: ")  # the quality tags the SFT data carries: TTSD's c+ and c-
+
+
+def arms(args, contexts: tuple[str, str] = TAGGED) -> list[tuple[str, str, object, int]]:
+    """(arm, sampler, options, answers per prompt); `contexts`: TTSD's (c+, c-), written before the prompt's text."""
     power = lambda steps, full: PowerOptions(alpha=args.alpha, blocks=args.blocks, mcmc_steps=steps, full_tail=full)  # noqa: E731
     return [
         ("greedy", "greedy", None, 1),
@@ -124,9 +126,62 @@ def arms(args) -> list[tuple[str, str, object, int]]:
         ("ppt", "ppt", PPTOptions(alpha=args.alpha, replicas=args.replicas, blocks=args.blocks, mcmc_steps=args.mcmc, swap="deo",
                                   swap_every=1, full_tail=True), 1),
         ("ttsd", "ttsd", TTSDOptions(width=args.width, top_k=args.top_k, beta=args.beta, length_penalty=1.0,
-                                     positive="expert, verified: ", negative="careless: "), 1),
+                                     positive=contexts[0], negative=contexts[1]), 1),
         ("beam_wide", "beam", BeamOptions(width=3 * args.width, length_penalty=1.0), 1),  # TTSD's rows per step
     ]
+
+
+def measure(model, tok, task, held: list, args, seed: int, request: SampleRequest, contexts: tuple[str, str] = TAGGED) -> dict:
+    """Every sampler arm on `held` (`request`: the new tokens, the temperature of the `temperature` sampler and the
+    vote, stop strings, chunk; `contexts`: TTSD's c+ and c-), power at PPT's compute, the temperature vote and
+    best-of-N at TTSD's compute, and the greedy accuracy under no context, c+ and c-.
+    {arm: {accuracy, forward_tokens, seconds, ...sampler stats}}."""
+    out: dict = {}
+    for arm, name, options, n in arms(args, contexts):
+        start = time.time()
+        sampled = draw(name, model, tok, held, replace(request, n=n), options, torch.Generator().manual_seed(seed))
+        m = answer_metrics("m", sampled, task, held)
+        out[arm] = {"accuracy": m["m_accuracy"], "forward_tokens": m["m_forward_tokens_per_answer"], "seconds": time.time() - start,
+                    "generated_tokens": m["m_tokens_per_answer"],
+                    **{k[2:]: v for k, v in m.items() if k.startswith(("m_majority", "m_pass"))}, **sampled.stats}
+        print(f"seed {seed} {arm:12s} acc {m['m_accuracy']:.3f} fwd/answer {m['m_forward_tokens_per_answer']:.1f} "
+              f"({time.time() - start:.0f}s) {sampled.stats}", flush=True)
+    # single-chain power sampling with full scoring and at least PPT's forward tokens: more MH moves per block
+    # until its compute reaches PPT's
+    steps, start = args.mcmc * args.replicas, time.time()
+    for _ in range(8):
+        options = PowerOptions(alpha=args.alpha, blocks=args.blocks, mcmc_steps=steps, full_tail=True)
+        sampled = draw("power", model, tok, held, replace(request, n=1), options, torch.Generator().manual_seed(seed))
+        m = answer_metrics("m", sampled, task, held)
+        if m["m_forward_tokens_per_answer"] >= out["ppt"]["forward_tokens"]:
+            break
+        steps = math.ceil(steps * 1.5)
+    out["power_matched"] = {"accuracy": m["m_accuracy"], "forward_tokens": m["m_forward_tokens_per_answer"], "mcmc_steps": steps,
+                            "seconds": time.time() - start, **sampled.stats}
+    print(f"seed {seed} power_matched acc {m['m_accuracy']:.3f} fwd/answer {m['m_forward_tokens_per_answer']:.1f} mcmc {steps}", flush=True)
+    # majority vote of temperature samples at TTSD's compute (the prompt's keys are shared by the votes), and
+    # best-of-N over the same samples: the verifier's pick (pass@N), the vote, the likelihood pick
+    votes, start = 1, time.time()
+    while True:
+        sampled = draw("temperature", model, tok, held, replace(request, n=votes), None, torch.Generator().manual_seed(seed + 100))
+        per_prompt = sampled.total_forward_tokens / len(held)
+        if per_prompt >= out["ttsd"]["forward_tokens"] or votes >= args.max_votes:
+            break
+        votes *= 2
+    bon = best_of_n_metrics("bon", sampled, task, held, PICKS)
+    out["temperature_vote"] = {"accuracy": bon["bon_vote_accuracy"], "forward_tokens": per_prompt, "votes": votes,
+                               "seconds": time.time() - start}
+    out["bon_likelihood"] = {"accuracy": bon["bon_likelihood_accuracy"], "forward_tokens": per_prompt, "n": votes}
+    out["bon_oracle"] = {"accuracy": bon["bon_oracle_accuracy"], "forward_tokens": per_prompt, "n": votes}
+    print(f"seed {seed} temperature_vote acc {out['temperature_vote']['accuracy']:.3f} likelihood pick {bon['bon_likelihood_accuracy']:.3f} "
+          f"oracle (pass@{votes}) {bon['bon_oracle_accuracy']:.3f} fwd/prompt {per_prompt:.1f} votes {votes}", flush=True)
+    # how far each context moves greedy accuracy
+    for context, prefix in (("plain", ""), ("positive", contexts[0]), ("negative", contexts[1])):
+        shown = [with_context(e, prefix) for e in held]
+        sampled = draw("greedy", model, tok, shown, replace(request, n=1))
+        out[f"context_{context}"] = {"accuracy": answer_metrics("m", sampled, task, held)["m_accuracy"],
+                                     "forward_tokens": sampled.total_forward_tokens / len(held)}
+    return out
 
 
 def main() -> None:
@@ -156,52 +211,7 @@ def main() -> None:
     held = held[: args.prompts]
     model, tok = C.load_pretrained(path)
     model = C.prepare_model(model, tok, cfg.model, torch.device("cpu"), train=False)
-    out: dict = {"seed": seed}
-    for arm, name, options, n in arms(args):
-        start = time.time()
-        request = SampleRequest(cfg.eval.max_new_tokens, n, cfg.eval.temperature, (), args.chunk)
-        sampled = draw(name, model, tok, held, request, options, torch.Generator().manual_seed(seed))
-        m = answer_metrics("m", sampled, task, held)
-        out[arm] = {"accuracy": m["m_accuracy"], "forward_tokens": m["m_forward_tokens_per_answer"], "seconds": time.time() - start,
-                    **{k[2:]: v for k, v in m.items() if k.startswith(("m_majority", "m_pass"))}, **sampled.stats}
-        print(f"seed {seed} {arm:12s} acc {m['m_accuracy']:.3f} fwd/answer {m['m_forward_tokens_per_answer']:.1f} "
-              f"({time.time() - start:.0f}s) {sampled.stats}", flush=True)
-    # single-chain power sampling with full scoring and at least PPT's forward tokens: more MH moves per block
-    # until its compute reaches PPT's
-    steps = args.mcmc * args.replicas
-    for _ in range(8):
-        options = PowerOptions(alpha=args.alpha, blocks=args.blocks, mcmc_steps=steps, full_tail=True)
-        request = SampleRequest(cfg.eval.max_new_tokens, 1, cfg.eval.temperature, (), args.chunk)
-        sampled = draw("power", model, tok, held, request, options, torch.Generator().manual_seed(seed))
-        m = answer_metrics("m", sampled, task, held)
-        if m["m_forward_tokens_per_answer"] >= out["ppt"]["forward_tokens"]:
-            break
-        steps = math.ceil(steps * 1.5)
-    out["power_matched"] = {"accuracy": m["m_accuracy"], "forward_tokens": m["m_forward_tokens_per_answer"], "mcmc_steps": steps,
-                            **sampled.stats}
-    print(f"seed {seed} power_matched acc {m['m_accuracy']:.3f} fwd/answer {m['m_forward_tokens_per_answer']:.1f} mcmc {steps}", flush=True)
-    # majority vote of temperature samples at TTSD's compute (the prompt's keys are shared by the votes), and
-    # best-of-N over the same samples: the verifier's pick (pass@N), the vote, the likelihood pick
-    votes = 1
-    while True:
-        request = SampleRequest(cfg.eval.max_new_tokens, votes, cfg.eval.temperature, (), args.chunk)
-        sampled = draw("temperature", model, tok, held, request, None, torch.Generator().manual_seed(seed + 100))
-        per_prompt = sampled.total_forward_tokens / len(held)
-        if per_prompt >= out["ttsd"]["forward_tokens"] or votes >= args.max_votes:
-            break
-        votes *= 2
-    bon = best_of_n_metrics("bon", sampled, task, held, PICKS)
-    out["temperature_vote"] = {"accuracy": bon["bon_vote_accuracy"], "forward_tokens": per_prompt, "votes": votes}
-    out["bon_likelihood"] = {"accuracy": bon["bon_likelihood_accuracy"], "forward_tokens": per_prompt, "n": votes}
-    out["bon_oracle"] = {"accuracy": bon["bon_oracle_accuracy"], "forward_tokens": per_prompt, "n": votes}
-    print(f"seed {seed} temperature_vote acc {out['temperature_vote']['accuracy']:.3f} likelihood pick {bon['bon_likelihood_accuracy']:.3f} "
-          f"oracle (pass@{votes}) {bon['bon_oracle_accuracy']:.3f} fwd/prompt {per_prompt:.1f} votes {votes}", flush=True)
-    # how far each context moves greedy accuracy
-    for context, prefix in (("plain", ""), ("positive", "expert, verified: "), ("negative", "careless: ")):
-        shown = [with_context(e, prefix) for e in held]
-        sampled = draw("greedy", model, tok, shown, SampleRequest(cfg.eval.max_new_tokens, chunk=args.chunk))
-        out[f"context_{context}"] = {"accuracy": answer_metrics("m", sampled, task, held)["m_accuracy"],
-                                     "forward_tokens": sampled.total_forward_tokens / len(held)}
+    out = {"seed": seed, **measure(model, tok, task, held, args, seed, SampleRequest(cfg.eval.max_new_tokens, 1, cfg.eval.temperature, (), args.chunk))}
     # the RL model from the same SFT checkpoint, decoded greedily
     if args.steps > 0:
         _, after, seconds = C.run_arm(cfg, cfg.rl, task, train, held, path, seed)

@@ -13,21 +13,33 @@ The arms (each from the same import, problems and seeds as smollm2_rl):
     dapo      the `dapo` preset: clip-higher, token-mean loss, dynamic sampling (all-equal groups dropped and refilled,
               up to 4 extra rollouts a step), the soft overlong reward; the example's no-std advantage kept
     gspo      the `gspo` preset: the sequence-level ratio clipped at 3e-4 / 4e-4, the sequence-mean loss
+    max_rl    the example with MaxRL's advantage (prime-rl, SkyRL): (r - group mean) / group mean, so a prompt solved
+              at rate p weighs ~1/p and an all-fail group carries nothing
+    remax     the example with ReMax's advantage (verl): the reward minus the greedy completion's reward, so a group
+              of equal sampled rewards still moves when the greedy answer scores differently (one greedy rollout
+              per prompt and step on top)
 
 CISPO is not an arm: with one optimizer step per rollout batch (rl.epochs_per_batch 1, as here and in TRL's default)
 the ratio is 1 up to the sampler-trainer mismatch, so CISPO's clipped, detached weight is 1 and its gradient is the
 example's token-mean policy gradient; for the same reason clip-higher changes nothing in `dapo` and GSPO's gradient is
 the sequence-mean policy gradient. What separates the arms here is the advantage's scaling, the aggregation and DAPO's
-sampling: the claim's premise checks that each arm's run differs from the example's (its per-step completion
-length, `curve_gap`).
+sampling. The same holds for most of the catalogue's other losses here: SAPO's soft gate has slope 1 at ratio 1,
+GMPO's geometric mean gives the sequence-mean gradient at ratio 1, and KL-Cov and Clip-Cov touch max(2e-4 of the
+tokens, 1), about one token of a batch's ~3,000; RLOO and LitePPO rescale the example's advantage by a per-batch
+constant that Adam's normalisation all but removes (REINFORCE++-baseline too, after a shift by the advantages'
+token-weighted batch mean, small beside their spread). MaxRL and ReMax weigh the prompts differently, so they are
+arms (ReMax not yet measured). The claim's premise checks that each arm's run differs from the example's (its
+per-step completion length, `curve_gap`).
 
 `--recorded-arms A,B` reads those arms' rows from this claim's recorded results
 (experiments/results/smollm2_objectives.json, the same stages, settings and seeds) instead of running them, the way
 `example` is read: the arms were measured in different sessions (grpo and dr_grpo in one, dapo and gspo in a later
-one), each row says where it came from (`recorded_from`), and wall times compare only between arms of one session.
+one, max_rl in a third), each row says where it came from (`recorded_from`), and wall times compare only
+between arms of one session.
 
 Measured (experiments/claims.py's flags): 3 seeds; grpo and dr_grpo each arm-seed 15-47 minutes as one of two to
-four 1-thread processes on 2 cores; dapo and gspo as two parallel 1-thread processes (their wall times in the table).
+four 1-thread processes on 2 cores; dapo and gspo as two parallel 1-thread processes (their wall times in the table);
+max_rl 21-24 minutes a seed as one of two. remax: runnable, not yet measured (not in the claim's command).
 
 Per arm and seed the table row holds the eval stage's held-out metrics (`wp_*`), the RL history's mean entropy and
 completion length over the last 5 steps, and the arm's wall time (RL + evaluation; the arms ran as parallel
@@ -56,6 +68,8 @@ ARMS: dict[str, list[str]] = {
     "dr_grpo": ["--set", "rl.preset=dr_grpo"],
     "dapo": ["--set", "rl.preset=dapo"],
     "gspo": ["--set", "rl.preset=gspo"],
+    "max_rl": ["--set", "rl.advantage=max_rl"],
+    "remax": ["--set", "rl.advantage=remax"],
 }
 LAST = 5  # steps whose entropy and completion length the row averages
 

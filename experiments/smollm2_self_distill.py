@@ -27,8 +27,8 @@ Premises, per seed:
 - each arm's run differs from the example's: mean |per-step completion length difference| >= 0.25 tokens.
 
 Measured 2026-12-07 (experiments/claims.py's flags, one 1-thread process per arm and seed, two to four at a time on
-2 cores): sipo on seeds 0-2, 2,644-3,550 s each; opsd on seed 0 (2,184 s; its seed-0 run collapsed, see
-docs/distillation.md).
+2 cores): sipo on seeds 0-2, 2,644-3,550 s each; opsd on seeds 0-2, 2,174-2,384 s each (it collapsed on every
+seed, see docs/distillation.md).
 
 Per arm and seed the row holds the eval stage's held-out metrics (`wp_*`), entropy and completion length over the
 last 5 steps, the share of all-fail groups and the advantage they still carried, and the wall time (RL + eval).

@@ -60,7 +60,7 @@ def test_every_claim_experiment_has_comparisons_and_a_claims_entry():
         text = (REPO / "experiments" / f"{script}.py").read_text()
         claims = [name for name, (s, _) in runner.CLAIMS.items() if s == script]
         # a script with one claim runs it by its own name; one with several picks the claim from its command line
-        assert f'C.run_seeds(main, "{script}")' in text if claims == [script] else "C.run_seeds(main, claim_of(" in text
+        assert f'C.run_seeds(main, "{script}"' in text if claims == [script] else "C.run_seeds(main, claim_of(" in text
 
 
 def test_claims_table_is_generated_from_the_results(tmp_path):
@@ -237,3 +237,35 @@ def test_the_self_distillation_claims_read_what_their_script_writes(monkeypatch)
     assert script.claim_of(["--arms", "opsd", "--threads", "1"]) == "smollm2_opsd" and script.claim_of(["--arms", "sipo"]) == "smollm2_sipo"
     with pytest.raises(SystemExit, match="each arm is its own claim"):
         script.claim_of(["--arms", "sipo,opsd"])
+
+
+def test_the_real_checkpoint_samplers_claim_reads_what_its_script_writes(monkeypatch):
+    """smollm2_samplers' comparisons and premises against results shaped as smollm2_samplers.py writes them (its `arms`):
+    short answers withhold every row, contexts that do not move the checkpoint withhold TTSD's rows only, chains that
+    accept every move withhold the power / PPT rows only; the seeds' problem slices are disjoint."""
+    def seed(i, tokens=35.0, c_plus=0.3, acceptance=0.7):
+        arms = {name: {"accuracy": 0.1 + i / 20 + j / 100, "forward_tokens": 100.0} for j, name in enumerate(
+            ("greedy", "temperature", "beam", "power", "ppt", "ttsd", "beam_wide", "power_matched", "temperature_vote",
+             "context_plain", "context_positive", "context_negative"))}
+        arms["greedy"]["generated_tokens"] = tokens
+        arms["context_positive"]["accuracy"], arms["context_negative"]["accuracy"] = c_plus, 0.1
+        arms["power"]["mh_acceptance"] = acceptance
+        return {"arms": arms, "table": [{"arm": a, **v} for a, v in arms.items()]}
+
+    def verdicts(**kw):
+        return {(r["better"], r["worse"]): r["verdict"] for r in H.summarise("smollm2_samplers", [seed(i, **kw) for i in range(3)], seeds=[0, 1, 2])}
+
+    held = verdicts()
+    assert len(held) == 9 and all(not v.startswith("premise failed") for v in held.values())
+    assert all(v.startswith("premise failed") for v in verdicts(tokens=3.0).values())
+    unmoved = verdicts(c_plus=0.1)
+    assert {k for k, v in unmoved.items() if v.startswith("premise failed")} == {k for k in held if "ttsd" in k}
+    stuck = verdicts(acceptance=0.99)
+    assert {k for k, v in stuck.items() if v.startswith("premise failed")} == {k for k in held if {"power", "ppt", "power_matched"} & set(k)}
+    monkeypatch.syspath_prepend(str(REPO / "experiments"))
+    script = load("smollm2_samplers_script", REPO / "experiments" / "smollm2_samplers.py")
+    slices = [script.problems(list(range(200)), 40, s) for s in range(5)]
+    assert all(len(s) == 40 for s in slices) and len(set().union(*map(set, slices))) == 200
+    assert script.problems(list(range(200)), 40, 0) == slices[0]  # the same draw every time
+    with pytest.raises(SystemExit, match="past the 200 held-out problems"):
+        script.problems(list(range(200)), 40, 5)
