@@ -257,7 +257,8 @@ def figure(per_seed: list[dict], names: list[str] | None = None):
     right.set_ylabel("accuracy - greedy accuracy (same seed), 95% CI")
     left.legend(fontsize=7, loc="best")
     title = {"arithmetic": "2-digit addition", "word_problems": "the example word problems"}.get(per_seed[0].get("dataset"), "")
-    fig.suptitle(f"samplers on {title}, quality-tagged SFT, {len(per_seed)} seeds", fontsize=10)
+    start = "SmolLM2-135M-Instruct, no training" if per_seed[0].get("checkpoint") else "quality-tagged SFT"
+    fig.suptitle(f"samplers on {title}, {start}, {len(per_seed)} seeds", fontsize=10)
     fig.tight_layout()
     return fig
 
