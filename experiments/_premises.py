@@ -165,7 +165,7 @@ PREMISES: dict[str, list[Premise]] = {
                 arms=("naive_paraphrase",)),
     ],
     # the real checkpoint's samplers: answers long enough to search over, contexts that move the model (TTSD's reward is
-    # their log-odds), chains that move (the tiny models' MH acceptance was 0.99)
+    # their log-odds), chains that move (0.92-0.99 MH acceptance on the tiny models)
     "smollm2_samplers": [
         Premise("greedy answer length (generated tokens per answer)", lambda r: r["arms"]["greedy"]["generated_tokens"], at_least=16),
         Premise("greedy accuracy under c+ minus under c-",

@@ -117,10 +117,10 @@ CLAIMS: dict[str, tuple[str, list[str]]] = {
     # GRPO, Dr. GRPO, DAPO, GSPO and MaxRL at smollm2_rl's budget, against GRPO and the example's arm
     # grpo and dr_grpo measured 2026-12-06, dapo and gspo 2026-12-07, max_rl in a later session (earlier arms read back)
     "smollm2_objectives": ("smollm2_objectives", ["--arms", "max_rl", "--recorded-arms", "grpo,dr_grpo,dapo,gspo"]),
-    # SIPO and OPSD at smollm2_objectives' budget from the same import (example and grpo rows read back, not re-run)
     # the samplers on the real checkpoint, no training: 30 of the 200 held-out problems a seed (disjoint slices), one
     # thread per seed, the seeds as parallel processes (merged)
     "smollm2_samplers": ("smollm2_samplers", ["--prompts", "30", "--threads", "1", "--no-mlflow"]),
+    # SIPO and OPSD at smollm2_objectives' budget from the same import (example and grpo rows read back, not re-run)
     "smollm2_sipo": ("smollm2_self_distill", ["--arms", "sipo", "--threads", "1"]),
     "smollm2_opsd": ("smollm2_self_distill", ["--arms", "opsd", "--threads", "1"]),
     "samplers_arithmetic": ("samplers_compare", ["--dataset", "arithmetic", "--steps", "200", "--prompts", "200"]),

@@ -131,6 +131,17 @@ def arms(args, contexts: tuple[str, str] = TAGGED) -> list[tuple[str, str, objec
     ]
 
 
+def sampler_flags(k: int, chunk: int, max_votes: int) -> list[tuple]:
+    """The samplers' settings as `C.parse_args` extra flags (every script measuring with `measure` takes them)."""
+    return [
+        ("--alpha", float, 4.0, "power / top PPT power"), ("--blocks", int, 3, "blocks"),
+        ("--mcmc", int, 2, "MH moves per block (power; per replica for PPT)"), ("--replicas", int, 4, "PPT replicas"),
+        ("--width", int, 4, "beam / TTSD width"), ("--top-k", int, 8, "TTSD expansion"), ("--beta", float, 1.0, "TTSD beta"),
+        ("--k", int, k, "temperature samples per prompt"), ("--chunk", int, chunk, "prompts per batch"),
+        ("--max-votes", int, max_votes, "most temperature samples per prompt for the vote at TTSD's compute"),
+    ]
+
+
 def measure(model, tok, task, held: list, args, seed: int, request: SampleRequest, contexts: tuple[str, str] = TAGGED) -> dict:
     """Every sampler arm on `held` (`request`: the new tokens, the temperature of the `temperature` sampler and the
     vote, stop strings, chunk; `contexts`: TTSD's c+ and c-), power at PPT's compute, the temperature vote and
@@ -188,11 +199,7 @@ def main() -> None:
     """One seed (`--seed`): every arm's accuracy and forward tokens per answer, as the results table."""
     args = C.parse_args(__doc__, 200, [
         ("--dataset", str, "arithmetic", "arithmetic | word_problems"), ("--prompts", int, 200, "held-out prompts per seed"),
-        ("--alpha", float, 4.0, "power / top PPT power"), ("--blocks", int, 3, "blocks"),
-        ("--mcmc", int, 2, "MH moves per block (power; per replica for PPT)"), ("--replicas", int, 4, "PPT replicas"),
-        ("--width", int, 4, "beam / TTSD width"), ("--top-k", int, 8, "TTSD expansion"), ("--beta", float, 1.0, "TTSD beta"),
-        ("--k", int, 8, "temperature samples per prompt"), ("--chunk", int, 50, "prompts per batch"),
-        ("--max-votes", int, 256, "most temperature samples per prompt for the vote at TTSD's compute"),
+        *sampler_flags(k=8, chunk=50, max_votes=256),
         ("--figure", Path, None, "run as a script: where the figure over the seeds goes (default docs/samplers_accuracy_vs_compute*.png)"),
     ])
     if args.dataset not in CLAIM:

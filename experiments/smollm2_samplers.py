@@ -53,11 +53,7 @@ def main() -> None:
         ("--prompts", int, 40, "held-out problems per seed"), ("--work", Path, base.REPO / "outputs" / "claims" / "smollm2_objectives",
                                                               "the import and problems (shared with smollm2_objectives)"),
         ("--threads", int, 2, "torch threads"), ("--temperature", float, 0.7, "the sampled arms' temperature"),
-        ("--alpha", float, 4.0, "power / top PPT power"), ("--blocks", int, 3, "blocks"),
-        ("--mcmc", int, 2, "MH moves per block (power; per replica for PPT)"), ("--replicas", int, 4, "PPT replicas"),
-        ("--width", int, 4, "beam / TTSD width"), ("--top-k", int, 8, "TTSD expansion"), ("--beta", float, 1.0, "TTSD beta"),
-        ("--k", int, 4, "temperature samples per prompt"), ("--chunk", int, 20, "prompts per batch"),
-        ("--max-votes", int, 64, "most temperature samples per prompt for the vote at TTSD's compute"),
+        *samplers.sampler_flags(k=4, chunk=20, max_votes=64),
     ], params=base.PARAMS)
     import torch
 
