@@ -169,6 +169,11 @@ COMPARISONS: dict[str, list[Compare]] = {
     # smollm2_samplers.py (issue 39): the same samplers on the real checkpoint, no training (so no RL row); power
     # sampling against the temperature sampling it sharpens
     "smollm2_samplers": [*SAMPLERS[:8], compare("accuracy", "power", "temperature")],
+    # smollm2_ttsd_reward.py (issue 39): TTSD's log-odds reward as a best-of-N pick over the same temperature samples of the
+    # real checkpoint: against one sample, the likelihood pick and the vote; the Gibbs target's score against the likelihood
+    "smollm2_ttsd_reward": [compare("accuracy", "log_odds", "temperature"), compare("accuracy", "tilted", "temperature"),
+                            compare("accuracy", "tilted", "likelihood"), compare("accuracy", "log_odds", "vote"),
+                            compare("accuracy", "likelihood", "temperature")],
     # smollm2_rl.py (issue 32): GRPO from SmolLM2-135M-Instruct against its start, held-out greedy (and sampled) accuracy
     "smollm2_rl": [compare("wp_greedy_accuracy", "rl", "base"), compare("wp_greedy_accuracy_steps_1", "rl", "base"),
                    compare("wp_greedy_accuracy_steps_2", "rl", "base"), compare("ar_greedy_accuracy", "rl", "base"),

@@ -71,7 +71,7 @@ METHODS: tuple[Method, ...] = (
     Method(5, "RIDE", "distillation.md#ride-ride-ride_logits-auxiliary", (Measured("ride_vs_oprd", TINY),)),
     Method(6, "Test-time self-distillation (TTSD)", "samplers.md#test-time-self-distillation-ttsd",
            (Measured("samplers_arithmetic", TINY, TTSD_ARMS), Measured("samplers_word_problems", WORD_PROBLEMS, TTSD_ARMS),
-            Measured("smollm2_samplers", SMOLLM2, TTSD_ARMS))),
+            Measured("smollm2_samplers", SMOLLM2, TTSD_ARMS), Measured("smollm2_ttsd_reward", SMOLLM2, ("log_odds", "tilted")))),
     Method(7, "GATS", "distillation.md#gats-gats", (Measured("gats_vs_opd", TINY),)),
     Method(8, "ThinkOPD", "distillation.md#thinkopd-think_opd-auxiliary", (Measured("think_opd_worked_steps", TINY),)),
     Method(9, "TRM + PD-GRPO", "reward_models.md#trm-and-pd-grpo-trm-pd_grpo-pairwise_margin",

@@ -173,6 +173,9 @@ PREMISES: dict[str, list[Premise]] = {
         Premise("power sampling's MH acceptance", lambda r: r["arms"]["power"]["mh_acceptance"], at_most=0.9,
                 arms=("power", "power_matched", "ppt")),
     ],
+    # a pick over N samples can only beat one sample where some problems have right and wrong samples among their N
+    "smollm2_ttsd_reward": [Premise("room to pick: pass@N minus one sample's accuracy",
+                                    lambda r: r["arms"]["oracle"]["accuracy"] - r["arms"]["temperature"]["accuracy"], at_least=0.1)],
     # an objective that samples exactly what the example sampled at every step is the same run under another name
     "smollm2_objectives": [Premise(f"{arm}'s completion-length curve minus the example's (mean |difference|, tokens)",
                                    _recorded("completion_length_gap", arm), at_least=0.25, arms=(arm,))

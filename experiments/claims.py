@@ -120,6 +120,8 @@ CLAIMS: dict[str, tuple[str, list[str]]] = {
     # the samplers on the real checkpoint, no training: 30 of the 200 held-out problems a seed (disjoint slices), one
     # thread per seed, the seeds as parallel processes (merged)
     "smollm2_samplers": ("smollm2_samplers", ["--prompts", "30", "--threads", "1", "--no-mlflow"]),
+    # TTSD's reward as a pick over 8 temperature samples (smollm2_samplers' problem slices), one thread per seed
+    "smollm2_ttsd_reward": ("smollm2_ttsd_reward", ["--prompts", "30", "--threads", "1", "--no-mlflow"]),
     # SIPO and OPSD at smollm2_objectives' budget from the same import (example and grpo rows read back, not re-run)
     "smollm2_sipo": ("smollm2_self_distill", ["--arms", "sipo", "--threads", "1"]),
     "smollm2_opsd": ("smollm2_self_distill", ["--arms", "opsd", "--threads", "1"]),

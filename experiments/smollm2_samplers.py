@@ -48,18 +48,14 @@ def problems(examples: list, prompts: int, seed: int) -> list:
     return [examples[i] for i in order[seed * prompts:(seed + 1) * prompts]]
 
 
-def main() -> None:
-    args = C.parse_args(__doc__.split("\n")[0], 1, [  # (--steps: unused, no training)
-        ("--prompts", int, 40, "held-out problems per seed"), ("--work", Path, base.REPO / "outputs" / "claims" / "smollm2_objectives",
-                                                              "the import and problems (shared with smollm2_objectives)"),
-        ("--threads", int, 2, "torch threads"), ("--temperature", float, 0.7, "the sampled arms' temperature"),
-        *samplers.sampler_flags(k=4, chunk=20, max_votes=64),
-    ], params=base.PARAMS)
+def imported(args):
+    """(config, the imported checkpoint ready to decode, its tokenizer, the task, seed `args.seed`'s slice of `args.prompts`
+    held-out problems) on `args.threads` threads: the import and data stages run once in `args.work`, whose problems
+    and import smollm2_objectives shares."""
     import torch
 
     from posttrain.data import read_examples
     from posttrain.models import load_pretrained, prepare_model
-    from posttrain.rollout.samplers import SampleRequest
     from posttrain.tasks import build_task
 
     torch.set_num_threads(args.threads)
@@ -73,8 +69,20 @@ def main() -> None:
     cfg = C.load_config(args, [o for o in [*shared, *paths] if o != "--set"])
     model, tok = load_pretrained(work / "import" / "model", cfg.model.dtype)
     model = prepare_model(model, tok, cfg.model, torch.device("cpu"), train=False)
-    task = build_task(cfg.task)
     held = problems(read_examples(work / "data" / "heldout.jsonl"), args.prompts, args.seed)
+    return cfg, model, tok, build_task(cfg.task), held
+
+
+def main() -> None:
+    args = C.parse_args(__doc__.split("\n")[0], 1, [  # (--steps: unused, no training)
+        ("--prompts", int, 40, "held-out problems per seed"), ("--work", Path, base.REPO / "outputs" / "claims" / "smollm2_objectives",
+                                                              "the import and problems (shared with smollm2_objectives)"),
+        ("--threads", int, 2, "torch threads"), ("--temperature", float, 0.7, "the sampled arms' temperature"),
+        *samplers.sampler_flags(k=4, chunk=20, max_votes=64),
+    ], params=base.PARAMS)
+    from posttrain.rollout.samplers import SampleRequest
+
+    cfg, model, tok, task, held = imported(args)
     start = time.time()
     request = SampleRequest(cfg.eval.max_new_tokens, 1, args.temperature, tuple(cfg.eval.stop), args.chunk)
     arms = samplers.measure(model, tok, task, held, args, args.seed, request, CONTEXTS)

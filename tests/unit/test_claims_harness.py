@@ -269,3 +269,76 @@ def test_the_real_checkpoint_samplers_claim_reads_what_its_script_writes(monkeyp
     assert script.problems(list(range(200)), 40, 0) == slices[0]  # the same draw every time
     with pytest.raises(SystemExit, match="past the 200 held-out problems"):
         script.problems(list(range(200)), 40, 5)
+
+
+def test_the_ttsd_reward_claim_reads_what_its_script_writes(monkeypatch):
+    """smollm2_ttsd_reward's comparisons and premise against results shaped as smollm2_ttsd_reward.py writes them: every
+    row waits for room to pick (pass@N above one sample)."""
+    def seed(i, oracle=0.5):
+        arms = {name: {"accuracy": 0.1 + i / 20 + j / 50} for j, name in enumerate(("temperature", "log_odds", "tilted", "likelihood", "vote"))}
+        arms["oracle"] = {"accuracy": oracle}
+        return {"arms": arms, "table": [{"arm": a, **v} for a, v in arms.items()]}
+
+    rows = H.summarise("smollm2_ttsd_reward", [seed(i) for i in range(3)], seeds=[0, 1, 2])
+    assert len(rows) == 5 and all(not r["verdict"].startswith("premise failed") for r in rows)
+    assert all(r["verdict"].startswith("premise failed") for r in H.summarise("smollm2_ttsd_reward", [seed(i, oracle=0.15) for i in range(3)],
+                                                                               seeds=[0, 1, 2]))
+
+
+class _Answers:
+    """A task stand-in: the answer is the text, right when it equals the example's answer."""
+
+    @staticmethod
+    def parse(text):
+        return text or None
+
+    @staticmethod
+    def correctness_reward(text, finished, example):
+        return float(text == example.answer)
+
+
+def test_ttsd_reward_picks_read_the_scores_they_name(monkeypatch):
+    """Each pick keeps the sample its score ranks first; the AUC counts a problem's (right, wrong) pairs, ties a half."""
+    from posttrain.tasks import Example
+
+    monkeypatch.syspath_prepend(str(REPO / "experiments"))
+    script = load("smollm2_ttsd_reward_script", REPO / "experiments" / "smollm2_ttsd_reward.py")
+    held = [Example("a", "", "1"), Example("b", "", "2")]
+    texts = ["0", "1", "0", "0", "2", "2"]  # problem a: wrong, right, wrong; problem b: wrong, right, right
+    r = [0.0, 1.0, -1.0, 5.0, 2.0, 2.0]  # the log-odds: a's right answer first; b's wrong one first
+    base_sum = [0.0, -9.0, 0.0, 0.0, 0.0, 0.0]  # the tilt (beta 1) keeps a's first sample, b's wrong one
+    base_mean = [0.0, 0.0, 1.0, -1.0, 0.0, 2.0]
+    out = script.picks(_Answers, held, texts, [True] * 6, 3, r, base_sum, base_mean, beta=1.0)
+    assert {k: v["accuracy"] for k, v in out.items()} == {"temperature": 0.0, "log_odds": 0.5, "tilted": 0.0, "likelihood": 0.5,
+                                                           "vote": 0.5, "oracle": 1.0}
+    # pairs: a (1.0 vs 0.0, -1.0): 2 above; b (2.0, 2.0 vs 5.0): 0 above
+    assert out["log_odds"]["auc"] == 2 / 4 and out["log_odds"]["pairs"] == 4
+    assert script.auc([1.0], [1.0, 0.0]) == (1.5, 2)
+    example = Example("3+4=", "7", "7", system="You add.")
+    assert script.framed(example, "Check.", "before").prompt == "Check.\n\n3+4="
+    assert script.framed(example, "Check.", "after").prompt == "3+4=\n\nCheck."
+    assert script.framed(example, "Check.", "system").system == "You add. Check."
+
+
+def test_ttsd_reward_scores_are_the_samplers_own_log_probs(chat_checkpoints, monkeypatch):
+    """Scoring a tiny chat checkpoint's temperature-1 samples under their own prompts gives back the log-probs the
+    sampler recorded (sum and per-token mean), in chunks of any size; a context before the problem changes them."""
+    import torch
+
+    from posttrain.models import load_pretrained
+    from posttrain.rollout.samplers import SampleRequest, draw
+    from posttrain.tasks import Example
+
+    monkeypatch.syspath_prepend(str(REPO / "experiments"))
+    script = load("smollm2_ttsd_reward_script", REPO / "experiments" / "smollm2_ttsd_reward.py")
+    model, tok = load_pretrained(chat_checkpoints["llama"])
+    held = [Example("12+34=", "46", "46", system="You add numbers."), Example("01+02=", "3", "3", system="You add numbers.")]
+    sampled = draw("temperature", model, tok, held, SampleRequest(5, 3, 1.0, (), 2), None, torch.Generator().manual_seed(0))
+    rows = [e for e in held for _ in range(3)]
+    mask = sampled.samples.completion_mask.float()
+    recorded = (sampled.samples.logp * mask).sum(-1)
+    for chunk in (1, 4, 16):
+        total, mean = script.scored(model, tok, rows, sampled.samples, chunk)
+        assert torch.allclose(total, recorded, atol=1e-4) and torch.allclose(mean, recorded / mask.sum(-1).clamp(min=1.0), atol=1e-4)
+    told, _ = script.scored(model, tok, [script.framed(e, "Be careful.", "before") for e in rows], sampled.samples, 4)
+    assert not torch.allclose(told, recorded, atol=1e-3)
