@@ -186,9 +186,10 @@ COMPARISONS: dict[str, list[Compare]] = {
                               for m in ("wp_greedy_accuracy_steps_2", "wp_greedy_accuracy_steps_1", "wp_greedy_accuracy", "ar_greedy_accuracy")],
     # smollm2_objectives.py (issue 39): each method's claim against GRPO (std-scaled advantage, sequence-mean loss) on the
     # real checkpoint at one budget; `example` is examples/smollm2's objective (no std division, token-mean loss)
-    "smollm2_objectives": [*[compare(m, arm, "grpo") for arm in ("example", "dr_grpo", "dapo", "gspo", "max_rl")
+    "smollm2_objectives": [*[compare(m, arm, "grpo") for arm in ("example", "dr_grpo", "dapo", "gspo", "max_rl", "remax")
                              for m in ("wp_greedy_accuracy", "wp_greedy_accuracy_steps_1")],
                            compare("wp_greedy_accuracy", "max_rl", "example"),  # MaxRL changes only the example's advantage
+                           compare("wp_greedy_accuracy", "remax", "example"),  # ... and so does ReMax
                            compare("completion_length_last", "dr_grpo", "grpo", lower=True),  # Dr. GRPO: no length bias toward long wrong answers
                            compare("wp_sampled_accuracy", "dapo", "grpo")],
     # smollm2_self_distill.py (issue 39): SIPO (the example's advantage + the contrastive self-teacher's token

@@ -126,6 +126,6 @@ BASES: tuple[Measured, ...] = (
     Measured("smollm2_rl", SMOLLM2, what="GRPO straight from a real checkpoint"),
     Measured("smollm2_sft_rl", SMOLLM2, what="SFT on worked solutions, then GRPO at lr 2e-5"),
     Measured("smollm2_sft_rl_low_lr", SMOLLM2, what="the same, GRPO at lr 5e-6"),
-    Measured("smollm2_objectives", SMOLLM2, what="GRPO, Dr. GRPO, DAPO and GSPO against the example's objective, one budget, on the real checkpoint"),
+    Measured("smollm2_objectives", SMOLLM2, what="GRPO, Dr. GRPO, DAPO, GSPO, MaxRL and ReMax against the example's objective, one budget, on the real checkpoint"),
     Measured("smollm2_opsd", SMOLLM2, what="OPSD (reverse KL to the policy told the answer) against the example's objective and GRPO, on the real checkpoint"),
 )

@@ -1,4 +1,4 @@
-"""Claim: the objectives users compare first (GRPO, Dr. GRPO, DAPO, GSPO) on a real checkpoint,
+"""Claim: the objectives users compare first (GRPO, Dr. GRPO, DAPO, GSPO, MaxRL, ReMax) on a real checkpoint,
 SmolLM2-135M-Instruct, at one task and budget: examples/smollm2's RL straight from the import
 (experiments/smollm2_rl.py: 20 steps of 8 prompts x 8 samples, 48 new tokens, lr 2e-5), each arm that budget with its
 method's `rl` keys on top.
@@ -28,18 +28,18 @@ GMPO's geometric mean gives the sequence-mean gradient at ratio 1, and KL-Cov an
 tokens, 1), about one token of a batch's ~3,000; RLOO and LitePPO rescale the example's advantage by a per-batch
 constant that Adam's normalisation all but removes (REINFORCE++-baseline too, after a shift by the advantages'
 token-weighted batch mean, small beside their spread). MaxRL and ReMax weigh the prompts differently, so they are
-arms (ReMax not yet measured). The claim's premise checks that each arm's run differs from the example's (its
+arms. The claim's premise checks that each arm's run differs from the example's (its
 per-step completion length, `curve_gap`).
 
 `--recorded-arms A,B` reads those arms' rows from this claim's recorded results
 (experiments/results/smollm2_objectives.json, the same stages, settings and seeds) instead of running them, the way
 `example` is read: the arms were measured in different sessions (grpo and dr_grpo in one, dapo and gspo in a later
-one, max_rl in a third), each row says where it came from (`recorded_from`), and wall times compare only
+one, max_rl in a third, remax in a fourth), each row says where it came from (`recorded_from`), and wall times compare only
 between arms of one session.
 
 Measured (experiments/claims.py's flags): 3 seeds; grpo and dr_grpo each arm-seed 15-47 minutes as one of two to
 four 1-thread processes on 2 cores; dapo and gspo as two parallel 1-thread processes (their wall times in the table);
-max_rl 21-24 minutes a seed as one of two. remax: runnable, not yet measured (not in the claim's command).
+max_rl 21-24 minutes a seed as one of two; remax 22-24 minutes a seed as one of two.
 
 Per arm and seed the table row holds the eval stage's held-out metrics (`wp_*`), the RL history's mean entropy and
 completion length over the last 5 steps, and the arm's wall time (RL + evaluation; the arms ran as parallel
