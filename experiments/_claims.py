@@ -190,6 +190,8 @@ COMPARISONS: dict[str, list[Compare]] = {
                              for m in ("wp_greedy_accuracy", "wp_greedy_accuracy_steps_1")],
                            compare("wp_greedy_accuracy", "max_rl", "example"),  # MaxRL changes only the example's advantage
                            compare("wp_greedy_accuracy", "remax", "example"),  # ... and so does ReMax
+                           # QGLAS (seed method 21) on the example's advantage: shorter answers at no cost in accuracy
+                           compare("completion_length_last", "qglas", "example", lower=True), compare("wp_greedy_accuracy", "qglas", "example"),
                            compare("completion_length_last", "dr_grpo", "grpo", lower=True),  # Dr. GRPO: no length bias toward long wrong answers
                            compare("wp_sampled_accuracy", "dapo", "grpo")],
     # smollm2_self_distill.py (issue 39): SIPO (the example's advantage + the contrastive self-teacher's token

@@ -99,7 +99,7 @@ METHODS: tuple[Method, ...] = (
     Method(20, "DSP", "dsp.md",
            (Measured("dsp_vs_baselines", "MLPs (3 layers, hidden 128) over Fourier features of 2-D maze states: "
                      "the subgoal flow, the policies, the value"),)),
-    Method(21, "QGLAS", "objectives.md#qglas-qglas", (Measured("qglas_vs_quality", TINY),)),
+    Method(21, "QGLAS", "objectives.md#qglas-qglas", (Measured("qglas_vs_quality", TINY), Measured("smollm2_objectives", SMOLLM2, ("qglas",)))),
     Method(22, "UniOPSD", "distillation.md#uniopsd-uniopsd", (Measured("pr_opd_text_world", TINY, ("uniopsd",)),)),
     Method(23, "Witness advantage", "objectives.md#witness-advantage-witness", (Measured("witness_vs_grpo", TINY),)),
     Method(24, "ASCT", "asct.md",
@@ -126,6 +126,6 @@ BASES: tuple[Measured, ...] = (
     Measured("smollm2_rl", SMOLLM2, what="GRPO straight from a real checkpoint"),
     Measured("smollm2_sft_rl", SMOLLM2, what="SFT on worked solutions, then GRPO at lr 2e-5"),
     Measured("smollm2_sft_rl_low_lr", SMOLLM2, what="the same, GRPO at lr 5e-6"),
-    Measured("smollm2_objectives", SMOLLM2, what="GRPO, Dr. GRPO, DAPO, GSPO, MaxRL and ReMax against the example's objective, one budget, on the real checkpoint"),
+    Measured("smollm2_objectives", SMOLLM2, ("grpo", "dr_grpo", "dapo", "gspo", "max_rl", "remax"), what="GRPO, Dr. GRPO, DAPO, GSPO, MaxRL, ReMax and QGLAS against the example's objective, one budget, on the real checkpoint"),
     Measured("smollm2_opsd", SMOLLM2, what="OPSD (reverse KL to the policy told the answer) against the example's objective and GRPO, on the real checkpoint"),
 )

@@ -179,7 +179,7 @@ PREMISES: dict[str, list[Premise]] = {
     # an objective that samples exactly what the example sampled at every step is the same run under another name
     "smollm2_objectives": [Premise(f"{arm}'s completion-length curve minus the example's (mean |difference|, tokens)",
                                    _recorded("completion_length_gap", arm), at_least=0.25, arms=(arm,))
-                           for arm in ("grpo", "dr_grpo", "dapo", "gspo", "max_rl", "remax")],
+                           for arm in ("grpo", "dr_grpo", "dapo", "gspo", "max_rl", "remax", "qglas")],
     # the self-teacher must read the hint (the checkpoint told the answer vs not, one measurement for every seed), SIPO's
     # redistribution must act in all-fail groups, and each arm's run must differ from the example's
     "smollm2_sipo": [

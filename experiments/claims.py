@@ -114,9 +114,9 @@ CLAIMS: dict[str, tuple[str, list[str]]] = {
     "smollm2_rl": ("smollm2_rl", []),
     "smollm2_sft_rl": ("smollm2_sft_rl", []),  # the same, after 40 SFT steps on worked solutions
     "smollm2_sft_rl_low_lr": ("smollm2_sft_rl", ["--rl-lr", "5e-6"]),  # the same SFT starts, RL at a quarter of the lr
-    # GRPO, Dr. GRPO, DAPO, GSPO, MaxRL and ReMax at smollm2_rl's budget, against GRPO and the example's arm
-    # grpo and dr_grpo measured 2026-12-06, dapo and gspo 2026-12-07, max_rl and remax in later sessions (earlier arms read back)
-    "smollm2_objectives": ("smollm2_objectives", ["--arms", "remax", "--recorded-arms", "grpo,dr_grpo,dapo,gspo,max_rl"]),
+    # GRPO, Dr. GRPO, DAPO, GSPO, MaxRL, ReMax and QGLAS at smollm2_rl's budget, against GRPO and the example's arm
+    # grpo and dr_grpo measured 2026-12-06, dapo and gspo 2026-12-07, max_rl, remax, qglas in later sessions (earlier arms read back)
+    "smollm2_objectives": ("smollm2_objectives", ["--arms", "qglas", "--recorded-arms", "grpo,dr_grpo,dapo,gspo,max_rl,remax"]),
     # the samplers on the real checkpoint, no training: 30 of the 200 held-out problems a seed (disjoint slices), one
     # thread per seed, the seeds as parallel processes (merged)
     "smollm2_samplers": ("smollm2_samplers", ["--prompts", "30", "--threads", "1", "--no-mlflow"]),

@@ -1,4 +1,4 @@
-"""Claim: the objectives users compare first (GRPO, Dr. GRPO, DAPO, GSPO, MaxRL, ReMax) on a real checkpoint,
+"""Claim: the objectives users compare first (GRPO, Dr. GRPO, DAPO, GSPO, MaxRL, ReMax, QGLAS) on a real checkpoint,
 SmolLM2-135M-Instruct, at one task and budget: examples/smollm2's RL straight from the import
 (experiments/smollm2_rl.py: 20 steps of 8 prompts x 8 samples, 48 new tokens, lr 2e-5), each arm that budget with its
 method's `rl` keys on top.
@@ -18,6 +18,9 @@ The arms (each from the same import, problems and seeds as smollm2_rl):
     remax     the example with ReMax's advantage (verl): the reward minus the greedy completion's reward, so a group
               of equal sampled rewards still moves when the greedy answer scores differently (one greedy rollout
               per prompt and step on top)
+    qglas     the example with QGLAS's advantage (seed method 21): a bounded bonus (<= 0.5) to the shorter of a group's
+              positive-advantage answers, strongest when those answers are alike in reward; the claim: shorter
+              completions at no cost in accuracy
 
 CISPO is not an arm: with one optimizer step per rollout batch (rl.epochs_per_batch 1, as here and in TRL's default)
 the ratio is 1 up to the sampler-trainer mismatch, so CISPO's clipped, detached weight is 1 and its gradient is the
@@ -34,12 +37,13 @@ per-step completion length, `curve_gap`).
 `--recorded-arms A,B` reads those arms' rows from this claim's recorded results
 (experiments/results/smollm2_objectives.json, the same stages, settings and seeds) instead of running them, the way
 `example` is read: the arms were measured in different sessions (grpo and dr_grpo in one, dapo and gspo in a later
-one, max_rl in a third, remax in a fourth), each row says where it came from (`recorded_from`), and wall times compare only
+one, max_rl in a third, remax and qglas in a fourth), each row says where it came from (`recorded_from`), and wall times compare only
 between arms of one session.
 
 Measured (experiments/claims.py's flags): 3 seeds; grpo and dr_grpo each arm-seed 15-47 minutes as one of two to
 four 1-thread processes on 2 cores; dapo and gspo as two parallel 1-thread processes (their wall times in the table);
-max_rl 21-24 minutes a seed as one of two; remax 22-24 minutes a seed as one of two.
+max_rl 21-24 minutes a seed as one of two; remax 22-24 minutes a seed as one of two; qglas 17-27 minutes a seed as
+three processes on 2 cores (`--seed s --seeds 1` each, merged with experiments/claims.py --merge).
 
 Per arm and seed the table row holds the eval stage's held-out metrics (`wp_*`), the RL history's mean entropy and
 completion length over the last 5 steps, and the arm's wall time (RL + evaluation; the arms ran as parallel
@@ -70,6 +74,7 @@ ARMS: dict[str, list[str]] = {
     "gspo": ["--set", "rl.preset=gspo"],
     "max_rl": ["--set", "rl.advantage=max_rl"],
     "remax": ["--set", "rl.advantage=remax"],
+    "qglas": ["--set", "rl.advantage=qglas"],
 }
 LAST = 5  # steps whose entropy and completion length the row averages
 
