@@ -47,6 +47,8 @@ import _common as C  # noqa: E402
 import smollm2_rl as base  # noqa: E402
 import smollm2_samplers as samplers  # noqa: E402
 
+from posttrain.rollout.samplers import with_context  # noqa: E402
+
 # (c+, c-) pairs: the spec's templates as smollm2_samplers writes them, and a shorter pair that names the arithmetic
 PAIRS = {"spec": tuple(c.strip() for c in samplers.CONTEXTS),
          "short": ("Double-check every calculation.", "Make one calculation mistake on purpose.")}
@@ -56,8 +58,8 @@ PICKS = ("temperature", "log_odds", "tilted", "likelihood", "vote", "oracle")
 
 def framed(example, context: str, where: str):
     """`example` with `context` written before its problem, after it, or at the end of its system prompt."""
-    if where == "before":
-        return replace(example, prompt=f"{context}\n\n{example.prompt}")
+    if where == "before":  # as the TTSD sampler writes its contexts (rollout/samplers.py)
+        return with_context(example, f"{context}\n\n")
     if where == "after":
         return replace(example, prompt=f"{example.prompt}\n\n{context}")
     return replace(example, system=f"{example.system} {context}" if example.system else context)
@@ -78,50 +80,38 @@ def scored(model, tok, examples: list, samples, chunk: int):
             logp, _ = completion_logprobs(model, ids, mask, samples.completion_ids[start:stop], samples.attention[start:stop])
             keep = samples.completion_mask[start:stop].float()
             sums.append((logp * keep).sum(-1))
-            means.append((logp * keep).sum(-1) / keep.sum(-1).clamp(min=1.0))
+            means.append(sums[-1] / keep.sum(-1).clamp(min=1.0))
     return torch.cat(sums), torch.cat(means)
 
 
-def auc(right: list[float], wrong: list[float]) -> tuple[float, float]:
-    """(pairs where the right answer scores above the wrong one, ties a half; the number of pairs)."""
-    above = sum((r > w) + 0.5 * (r == w) for r in right for w in wrong)
-    return above, len(right) * len(wrong)
+def picks(task, held: list, texts: list[str], finished: list[bool], n: int, r, base_sum, base_mean, beta: float) -> dict:
+    """Each pick's accuracy over the problems (`r`, `base_sum`, `base_mean`: one score per sample, prompt-major), and
+    r's AUC over each problem's (right, wrong) pairs, pooled, with r's means on right and on wrong samples."""
+    import torch
 
+    from posttrain.eval.best_of_n import auc, oracle_pick, vote_pick
 
-def picks(task, held: list, texts: list[str], finished: list[bool], n: int, r: list[float], base_sum: list[float],
-          base_mean: list[float], beta: float) -> dict:
-    """Each pick's accuracy over the problems, and r's AUC and means on right and wrong samples."""
-    from collections import Counter
-
+    r, base_mean = torch.as_tensor(r, dtype=torch.float64), torch.as_tensor(base_mean, dtype=torch.float64)
+    tilted = torch.as_tensor(base_sum, dtype=torch.float64) + r / beta
+    correctness = [float(task.correctness_reward(texts[i], finished[i], held[i // n])) for i in range(len(texts))]
     solved = {name: 0.0 for name in PICKS}
     above = pairs = 0.0
-    r_right, r_wrong = [], []
-    for p, example in enumerate(held):
-        rows = range(p * n, (p + 1) * n)
-        correct = [float(task.correctness_reward(texts[i], finished[i], example)) for i in rows]
-        parsed = [task.parse(texts[i]) for i in rows]
-        counts = Counter(a for a in parsed if a is not None)
-        top = max(counts.values()) if counts else 0
-        chosen = {
-            "temperature": 0,
-            "log_odds": max(range(n), key=lambda j: r[p * n + j]),
-            "tilted": max(range(n), key=lambda j: base_sum[p * n + j] + r[p * n + j] / beta),
-            "likelihood": max(range(n), key=lambda j: base_mean[p * n + j]),
-            "vote": next((j for j, a in enumerate(parsed) if a is not None and counts[a] == top), 0),
-            "oracle": next((j for j, c in enumerate(correct) if c >= 1.0), 0),
-        }
+    for p in range(len(held)):
+        rows = slice(p * n, (p + 1) * n)
+        correct, parsed = correctness[rows], [task.parse(t) for t in texts[rows]]
+        chosen = {"temperature": 0, "log_odds": int(r[rows].argmax()), "tilted": int(tilted[rows].argmax()),
+                  "likelihood": int(base_mean[rows].argmax()), "vote": vote_pick(parsed, correct, base_mean[rows]),
+                  "oracle": oracle_pick(parsed, correct, base_mean[rows])}
         for name, j in chosen.items():
             solved[name] += correct[j]
-        right = [r[i] for i, c in zip(rows, correct) if c >= 1.0]
-        wrong = [r[i] for i, c in zip(rows, correct) if c < 1.0]
-        r_right += right
-        r_wrong += wrong
-        a, k = auc(right, wrong)
-        above, pairs = above + a, pairs + k
+        k = sum(c >= 1.0 for c in correct) * sum(c < 1.0 for c in correct)
+        if k:  # this problem's (right, wrong) pairs
+            above, pairs = above + auc(r[rows], torch.tensor(correct)) * k, pairs + k
     out = {name: {"accuracy": solved[name] / len(held)} for name in PICKS}
-    mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
-    out["log_odds"].update(auc=above / pairs if pairs else float("nan"), pairs=pairs, r_mean_right=mean(r_right),
-                           r_mean_wrong=mean(r_wrong), right_samples=len(r_right), wrong_samples=len(r_wrong))
+    mean = lambda xs: float(xs.mean()) if len(xs) else float("nan")  # noqa: E731
+    right = torch.tensor(correctness) >= 1.0
+    out["log_odds"].update(auc=above / pairs if pairs else float("nan"), pairs=pairs, r_mean_right=mean(r[right]),
+                           r_mean_wrong=mean(r[~right]), right_samples=int(right.sum()), wrong_samples=int((~right).sum()))
     return out
 
 

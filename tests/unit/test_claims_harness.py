@@ -299,6 +299,9 @@ class _Answers:
 
 def test_ttsd_reward_picks_read_the_scores_they_name(monkeypatch):
     """Each pick keeps the sample its score ranks first; the AUC counts a problem's (right, wrong) pairs, ties a half."""
+    import torch
+
+    from posttrain.eval.best_of_n import auc
     from posttrain.tasks import Example
 
     monkeypatch.syspath_prepend(str(REPO / "experiments"))
@@ -313,7 +316,7 @@ def test_ttsd_reward_picks_read_the_scores_they_name(monkeypatch):
                                                            "vote": 0.5, "oracle": 1.0}
     # pairs: a (1.0 vs 0.0, -1.0): 2 above; b (2.0, 2.0 vs 5.0): 0 above
     assert out["log_odds"]["auc"] == 2 / 4 and out["log_odds"]["pairs"] == 4
-    assert script.auc([1.0], [1.0, 0.0]) == (1.5, 2)
+    assert auc(torch.tensor([1.0, 1.0, 0.0]), torch.tensor([1.0, 0.0, 0.0])) == 1.5 / 2  # one right answer: a tie and a win
     example = Example("3+4=", "7", "7", system="You add.")
     assert script.framed(example, "Check.", "before").prompt == "Check.\n\n3+4="
     assert script.framed(example, "Check.", "after").prompt == "3+4=\n\nCheck."

@@ -47,6 +47,16 @@ def likelihood_pick(parsed: list[str | None], correct: list[float], mean_logp: T
 SCORERS: dict[str, Scorer] = {"oracle": oracle_pick, "vote": vote_pick, "likelihood": likelihood_pick}
 
 
+def auc(scores: Tensor, labels: Tensor) -> float:
+    """How well `scores` rank the right answers (label > 0.5) above the wrong ones: P(score of a right answer > score of
+    a wrong one), ties counting half; NaN without both kinds."""
+    pos, neg = scores[labels > 0.5], scores[labels <= 0.5]
+    if not len(pos) or not len(neg):
+        return float("nan")
+    diff = pos[:, None] - neg[None, :]
+    return float((diff > 0).float().mean() + 0.5 * (diff == 0).float().mean())
+
+
 def mean_logp(sampled: Sampled) -> Tensor:
     """[rows] mean log-prob per produced token of each answer, as the sampler recorded it."""
     mask = sampled.samples.completion_mask.float()

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from posttrain.eval.best_of_n import auc
 from posttrain.rollout.sampling import generate
 from posttrain.models.value import critic_from_policy, state_values
 from posttrain.tasks import Example, Task
@@ -64,15 +65,6 @@ def success_loss(critic, data: Labelled) -> Tensor:
     values = state_values(critic, data.prompt_ids, data.prompt_mask, data.completion_ids, data.attention_mask)
     m = state_mask(data.attention_mask)
     return (((values - data.labels[:, None]) ** 2) * m).sum() / m.sum()
-
-
-def auc(scores: Tensor, labels: Tensor) -> float:
-    """P(score of a solved rollout > score of a failed one) (ties count half); NaN without both kinds."""
-    pos, neg = scores[labels > 0.5], scores[labels <= 0.5]
-    if not len(pos) or not len(neg):
-        return float("nan")
-    diff = pos[:, None] - neg[None, :]
-    return float((diff > 0).float().mean() + 0.5 * (diff == 0).float().mean())
 
 
 @torch.no_grad()
