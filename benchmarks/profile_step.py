@@ -27,10 +27,10 @@ import grpo_step  # noqa: E402  (the benchmark's shapes, build and loop)
 PARTS = {
     "step": ("online_rl.py", "step"),
     "rollout": ("online_rl.py", "rollout"),
-    "sample": ("sampling.py", "sample"),
+    "sample": ("decode.py", "sample"),
     "prefill": ("decoders.py", "prefill"),
     "decode_forward": ("decoders.py", "step"),
-    "categorical": ("sampling.py", "categorical"),
+    "categorical": ("decode.py", "categorical"),
     "decode_completions": ("sampling.py", "decode_completions"),
     "rewards": ("", "reward_matrix"),
     "logprob_recompute": ("online_rl.py", "policy_forward"),

@@ -15,9 +15,10 @@ import torch
 
 from posttrain.config import LoraConfig
 from posttrain.models import maybe_lora
-from posttrain.models.logprobs import completion_logprobs
+from posttrain.models import logprobs as logprob_module
+from posttrain.models.logprobs import completion_logprobs, token_logprobs
 from posttrain.rollout import decode as engine
-from posttrain.models.decoders import FastLlamaDecoder, HFDecoder, decoder_for, positions_from_mask, shared_prompts, use_sampler_dtype
+from posttrain.models.decoders import FastLlamaDecoder, HFDecoder, attention, decoder_for, positions_from_mask, shared_prompts, use_sampler_dtype
 from posttrain.rollout.sampling import categorical, sample
 
 GROUP, NEW = 3, 5
@@ -261,6 +262,77 @@ def test_grouped_training_forward_matches_forward_with_gradients(model, prompts,
     torch.testing.assert_close(got[produced], want[produced], atol=1e-5, rtol=0)
     for name in want_grads:
         torch.testing.assert_close(got_grads[name], want_grads[name], atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}: {m}")  # noqa: B023  (called at once)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("length", [1, 6])  # a decode step; a training forward's block of queries
+@pytest.mark.parametrize("masking", ["none", "causal", "mask"])
+def test_attention_equals_sdpa_in_float64(dtype, length, masking):
+    """`attention` (the grouped matmuls on the CPU for decode steps and bf16 training forwards, SDPA otherwise) gives
+    SDPA's outputs and gradients, computed in float64 on the same inputs, to the dtype's rounding; GQA heads grouped
+    as SDPA's enable_gqa groups them (query head h reads KV head h // (Hq / Hkv))."""
+    torch.manual_seed(0)
+    n, heads, groups, keys, dim = 3, 6, 2, 9, 8
+    q = torch.randn(n, heads, length, dim, dtype=dtype, requires_grad=True)
+    k, v = (torch.randn(n, groups, keys, dim, dtype=dtype, requires_grad=True) for _ in range(2))
+    mask, causal = None, masking == "causal"
+    if masking == "mask":  # padding: row r's first r keys hidden, and causal over the last `length` keys
+        mask = (torch.arange(keys)[None, :] >= torch.arange(n)[:, None])[:, None, None, :].expand(n, 1, length, keys)
+        mask = mask & torch.ones(length, keys, dtype=torch.bool).tril(keys - length)
+    out = attention(q, k, v, mask, 0.3, causal)
+    out.backward(torch.ones_like(out))
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    want = torch.nn.functional.scaled_dot_product_attention(
+        *leaves, attn_mask=mask, is_causal=causal and mask is None and length > 1, scale=0.3, enable_gqa=True)
+    want.backward(torch.ones_like(want))
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 3e-2, "rtol": 3e-2}
+    assert out.dtype == dtype and out.shape == want.shape
+    torch.testing.assert_close(out.double(), want, **tol)
+    for got, leaf in zip((q, k, v), leaves):
+        torch.testing.assert_close(got.grad.double(), leaf.grad, **tol)
+
+
+def test_bf16_training_forward_and_decoder_are_the_eager_bf16_model(model, prompts):
+    """In bf16 on the CPU the grouped training forward and the decode loop run `attention`'s matmul path: their logits
+    are exactly those of the bf16 model under transformers' eager attention, and differ from its SDPA forward by bf16
+    rounding only (a few units in the last place at the logits' magnitude)."""
+    ids, mask = prompts
+    torch.manual_seed(4)
+    completion = torch.randint(3, model.config.vocab_size, (ids.shape[0] * GROUP, NEW))
+    half = copy.deepcopy(model).to(torch.bfloat16)
+    half.model.rotary_emb.inv_freq = model.model.rotary_emb.inv_freq.clone()
+    rows_ids, rows_mask = ids.repeat_interleave(GROUP, 0), mask.repeat_interleave(GROUP, 0)
+    with torch.no_grad():
+        trained = FastLlamaDecoder(half).completion_logits(ids, mask, completion, torch.full((ids.shape[0],), GROUP)).float()
+    decoded = decode_teacher_forced(FastLlamaDecoder(half), ids, mask, completion)
+    sdpa = reference_logits(half, rows_ids, rows_mask, completion).float()
+    half.set_attn_implementation("eager")
+    eager = reference_logits(half, rows_ids, rows_mask, completion).float()
+    assert torch.equal(trained, eager) and torch.equal(decoded, eager)
+    ulp = 2.0 ** (torch.floor(torch.log2(sdpa.abs().max())) - 7)
+    assert 0 < float((eager - sdpa).abs().max()) <= 4 * ulp
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_token_logprobs_equal_the_unfused_ops(dtype, temperature, monkeypatch):
+    """The chunked log-prob (forward, entropy and gradient) equals `log_softmax(logits.float() / T).gather(ids)` and
+    autograd through it, over a row count that is no multiple of the chunk; the gradient comes back in the logits' dtype."""
+    monkeypatch.setattr(logprob_module, "CHUNK_ROWS", 5)
+    torch.manual_seed(1)
+    logits = (torch.randn(3, 11, 97) * 3).to(dtype).requires_grad_()
+    ids, weights = torch.randint(0, 97, (3, 11)), torch.randn(3, 11)
+    logp, spread = token_logprobs(logits, ids, temperature, entropy=True)
+    (logp * weights).sum().backward()
+    got_grad, logits.grad = logits.grad, None
+    full = torch.log_softmax(logits.float() / temperature, dim=-1)
+    want = full.gather(-1, ids[..., None]).squeeze(-1)
+    (want * weights).sum().backward()
+    assert logp.dtype == torch.float32 and got_grad.dtype == dtype and not spread.requires_grad
+    torch.testing.assert_close(logp, want, atol=1e-5, rtol=0)
+    torch.testing.assert_close(spread, -(full.exp() * full).sum(-1).detach(), atol=1e-4, rtol=0)
+    torch.testing.assert_close(got_grad.float(), logits.grad.float(), atol=1e-6 if dtype == torch.float32 else 0, rtol=0 if dtype == torch.float32 else 1e-2)
+    assert token_logprobs(logits, ids)[1] is None
 
 
 def test_shared_prompts_finds_runs():

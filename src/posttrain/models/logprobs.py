@@ -54,13 +54,76 @@ def completion_forward(
         if hidden:
             start = prompt_ids.shape[1] - 1
             states = torch.stack([h[:, start : start + width] for h in out.hidden_states[1:]])
+    if not full:
+        logp, spread = token_logprobs(logits, completion_ids, temperature, entropy)
+        return CompletionOutputs(logp, None, states, spread)
     logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
     logp = logp_all.gather(-1, completion_ids[..., None]).squeeze(-1)
     spread = None
     if entropy:
         with torch.no_grad():
             spread = -(logp_all.exp() * logp_all).sum(-1)
-    return CompletionOutputs(logp, logp_all if full else None, states, spread)
+    return CompletionOutputs(logp, logp_all, states, spread)
+
+
+CHUNK_ROWS = 8  # rows of logits a chunk: 8 x a 49,152-token vocabulary in float32 is 1.5 MiB, an L2 cache's worth
+
+
+def token_logprobs(logits: Tensor, ids: Tensor, temperature: float = 1.0, entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+    """log softmax(logits / temperature)[ids] in float32 ([...] for logits [..., V] and ids [...]) with its gradient,
+    and the distribution's entropy (detached) when asked: what `log_softmax(logits.float() / T).gather(ids)` gives,
+    computed a chunk of rows at a time so the float32 [..., V] log-distribution is never materialised. The forward
+    keeps the logits and each row's log-normaliser; the backward rebuilds each chunk's softmax from them, in cache, and
+    writes d logits = (onehot(ids) - softmax) * grad / T in the logits' dtype. At a 49,152-token vocabulary the
+    unfused ops make a dozen passes over a [rows, V] float32 tensor in DRAM, the fused ones read the logits twice and
+    write their gradient once."""
+    logp, spread = _TokenLogprobs.apply(logits, ids, float(temperature), entropy)
+    return logp, (spread if entropy else None)
+
+
+def _scaled(logits: Tensor, temperature: float) -> Tensor:
+    x = logits.float()
+    return x if temperature == 1.0 else (x / temperature if x is logits else x.div_(temperature))
+
+
+class _TokenLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits: Tensor, ids: Tensor, temperature: float, entropy: bool) -> tuple[Tensor, Tensor]:  # noqa: ANN001 (ctx)
+        flat, picked = logits.reshape(-1, logits.shape[-1]), ids.reshape(-1, 1)
+        rows = flat.shape[0]
+        logp = torch.empty(rows, dtype=torch.float32, device=logits.device)
+        lse = torch.empty_like(logp)
+        spread = torch.empty_like(logp) if entropy else logp.new_empty(0)
+        for start in range(0, rows, CHUNK_ROWS):
+            stop = min(start + CHUNK_ROWS, rows)
+            x = _scaled(flat[start:stop], temperature)
+            norm = torch.logsumexp(x, dim=-1)
+            lse[start:stop] = norm
+            logp[start:stop] = x.gather(1, picked[start:stop]).squeeze(1) - norm
+            if entropy:  # H = -sum p (x - lse) = lse - sum p x
+                probs = (x - norm[:, None]).exp_()
+                spread[start:stop] = norm - probs.mul_(x).sum(-1)
+        ctx.save_for_backward(logits, ids, lse)
+        ctx.temperature = temperature
+        spread = spread.view(ids.shape) if entropy else spread
+        ctx.mark_non_differentiable(spread)
+        return logp.view(ids.shape), spread
+
+    @staticmethod
+    def backward(ctx, grad: Tensor, _spread: Tensor | None) -> tuple[Tensor | None, None, None, None]:  # noqa: ANN001 (ctx)
+        logits, ids, lse = ctx.saved_tensors
+        if not ctx.needs_input_grad[0]:
+            return None, None, None, None
+        flat, picked, g = logits.reshape(-1, logits.shape[-1]), ids.reshape(-1, 1), grad.reshape(-1, 1).float()
+        out = torch.empty_like(flat)
+        scale = 1.0 / ctx.temperature
+        for start in range(0, flat.shape[0], CHUNK_ROWS):
+            stop = min(start + CHUNK_ROWS, flat.shape[0])
+            chunk = (_scaled(flat[start:stop], ctx.temperature) - lse[start:stop, None]).exp_()  # softmax
+            gs = g[start:stop] * scale
+            chunk.mul_(-gs).scatter_add_(1, picked[start:stop], gs)
+            out[start:stop] = chunk
+        return out.view_as(logits), None, None, None
 
 
 def completion_logprobs(
@@ -75,4 +138,4 @@ def completion_logprobs(
 def sequence_logprobs(model: PreTrainedModel, ids: Tensor, attention_mask: Tensor, temperature: float = 1.0) -> Tensor:
     """[B, W-1] log-prob of each token ids[:, 1:] after everything before it (left- or right-padded rows)."""
     logits = model(input_ids=ids, attention_mask=attention_mask, position_ids=positions_from_mask(attention_mask)).logits[:, :-1]
-    return torch.log_softmax(logits.float() / temperature, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    return token_logprobs(logits, ids[:, 1:], temperature)[0]
