@@ -23,8 +23,8 @@ torch threads, and separate copies of the same starting weights.
   cache, on the same prompt batch, with EOS disabled on both sides so every row produces exactly
   `max_new_tokens` tokens; alternated repeats, medians.
 
-* Roofline: the best time of a float32 `n x n @ n x n` matmul (n = 2048) on the same threads, measured in the
-  same process before and after the rollouts; `roofline_fraction` = the rollout's achieved FLOP/s over it. A
+* Roofline: the best time of an `n x n @ n x n` matmul (n = 2048) in the model's dtype on the same threads, measured
+  in the same process before and after the rollouts; `roofline_fraction` = the rollout's achieved FLOP/s over it. A
   rollout's FLOPs are counted per produced token: 2 x the matmul parameters (every `nn.Linear`, the tied LM head
   included, embeddings excluded) + 4 x layers x hidden x attended positions (QK^T and AV). The prompt prefill is
   not counted, so the fraction is a lower bound.
@@ -113,7 +113,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sft-steps", type=int, default=None, help="SFT warm-up steps on the shared starting model (0: random init; default: the shape's)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads, both sides (1 is steadiest on a shared 2-core box)")
     parser.add_argument("--device", default="cpu", help="cpu | cuda: where both sides train and sample")
-    parser.add_argument("--roofline-n", type=int, default=2048, help="side of the float32 matmul that sets the roofline")
+    parser.add_argument("--roofline-n", type=int, default=2048, help="side of the matmul (in the model's dtype) that sets the roofline")
     parser.add_argument("--dry-run", action="store_true", help="build the shape's config and model, write its summary, stop")
     parser.add_argument("--scaling", action="store_true", help="also time both steps vs completion length and group size")
     parser.add_argument("--scaling-prompts", type=int, default=4, help="prompts per step in the scaling table")
@@ -351,6 +351,7 @@ class OurLoop:
         self.stream = PromptStream(train, cfg.pipeline.seed)
         self.completion_lengths: list[float] = []
         self.rollout_seconds: list[float] = []  # the sampling part of each step (tokens / tokens_per_s)
+        self.mismatch_k3: list[float] = []  # each step's sampler-vs-trainer k3 per token (`mismatch/k3`)
         self.device = next(model.parameters()).device
         self.peak_cuda_mib: float = 0.0
         model.train()
@@ -368,6 +369,7 @@ class OurLoop:
         if self.device.type == "cuda":
             self.peak_cuda_mib = max(self.peak_cuda_mib, torch.cuda.max_memory_allocated() / 2**20)
         self.completion_lengths.append(metrics["completion_length"])
+        self.mismatch_k3.append(metrics["mismatch/k3"])
         rows = self.run.cfg.prompts_per_step * self.run.cfg.group_size
         self.rollout_seconds.append(metrics["completion_length"] * rows / metrics["tokens_per_s"])
         return seconds
@@ -692,8 +694,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     device, cuda = args.device, args.device.startswith("cuda")
     task, train, tokenizer, model = build(cfg, args.sft_steps, eos=args.eos, vocab=args.vocab)
-    # the roofline: the best matmul in the model's dtype on the device (float32 on the CPU, as before)
-    roofline_dtype = cfg.model.dtype if cuda else "float32"
+    # the roofline: the best matmul in the model's dtype on the device (a bf16 model's rollout and update against bf16's)
+    roofline_dtype = cfg.model.dtype
     roofline = [matmul_roofline(args.roofline_n, device=device, dtype=roofline_dtype)]
     rollout = run_rollouts(cfg, train, tokenizer, model, args.rollout_repeats, device=device)
     roofline.append(matmul_roofline(args.roofline_n, device=device, dtype=roofline_dtype))
@@ -739,6 +741,7 @@ def main(argv: list[str] | None = None) -> int:
             "trl_step_peak_rss_mib": watch.peak_rss_mib("trl_step"),
         }),
         "ours_completion_length": median(ours.completion_lengths[skip:]),
+        "ours_mismatch_k3": median(ours.mismatch_k3[skip:]),  # the sampler (decode loop) against the training forward
         "trl_completion_length": median(callback.trl_lengths[skip:]),
         "ours_step_times_s": callback.ours,
         "trl_step_times_s": callback.trl,
@@ -796,6 +799,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'step peak memory MiB':28}{result['ours_step_peak_mib']:>14.1f}{result['trl_step_peak_mib']:>14.1f}"
               "   (RSS rise over a call, max)")
         print(f"{'rollout peak memory MiB':28}{rollout['ours_rollout_peak_mib']:>14.1f}{rollout['hf_rollout_peak_mib']:>14.1f}")
+    print(f"{'sampler-trainer k3 / token':28}{result['ours_mismatch_k3']:>14.2e}{'':>14}{'':>9}  (`mismatch/k3`, median over the steps)")
     print(f"{'completion length in steps':28}{result['ours_completion_length']:>14.2f}{result['trl_completion_length']:>14.2f}"
           f"   (EOS {'on: either side may stop early' if args.eos else 'off'})")
     if args.scaling:

@@ -19,6 +19,7 @@ from posttrain.models import logprobs as logprob_module
 from posttrain.models.logprobs import completion_logprobs, token_logprobs
 from posttrain.rollout import decode as engine
 from posttrain.models.decoders import FastLlamaDecoder, HFDecoder, attention, decoder_for, positions_from_mask, shared_prompts, use_sampler_dtype
+from posttrain.rollout.decode import CDF_BLOCK, invert_cdf
 from posttrain.rollout.sampling import categorical, sample
 
 GROUP, NEW = 3, 5
@@ -333,6 +334,28 @@ def test_token_logprobs_equal_the_unfused_ops(dtype, temperature, monkeypatch):
     torch.testing.assert_close(spread, -(full.exp() * full).sum(-1).detach(), atol=1e-4, rtol=0)
     torch.testing.assert_close(got_grad.float(), logits.grad.float(), atol=1e-6 if dtype == torch.float32 else 0, rtol=0 if dtype == torch.float32 else 1e-2)
     assert token_logprobs(logits, ids)[1] is None
+
+
+def test_two_level_cdf_follows_the_distribution_and_never_draws_a_zero_weight():
+    """Over a vocabulary of whole blocks the CDF is inverted block, then entry: the draws follow the weights (a zero
+    block, zeros at block edges and a one-hot row included), the total is each row's sum, and no zero-weight entry is
+    ever drawn, whatever the uniform."""
+    torch.manual_seed(2)
+    v = 4 * CDF_BLOCK
+    weights = torch.rand(v) ** 4
+    weights[CDF_BLOCK : 2 * CDF_BLOCK] = 0  # a whole block
+    weights[CDF_BLOCK - 1 :: CDF_BLOCK] = 0  # the last entry of every block
+    weights[0] = 0
+    rows = 40_000
+    draws, total = invert_cdf(weights.expand(rows, -1).contiguous(), torch.Generator().manual_seed(0))
+    freq = torch.bincount(draws, minlength=v).float() / rows
+    assert float(freq[weights == 0].sum()) == 0
+    torch.testing.assert_close(freq, weights / weights.sum(), atol=3e-3, rtol=0)
+    torch.testing.assert_close(total.squeeze(1), weights.sum().expand(rows), rtol=1e-5, atol=0)
+    for index in (0, 5, CDF_BLOCK, v - 1):  # one-hot rows: at a block's start, inside one, at the very end
+        one = torch.zeros(64, v)
+        one[:, index] = 3.0
+        assert invert_cdf(one, torch.Generator().manual_seed(index))[0].eq(index).all()
 
 
 def test_shared_prompts_finds_runs():

@@ -81,9 +81,10 @@ def token_logprobs(logits: Tensor, ids: Tensor, temperature: float = 1.0, entrop
     return logp, (spread if entropy else None)
 
 
-def _scaled(logits: Tensor, temperature: float) -> Tensor:
-    x = logits.float()
-    return x if temperature == 1.0 else (x / temperature if x is logits else x.div_(temperature))
+def _load(buffer: Tensor, logits: Tensor, temperature: float) -> Tensor:
+    """`logits / temperature` in float32, written into the first rows of a reused buffer (no allocation per chunk)."""
+    x = buffer[: logits.shape[0]].copy_(logits)
+    return x if temperature == 1.0 else x.div_(temperature)
 
 
 class _TokenLogprobs(torch.autograd.Function):
@@ -91,18 +92,22 @@ class _TokenLogprobs(torch.autograd.Function):
     def forward(ctx, logits: Tensor, ids: Tensor, temperature: float, entropy: bool) -> tuple[Tensor, Tensor]:  # noqa: ANN001 (ctx)
         flat, picked = logits.reshape(-1, logits.shape[-1]), ids.reshape(-1, 1)
         rows = flat.shape[0]
-        logp = torch.empty(rows, dtype=torch.float32, device=logits.device)
+        logp = torch.empty(rows, 1, dtype=torch.float32, device=logits.device)
         lse = torch.empty_like(logp)
         spread = torch.empty_like(logp) if entropy else logp.new_empty(0)
+        scaled = flat.new_empty((min(CHUNK_ROWS, rows), flat.shape[1]), dtype=torch.float32)
+        shifted = torch.empty_like(scaled)
         for start in range(0, rows, CHUNK_ROWS):
             stop = min(start + CHUNK_ROWS, rows)
-            x = _scaled(flat[start:stop], temperature)
-            norm = torch.logsumexp(x, dim=-1)
+            x = _load(scaled, flat[start:stop], temperature)
+            top = x.amax(-1, keepdim=True)
+            e = torch.sub(x, top, out=shifted[: stop - start]).exp_()
+            total = e.sum(-1, keepdim=True)
+            norm = top + total.log()  # logsumexp
             lse[start:stop] = norm
-            logp[start:stop] = x.gather(1, picked[start:stop]).squeeze(1) - norm
-            if entropy:  # H = -sum p (x - lse) = lse - sum p x
-                probs = (x - norm[:, None]).exp_()
-                spread[start:stop] = norm - probs.mul_(x).sum(-1)
+            logp[start:stop] = x.gather(1, picked[start:stop]) - norm
+            if entropy:  # H = -sum p (x - lse) = lse - sum p x, with p = e / total
+                spread[start:stop] = norm - e.mul_(x).sum(-1, keepdim=True) / total
         ctx.save_for_backward(logits, ids, lse)
         ctx.temperature = temperature
         spread = spread.view(ids.shape) if entropy else spread
@@ -114,15 +119,14 @@ class _TokenLogprobs(torch.autograd.Function):
         logits, ids, lse = ctx.saved_tensors
         if not ctx.needs_input_grad[0]:
             return None, None, None, None
-        flat, picked, g = logits.reshape(-1, logits.shape[-1]), ids.reshape(-1, 1), grad.reshape(-1, 1).float()
+        flat, picked, g = logits.reshape(-1, logits.shape[-1]), ids.reshape(-1, 1), grad.reshape(-1, 1).float() / ctx.temperature
         out = torch.empty_like(flat)
-        scale = 1.0 / ctx.temperature
+        scaled = flat.new_empty((min(CHUNK_ROWS, flat.shape[0]), flat.shape[1]), dtype=torch.float32)
         for start in range(0, flat.shape[0], CHUNK_ROWS):
             stop = min(start + CHUNK_ROWS, flat.shape[0])
-            chunk = (_scaled(flat[start:stop], ctx.temperature) - lse[start:stop, None]).exp_()  # softmax
-            gs = g[start:stop] * scale
-            chunk.mul_(-gs).scatter_add_(1, picked[start:stop], gs)
-            out[start:stop] = chunk
+            softmax = _load(scaled, flat[start:stop], ctx.temperature).sub_(lse[start:stop]).exp_()
+            gs = g[start:stop]
+            out[start:stop] = softmax.mul_(-gs).scatter_add_(1, picked[start:stop], gs)
         return out.view_as(logits), None, None, None
 
 

@@ -56,11 +56,34 @@ class Environment(Protocol):
 
 
 def categorical(logp: Tensor, generator: torch.Generator | None = None) -> Tensor:
-    """One draw per row from the distribution with log-probs `logp` [N, V], by inverting its CDF with one
-    uniform number per row (`torch.multinomial` draws V exponentials per row)."""
-    cdf = logp.exp().cumsum(-1)
-    u = torch.rand(logp.shape[0], 1, generator=generator, device=logp.device, dtype=cdf.dtype) * cdf[:, -1:]
-    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=logp.shape[-1] - 1)
+    """One draw per row from the distribution with log-probs `logp` [N, V] (`invert_cdf` on its probabilities)."""
+    return invert_cdf(logp.exp(), generator)[0]
+
+
+CDF_BLOCK = 128  # vocabulary entries a block of the two-level CDF
+
+
+def invert_cdf(weights: Tensor, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    """One draw per row from the distribution proportional to `weights` [N, V] (non-negative, finite), by inverting its
+    CDF with one uniform number per row (`torch.multinomial` draws V exponentials per row), and each row's total [N, 1].
+
+    The CDF is inverted in two levels: the cumulative sums of blocks of `CDF_BLOCK` entries pick the block, then the
+    cumulative sum inside that block picks the entry. A flat cumsum over the vocabulary is a sequential scan that
+    dominated the sampler's step (9.5 ms of a 64 x 49,152 draw on one core, about the head matmul's cost); block sums
+    vectorise. The uniform is kept strictly below each level's total, so an entry of zero weight is never drawn."""
+    n, v = weights.shape
+    width = CDF_BLOCK if v % CDF_BLOCK == 0 else v  # otherwise one block: the flat CDF
+    blocks = weights.view(n, v // width, width)
+    cdf = blocks.sum(-1).cumsum(-1)  # [N, blocks]
+    total = cdf[:, -1:]
+    u = torch.rand(n, 1, generator=generator, device=weights.device, dtype=cdf.dtype) * total
+    u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))
+    block = torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.shape[1] - 1)
+    before = torch.where(block > 0, cdf.gather(1, (block - 1).clamp(min=0)), torch.zeros_like(u))
+    inner = blocks[torch.arange(n, device=weights.device), block.squeeze(1)].cumsum(-1)  # [N, width]
+    rest = torch.minimum(u - before, torch.nextafter(inner[:, -1:], torch.zeros_like(total)))
+    entry = torch.searchsorted(inner, rest.clamp_(min=0), right=True).clamp_(max=width - 1)
+    return (block * width + entry).squeeze(1), total
 
 
 @torch.no_grad()
@@ -110,12 +133,17 @@ def sample(
     turns = _Turns(env, n, device) if env is not None else None
     steps = 0
     for t in range(max_new_tokens):
-        logp_all = torch.log_softmax(logits if temperature == 1.0 else logits / temperature, dim=-1)
-        token = logp_all.argmax(-1) if greedy else categorical(logp_all, generator)
+        scaled = logits if temperature == 1.0 else logits / temperature
+        top = scaled.amax(-1, keepdim=True)
+        weights = torch.sub(scaled, top).exp_()  # softmax's numerator; log-softmax = scaled - top - log(total)
+        if greedy:
+            token, total = scaled.argmax(-1), weights.sum(-1, keepdim=True)
+        else:
+            token, total = invert_cdf(weights, generator)
         if turns is not None:
             token = turns.feed(token)
         tokens[:, t] = token
-        logps[:, t] = logp_all.gather(-1, token[:, None]).squeeze(-1)
+        logps[:, t] = (scaled.gather(-1, token[:, None]) - top - total.log()).squeeze(-1)
         steps = t + 1
         hit = token == eos_id
         if stop is not None:
