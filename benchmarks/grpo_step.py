@@ -369,7 +369,7 @@ class OurLoop:
         if self.device.type == "cuda":
             self.peak_cuda_mib = max(self.peak_cuda_mib, torch.cuda.max_memory_allocated() / 2**20)
         self.completion_lengths.append(metrics["completion_length"])
-        self.mismatch_k3.append(metrics["mismatch/k3"])
+        self.mismatch_k3.append(metrics.get("mismatch/k3", float("nan")))  # absent while only a critic trains
         rows = self.run.cfg.prompts_per_step * self.run.cfg.group_size
         self.rollout_seconds.append(metrics["completion_length"] * rows / metrics["tokens_per_s"])
         return seconds

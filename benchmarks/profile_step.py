@@ -30,7 +30,6 @@ PARTS = {
     "sample": ("decode.py", "sample"),
     "prefill": ("decoders.py", "prefill"),
     "decode_forward": ("decoders.py", "step"),
-    "categorical": ("decode.py", "categorical"),
     "decode_completions": ("sampling.py", "decode_completions"),
     "rewards": ("", "reward_matrix"),
     "logprob_recompute": ("online_rl.py", "policy_forward"),

@@ -267,7 +267,7 @@ def test_grouped_training_forward_matches_forward_with_gradients(model, prompts,
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("length", [1, 6])  # a decode step; a training forward's block of queries
-@pytest.mark.parametrize("masking", ["none", "causal", "mask"])
+@pytest.mark.parametrize("masking", ["none", "causal", "mask", "padding"])
 def test_attention_equals_sdpa_in_float64(dtype, length, masking):
     """`attention` (the grouped matmuls on the CPU for decode steps and bf16 training forwards, SDPA otherwise) gives
     SDPA's outputs and gradients, computed in float64 on the same inputs, to the dtype's rounding; GQA heads grouped
@@ -280,6 +280,8 @@ def test_attention_equals_sdpa_in_float64(dtype, length, masking):
     if masking == "mask":  # padding: row r's first r keys hidden, and causal over the last `length` keys
         mask = (torch.arange(keys)[None, :] >= torch.arange(n)[:, None])[:, None, None, :].expand(n, 1, length, keys)
         mask = mask & torch.ones(length, keys, dtype=torch.bool).tril(keys - length)
+    elif masking == "padding":  # one row of keys for every query: broadcast over the queries, as SDPA takes it
+        mask = (torch.arange(keys)[None, :] >= torch.arange(n)[:, None])[:, None, None, :]
     out = attention(q, k, v, mask, 0.3, causal)
     out.backward(torch.ones_like(out))
     leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]

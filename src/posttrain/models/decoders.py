@@ -61,8 +61,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float
     if mask is None and causal and length > 1:
         mask = torch.ones(length, keys, dtype=torch.bool, device=q.device).tril()[None, None]
     scores = torch.matmul(q.reshape(n, groups, rep * length, dim), k.transpose(-1, -2)) * scale  # [N, Hkv, rep * Lq, Lk]
-    if mask is not None:
-        scores = scores.masked_fill(~(mask.repeat(1, 1, rep, 1) if length > 1 else mask), float("-inf"))
+    if mask is not None:  # rows of scores run over (query head in group, query): tile the mask's query rows per head
+        if length > 1:
+            mask = mask.expand(mask.shape[0], 1, length, keys).repeat(1, 1, rep, 1)
+        scores = scores.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
     return torch.matmul(probs, v).reshape(n, heads, length, dim)
 

@@ -28,7 +28,8 @@ from transformers import PreTrainedModel
 
 from posttrain.models.decoders import decoder_for
 from posttrain.models.precision import autocast
-from posttrain.rollout.sampling import StopStrings, categorical
+from posttrain.rollout.decode import invert_cdf
+from posttrain.rollout.sampling import StopStrings
 
 
 @dataclass
@@ -132,7 +133,7 @@ class KVEngine:
             else:
                 self.forward_tokens["generated"] += int(active.sum())
             scaled = alphas * logits
-            token = categorical(torch.log_softmax(scaled, -1), self.generator)
+            token = invert_cdf(torch.softmax(scaled, -1), self.generator)[0]
             tokens.append(token)
             logits_kept.append(logits.gather(-1, token[:, None]).squeeze(-1))
             lses.append(torch.logsumexp(ladder[None, :, None] * logits[:, None, :], dim=-1))  # [n, A]
