@@ -103,6 +103,27 @@ def test_static_step_equals_the_plain_step(model, prompts, monkeypatch):
     torch.testing.assert_close(torch.stack(out, dim=1), plain, atol=1e-5, rtol=0)
 
 
+def test_a_reused_decoder_prepares_its_weights_again_after_they_change(model, prompts):
+    """The decode loop's weight copies (fused, blocked for oneDNN) are kept while the parameters are unchanged and made
+    again after an in-place update (an optimizer step): a reused decoder never decodes with stale weights."""
+    ids, mask = prompts
+    model = copy.deepcopy(model)
+    completion = torch.randint(3, model.config.vocab_size, (ids.shape[0] * GROUP, NEW))
+    decoder = FastLlamaDecoder(model)
+    before = decode_teacher_forced(decoder, ids, mask, completion)
+    prepared = decoder.fused
+    again = decode_teacher_forced(decoder, ids, mask, completion)
+    assert decoder.fused is prepared and torch.equal(again, before)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.9)
+    after = decode_teacher_forced(decoder, ids, mask, completion)
+    assert decoder.fused is not prepared and not torch.allclose(after, before)
+    assert torch.equal(after, decode_teacher_forced(FastLlamaDecoder(model), ids, mask, completion))
+    torch.testing.assert_close(after, reference_logits(model, ids.repeat_interleave(GROUP, 0), mask.repeat_interleave(GROUP, 0), completion),
+                               rtol=1e-4, atol=1e-4)
+
+
 def test_sample_with_cuda_graph_requested_on_cpu_is_the_plain_sample(model, prompts, char_tokenizer):
     """`cuda_graph=True` is ignored off CUDA: the same draws, token for token."""
     ids, mask = prompts

@@ -4,7 +4,9 @@
 call per layer, calling the model's own submodules (so LoRA-wrapped projections work unchanged) but
 skipping the per-token bookkeeping of `model.forward` (mask construction, cache objects, output
 classes), which dominates decoding time for small models. Where the projections are plain `nn.Linear`,
-q/k/v and gate/up are fused into one matmul each for the (gradient-free) decode loop. `HFDecoder` is the
+q/k/v and gate/up are fused into one matmul each for the (gradient-free) decode loop, and on the CPU every plain
+projection and the head are blocked once for oneDNN (models/packed.py), kept while the parameters are unchanged (a
+decoder reused across prefills prepares them once). `HFDecoder` is the
 generic fallback through `model.forward` with a `DynamicCache`. Both share prompt work across a group:
 the prompt is encoded once and its keys/values repeated for the G samples. Both prefill from token ids or from
 `embeds` (soft-token models splice encoder outputs into the word embeddings), and `select(index)` keeps and reorders
@@ -43,6 +45,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import DynamicCache, PreTrainedModel
+
+from posttrain.models import packed
 
 
 CUDA_GRAPHS = "posttrain_cuda_graphs"  # model attribute set by `use_cuda_graphs`, read by the rollout engine
@@ -193,6 +197,8 @@ class FastLlamaDecoder:
         self.fused: list[dict[str, Tensor | None]] = []
         self.cast: dict[str, Tensor] = {}  # the sampler-dtype copies of the embedding, final norm and head (else empty)
         self.dtype = lm.lm_head.weight.dtype  # the decode loop's dtype (set by `_fuse_weights`)
+        self.head: Tensor | None = None  # the decode loop's head weight (cast, blocked), None: the model's lm_head
+        self._fused_key: tuple | None = None  # the parameters and dtype `fused`/`cast`/`head` were made from
 
     # -- shared pieces -------------------------------------------------------------------------------
 
@@ -224,9 +230,9 @@ class FastLlamaDecoder:
         return self._norm(module, x) if weight is None else _rms(weight, module.variance_epsilon, x)
 
     def _linear(self, i: int, name: str, module: nn.Module, x: Tensor) -> Tensor:
-        """Projection `module` of layer `i`, from its sampler-dtype copy (`name`, `name`_bias) when there is one."""
+        """Projection `module` of layer `i`, from the decode loop's copy (`name`, `name`_bias: cast, blocked) when there is one."""
         weight = self.fused[i].get(name) if self.fused else None
-        return module(x) if weight is None else F.linear(x, weight, self.fused[i].get(f"{name}_bias"))
+        return module(x) if weight is None else packed.linear(x, weight, self.fused[i].get(f"{name}_bias"))
 
     def _embed(self, ids: Tensor) -> Tensor:
         return self.body.embed_tokens(ids) if "embed" not in self.cast else F.embedding(ids, self.cast["embed"])
@@ -237,7 +243,7 @@ class FastLlamaDecoder:
         heads = (self.n_heads, self.n_kv, self.n_kv)
         fused = self.fused[i]["qkv"] if self.fused else None
         if fused is not None:
-            qkv = F.linear(h, fused, self.fused[i]["qkv_bias"]).unflatten(-1, (sum(heads), self.head_dim))
+            qkv = packed.linear(h, fused, self.fused[i]["qkv_bias"]).unflatten(-1, (sum(heads), self.head_dim))
             qk, v = qkv[..., : self.n_heads + self.n_kv, :], qkv[..., self.n_heads + self.n_kv :, :]
         else:
             attn = layer.self_attn
@@ -251,56 +257,83 @@ class FastLlamaDecoder:
         fused = self.fused[i]["gate_up"] if self.fused else None
         if fused is None:
             return layer.mlp(h)
-        gate, up = F.linear(h, fused).chunk(2, dim=-1)
+        gate, up = packed.linear(h, fused).chunk(2, dim=-1)
         return self._linear(i, "down", layer.mlp.down_proj, F.silu(gate) * up)
 
     def _logits(self, x: Tensor) -> Tensor:
-        if "head" in self.cast:
-            return F.linear(_rms(self.cast["norm"], self.body.norm.variance_epsilon, x), self.cast["head"], self.cast.get("head_bias")).float()
-        return self.lm.lm_head(self._norm(self.body.norm, x)).float()
+        h = _rms(self.cast["norm"], self.body.norm.variance_epsilon, x) if "norm" in self.cast else self._norm(self.body.norm, x)
+        return (self.lm.lm_head(h) if self.head is None else packed.linear(h, self.head, self.head_bias)).float()
 
     # -- decoding (no gradient) ------------------------------------------------------------------------
 
-    def _fuse_weights(self) -> None:
+    def _fuse_weights(self, rows: int = 64) -> None:
         """Concatenate q/k/v and gate/up weights of plain `nn.Linear` layers (LoRA-wrapped ones stay as they are);
-        with a sampler dtype (`use_sampler_dtype`) and every projection plain, cast every weight the loop reads to it."""
+        with a sampler dtype (`use_sampler_dtype`) and every projection plain, cast every weight the loop reads to it;
+        on the CPU block every plain projection and the head for oneDNN (models/packed.py; `rows`: the loop's row
+        count, a layout hint). Kept while the model's parameters are unchanged: a decoder reused for several prefills
+        (the KV engine's continuations) prepares them once."""
         own = self.lm.lm_head.weight.dtype
         want = getattr(self.lm, SAMPLER_DTYPE, None) or own
+        key = (want, torch.is_autocast_enabled(self.lm.lm_head.weight.device.type), *((p.data_ptr(), p._version) for p in self.lm.parameters()))
+        if key == self._fused_key:
+            return
         projections = [m for layer in self.body.layers for m in _projections(layer)]
         cast = (want != own and _plain(*projections, self.lm.lm_head) and type(self.body.embed_tokens) is nn.Embedding
                 and all(layer.mlp.gate_proj.bias is None and layer.mlp.up_proj.bias is None for layer in self.body.layers))  # gate/up fused
         to = (lambda t: None if t is None else t.to(want)) if cast else (lambda t: t)  # noqa: E731
-        self.dtype, self.fused, self.cast = (want if cast else own), [], {}
+        blocked = (lambda t: t) if key[1] else (lambda t: packed.pack(t, rows))  # noqa: E731  (autocast picks the matmul dtype per call)
+        self.dtype, self.fused, self.cast, self.head = (want if cast else own), [], {}, None
         for layer in self.body.layers:
             attn, mlp = layer.self_attn, layer.mlp
             entry: dict[str, Tensor | None] = {"qkv": None, "qkv_bias": None, "gate_up": None}
             if _plain(attn.q_proj, attn.k_proj, attn.v_proj):
-                entry["qkv"], entry["qkv_bias"] = map(to, _fuse(attn.q_proj, attn.k_proj, attn.v_proj))
+                weight, bias = _fuse(attn.q_proj, attn.k_proj, attn.v_proj)
+                entry["qkv"], entry["qkv_bias"] = blocked(to(weight)), to(bias)
             if _plain(mlp.gate_proj, mlp.up_proj) and mlp.gate_proj.bias is None and mlp.up_proj.bias is None:
-                entry["gate_up"] = to(_fuse(mlp.gate_proj, mlp.up_proj)[0])
+                entry["gate_up"] = blocked(to(_fuse(mlp.gate_proj, mlp.up_proj)[0]))
+            for name, module in (("o", attn.o_proj), ("down", mlp.down_proj)):
+                if _plain(module):
+                    entry[name], entry[f"{name}_bias"] = blocked(to(module.weight)), to(module.bias)
             if cast:
-                entry.update(o=to(attn.o_proj.weight), o_bias=to(attn.o_proj.bias), down=to(mlp.down_proj.weight), down_bias=to(mlp.down_proj.bias),
-                             input=to(layer.input_layernorm.weight), post=to(layer.post_attention_layernorm.weight))
+                entry.update(input=to(layer.input_layernorm.weight), post=to(layer.post_attention_layernorm.weight))
             self.fused.append(entry)
         if cast:
-            embed, head = self.body.embed_tokens.weight, self.lm.lm_head.weight
-            self.cast = {"embed": to(embed), "norm": to(self.body.norm.weight), "head_bias": to(self.lm.lm_head.bias)}
-            self.cast["head"] = self.cast["embed"] if head is embed else to(head)  # tied weights: one copy
+            embed = self.body.embed_tokens.weight
+            self.cast = {"embed": to(embed), "norm": to(self.body.norm.weight)}
+        if _plain(self.lm.lm_head):
+            head = self.cast["embed"] if cast and self.lm.lm_head.weight is self.body.embed_tokens.weight else to(self.lm.lm_head.weight)  # tied: one cast
+            self.head, self.head_bias = blocked(head), to(self.lm.lm_head.bias)
+        self._fused_key = key
 
-    def _layers(self, x: Tensor, cos: Tensor, sin: Tensor, attn_mask: Tensor | None, write_at: int, causal: bool = False) -> Tensor:
+    def _layers(self, x: Tensor, cos: Tensor, sin: Tensor, attn_mask: Tensor | None, write_at: int, causal: bool = False,
+                attend: int | None = None) -> Tensor:
         """Run every decoder layer on `x` [N, L, H] with rotary cos/sin [N, L, 1, D]; keys/values are written at
-        [write_at, write_at + L). Attention follows `attn_mask` (True = may attend) or, when it is None, `causal`."""
+        [write_at, write_at + L). Attention covers buffer columns [0, attend) (default: up to the last written one) and
+        follows `attn_mask` (True = may attend) or, when it is None, `causal`."""
         n, length, _ = x.shape
         end = write_at + length
+        attend = end if attend is None else attend
         for i, layer in enumerate(self.body.layers):
             attn = layer.self_attn
             q, k, v = self._attention_inputs(i, layer, x, cos, sin)
             self.keys[i][:, :, write_at:end] = k.transpose(1, 2)
             self.values[i][:, :, write_at:end] = v.transpose(1, 2)
-            out = attention(q.transpose(1, 2), self.keys[i][:n, :, :end], self.values[i][:n, :, :end], attn_mask, attn.scaling, causal)
+            out = attention(q.transpose(1, 2), self.keys[i][:n, :, :attend], self.values[i][:n, :, :attend], attn_mask, attn.scaling, causal)
             x = x + self._linear(i, "o", attn.o_proj, out.transpose(1, 2).reshape(n, length, -1))
             x = x + self._mlp(i, layer, x)
         return x
+
+    def _buffers(self, rows: int, capacity: int, dtype: torch.dtype, device: torch.device, static: bool) -> None:
+        """Allocate the KV buffers [rows, Hkv, capacity, D] per layer. The static step and a bf16/fp16 CPU decode step
+        (`self.whole`) attend over all `capacity` columns with the unwritten ones masked out, so those must hold finite
+        numbers (zeros), not garbage. On the CPU in bf16 that is the faster step: a column slice of the buffer is not
+        contiguous and the batched bf16 matmul copies it in every layer (at the 135M shape, 64 rows, 2 threads: 81 against
+        78 ms a step, medians of 4 x 64 steps); in float32 it reads the slice in place and the two are even (124 / 125 ms)."""
+        self.whole = static or (device.type == "cpu" and dtype != torch.float32)
+        new_buffer = torch.zeros if self.whole else torch.empty
+        self.keys = [new_buffer(rows, self.n_kv, capacity, self.head_dim, dtype=dtype, device=device) for _ in self.body.layers]
+        self.values = [new_buffer(rows, self.n_kv, capacity, self.head_dim, dtype=dtype, device=device) for _ in self.body.layers]
+        self.slots = torch.arange(capacity, device=device)
 
     def prefill(self, ids: Tensor | None, mask: Tensor, repeat: int, max_new_tokens: int, static: bool = False,
                 embeds: Tensor | None = None) -> Tensor:
@@ -308,16 +341,13 @@ class FastLlamaDecoder:
         rows = b * repeat
         capacity = p + max_new_tokens
         if not torch.is_grad_enabled():
-            self._fuse_weights()
+            self._fuse_weights(rows)
         dtype, device = self.dtype, mask.device
         valid = mask.bool()
         self.padded = not bool(valid.all())
         positions = positions_from_mask(mask)
         # the prompt runs once per prompt row, into the first b rows of buffers sized for b * repeat rows
-        # the static step reads the whole buffer (masked): unwritten slots must hold finite numbers, not garbage
-        new_buffer = torch.zeros if static else torch.empty
-        self.keys = [new_buffer(rows, self.n_kv, capacity, self.head_dim, dtype=dtype, device=device) for _ in self.body.layers]
-        self.values = [torch.zeros_like(k) if static else torch.empty_like(k) for k in self.keys]
+        self._buffers(rows, capacity, dtype, device, static)
         prompt_keys, prompt_values = self.keys, self.values
         self.keys, self.values = [k[:b] for k in prompt_keys], [v[:b] for v in prompt_values]
         cos, sin = self._rope(positions, dtype)
@@ -337,7 +367,6 @@ class FastLlamaDecoder:
         self.static, self.graph = static, None
         if static:
             self.slot = torch.zeros((), dtype=torch.long, device=device)  # the buffer position the next step writes
-            self.slots = torch.arange(capacity, device=device)
             self.static_token = torch.zeros(rows, dtype=torch.long, device=device)
         return self._logits(x[:, -1]).repeat_interleave(repeat, 0)
 
@@ -345,9 +374,14 @@ class FastLlamaDecoder:
         if self.static:
             return self._static_step(token)
         t = self.length - self.prompt_length
-        mask = self.key_valid[:, None, None, : self.length + 1] if self.padded else None
         cos, sin = self.step_cos[:, t : t + 1], self.step_sin[:, t : t + 1]
-        x = self._layers(self._embed(token[:, None]), cos, sin, mask, self.length)
+        if self.whole:  # every column, the ones not written yet masked out (see `_buffers`)
+            written = self.slots <= self.length
+            mask = (self.key_valid & written if self.padded else written[None])[:, None, None, :]
+            x = self._layers(self._embed(token[:, None]), cos, sin, mask, self.length, attend=self.slots.shape[0])
+        else:
+            mask = self.key_valid[:, None, None, : self.length + 1] if self.padded else None
+            x = self._layers(self._embed(token[:, None]), cos, sin, mask, self.length)
         self.length += 1
         return self._logits(x[:, -1])
 
@@ -357,10 +391,9 @@ class FastLlamaDecoder:
         n, s = mask.shape
         capacity = s + max_new_tokens
         if not torch.is_grad_enabled():
-            self._fuse_weights()
+            self._fuse_weights(n)
         dtype, device = self.dtype, mask.device
-        self.keys = [torch.empty(n, self.n_kv, capacity, self.head_dim, dtype=dtype, device=device) for _ in self.body.layers]
-        self.values = [torch.empty_like(k) for k in self.keys]
+        self._buffers(n, capacity, dtype, device, False)
         for buffer, given in zip((*self.keys, *self.values), (*keys, *values)):
             buffer[:, :, :s] = given
         self.padded = not bool(mask.bool().all())

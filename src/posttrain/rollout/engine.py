@@ -77,13 +77,14 @@ class KVEngine:
         self.stop = stop if stop else None
         self.device = next(model.parameters()).device
         self.forward_tokens = {"prompt": 0, "generated": 0}
+        self.decoder = decoder_for(model)  # one for every call: the decode loop's weights are prepared once (models/decoders.py)
 
     @torch.no_grad()
     def start(self, prompt_ids: Tensor, prompt_mask: Tensor, repeat: int) -> list[Trace]:
         """Empty traces, `repeat` per prompt row (rows prompt-major); each prompt is encoded once, all but its last
         token (fed with the first proposal)."""
         head, head_mask = prompt_ids[:, :-1], prompt_mask[:, :-1]
-        decoder = decoder_for(self.model)
+        decoder = self.decoder
         if head.shape[1] > 0:
             with autocast(self.model):
                 decoder.prefill(head, head_mask, 1, 0)
@@ -109,7 +110,7 @@ class KVEngine:
         keys = [torch.stack([_right(p.keys[i], width) for p in prefixes]) for i in range(layers)]
         values = [torch.stack([_right(p.values[i], width) for p in prefixes]) for i in range(layers)]
         mask = torch.stack([_right(p.mask, width) for p in prefixes])  # [n, width]
-        decoder = decoder_for(self.model)
+        decoder = self.decoder
         decoder.resume(keys, values, mask, max(r.max_new for r in requests))
         alphas = torch.tensor([r.alpha for r in requests], device=self.device)[:, None]
         ladder = torch.tensor(self.ladder, device=self.device)
