@@ -124,6 +124,25 @@ def test_a_reused_decoder_prepares_its_weights_again_after_they_change(model, pr
                                rtol=1e-4, atol=1e-4)
 
 
+def test_the_decode_loop_calls_hooked_modules(model, prompts):
+    """A projection or head with a forward hook is called, not replaced by the loop's weight copy: the decoder's logits
+    equal the hooked model's forward."""
+    ids, mask = prompts
+    model = copy.deepcopy(model)
+    completion = torch.randint(3, model.config.vocab_size, (ids.shape[0] * GROUP, NEW))
+    hooks = [model.lm_head.register_forward_hook(lambda m, args, out: out.index_fill(-1, torch.tensor([3]), -30.0)),
+             model.model.layers[0].mlp.down_proj.register_forward_hook(lambda m, args, out: 2 * out)]
+    try:
+        got = decode_teacher_forced(FastLlamaDecoder(model), ids, mask, completion)
+        want = reference_logits(model, ids.repeat_interleave(GROUP, 0), mask.repeat_interleave(GROUP, 0), completion)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert torch.all(got[..., 3] == -30.0)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(got, decode_teacher_forced(FastLlamaDecoder(model), ids, mask, completion), atol=1e-3)
+
+
 def test_sample_with_cuda_graph_requested_on_cpu_is_the_plain_sample(model, prompts, char_tokenizer):
     """`cuda_graph=True` is ignored off CUDA: the same draws, token for token."""
     ids, mask = prompts

@@ -153,8 +153,10 @@ class HFDecoder:
 
 
 def _plain(*modules: nn.Module) -> bool:
-    """True when every module is an unwrapped `nn.Linear` (a LoRA wrapper is not), so weights can be fused."""
-    return all(type(m) is nn.Linear for m in modules)
+    """True when every module is an unwrapped `nn.Linear` (a LoRA wrapper is not) without forward hooks, so the decode
+    loop can use a copy of its weight (fused, cast, blocked) instead of calling it: a hooked module (the speed
+    benchmark's EOS-off hook on the head, a user's probe) is called, and its hooks run."""
+    return all(type(m) is nn.Linear and not m._forward_hooks and not m._forward_pre_hooks for m in modules)
 
 
 def _projections(layer: nn.Module) -> tuple[nn.Module, ...]:
