@@ -124,6 +124,25 @@ def test_a_reused_decoder_prepares_its_weights_again_after_they_change(model, pr
                                rtol=1e-4, atol=1e-4)
 
 
+def test_weights_loaded_between_decode_steps_are_used_from_the_next_step(model, prompts):
+    """An async rollout worker copies newer weights into the model between decode steps: the fast decoder's next step
+    uses them, as `model.forward` does (HFDecoder, whose cache also holds the earlier tokens' keys under the old weights)."""
+    ids, mask = prompts
+    model = copy.deepcopy(model)
+    newer = {k: v * 0.9 for k, v in model.state_dict().items()}
+    completion = torch.randint(3, model.config.vocab_size, (ids.shape[0] * GROUP, NEW))
+    fast, plain = FastLlamaDecoder(model), HFDecoder(model)
+    with torch.no_grad():
+        got, want = [fast.prefill(ids, mask, GROUP, NEW)], [plain.prefill(ids, mask, GROUP, NEW)]
+        for t in range(NEW - 1):
+            if t == 2:
+                for key, tensor in model.state_dict().items():  # as the workers load: in place
+                    tensor.copy_(newer[key])
+            got.append(fast.step(completion[:, t]))
+            want.append(plain.step(completion[:, t]))
+    torch.testing.assert_close(torch.stack(got, 1), torch.stack(want, 1), rtol=1e-4, atol=1e-4)
+
+
 def test_the_decode_loop_calls_hooked_modules(model, prompts):
     """A projection or head with a forward hook is called, not replaced by the loop's weight copy: the decoder's logits
     equal the hooked model's forward."""

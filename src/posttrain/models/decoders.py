@@ -5,8 +5,9 @@ call per layer, calling the model's own submodules (so LoRA-wrapped projections 
 skipping the per-token bookkeeping of `model.forward` (mask construction, cache objects, output
 classes), which dominates decoding time for small models. Where the projections are plain `nn.Linear`,
 q/k/v and gate/up are fused into one matmul each for the (gradient-free) decode loop, and on the CPU every plain
-projection and the head are blocked once for oneDNN (models/packed.py), kept while the parameters are unchanged (a
-decoder reused across prefills prepares them once). `HFDecoder` is the
+projection and the head are blocked once for oneDNN (models/packed.py). These copies are kept while the parameters
+are unchanged (a decoder reused across prefills prepares them once) and made again at the next step when they change
+(an asynchronous worker loads newer weights between decode steps). `HFDecoder` is the
 generic fallback through `model.forward` with a `DynamicCache`. Both share prompt work across a group:
 the prompt is encoded once and its keys/values repeated for the G samples. Both prefill from token ids or from
 `embeds` (soft-token models splice encoder outputs into the word embeddings), and `select(index)` keeps and reorders
@@ -201,6 +202,7 @@ class FastLlamaDecoder:
         self.dtype = lm.lm_head.weight.dtype  # the decode loop's dtype (set by `_fuse_weights`)
         self.head: Tensor | None = None  # the decode loop's head weight (cast, blocked), None: the model's lm_head
         self._fused_key: tuple | None = None  # the parameters and dtype `fused`/`cast`/`head` were made from
+        self._params = list(lm.parameters())  # read at every step for that key (60 us at 135M, against 1 ms through `parameters()`)
 
     # -- shared pieces -------------------------------------------------------------------------------
 
@@ -268,17 +270,17 @@ class FastLlamaDecoder:
 
     # -- decoding (no gradient) ------------------------------------------------------------------------
 
-    def _fuse_weights(self, rows: int = 64) -> None:
+    def _fuse_weights(self, rows: int = 64) -> bool:
         """Concatenate q/k/v and gate/up weights of plain `nn.Linear` layers (LoRA-wrapped ones stay as they are);
         with a sampler dtype (`use_sampler_dtype`) and every projection plain, cast every weight the loop reads to it;
         on the CPU block every plain projection and the head for oneDNN (models/packed.py; `rows`: the loop's row
         count, a layout hint). Kept while the model's parameters are unchanged: a decoder reused for several prefills
-        (the KV engine's continuations) prepares them once."""
+        (the KV engine's continuations) prepares them once. Returns whether they were made (again)."""
         own = self.lm.lm_head.weight.dtype
         want = getattr(self.lm, SAMPLER_DTYPE, None) or own
-        key = (want, torch.is_autocast_enabled(self.lm.lm_head.weight.device.type), *((p.data_ptr(), p._version) for p in self.lm.parameters()))
+        key = (want, torch.is_autocast_enabled(self.lm.lm_head.weight.device.type), *((p.data_ptr(), p._version) for p in self._params))
         if key == self._fused_key:
-            return
+            return False
         projections = [m for layer in self.body.layers for m in _projections(layer)]
         cast = (want != own and _plain(*projections, self.lm.lm_head) and type(self.body.embed_tokens) is nn.Embedding
                 and all(layer.mlp.gate_proj.bias is None and layer.mlp.up_proj.bias is None for layer in self.body.layers))  # gate/up fused
@@ -306,6 +308,8 @@ class FastLlamaDecoder:
             head = self.cast["embed"] if cast and self.lm.lm_head.weight is self.body.embed_tokens.weight else to(self.lm.lm_head.weight)  # tied: one cast
             self.head, self.head_bias = blocked(head), to(self.lm.lm_head.bias)
         self._fused_key = key
+        self.rows = rows
+        return True
 
     def _layers(self, x: Tensor, cos: Tensor, sin: Tensor, attn_mask: Tensor | None, write_at: int, causal: bool = False,
                 attend: int | None = None) -> Tensor:
@@ -373,6 +377,8 @@ class FastLlamaDecoder:
         return self._logits(x[:, -1]).repeat_interleave(repeat, 0)
 
     def step(self, token: Tensor) -> Tensor:
+        if not torch.is_grad_enabled() and self._fused_key is not None and self._fuse_weights(self.rows):
+            self.graph = None  # the weights changed mid-rollout (an async worker loaded newer ones): a captured graph reads the old copies
         if self.static:
             return self._static_step(token)
         t = self.length - self.prompt_length
