@@ -143,6 +143,19 @@ def test_weights_loaded_between_decode_steps_are_used_from_the_next_step(model, 
     torch.testing.assert_close(torch.stack(got, 1), torch.stack(want, 1), rtol=1e-4, atol=1e-4)
 
 
+def test_under_autocast_the_loop_keeps_its_weights_unblocked_and_prepares_them_once(model, prompts):
+    """Autocast picks each matmul's dtype per call, which a blocked weight would bypass: under it the loop's copies stay
+    plain tensors, and its steps (under autocast too) do not prepare them again."""
+    ids, mask = prompts
+    decoder = FastLlamaDecoder(model)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        decoder.prefill(ids, mask, GROUP, 3)
+        prepared = decoder.fused
+        logits = decoder.step(torch.full((ids.shape[0] * GROUP,), 5))
+    assert decoder.fused is prepared and not decoder.head.is_mkldnn and not prepared[0]["qkv"].is_mkldnn
+    assert torch.isfinite(logits).all()
+
+
 def test_the_decode_loop_calls_hooked_modules(model, prompts):
     """A projection or head with a forward hook is called, not replaced by the loop's weight copy: the decoder's logits
     equal the hooked model's forward."""

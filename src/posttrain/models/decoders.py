@@ -270,15 +270,18 @@ class FastLlamaDecoder:
 
     # -- decoding (no gradient) ------------------------------------------------------------------------
 
-    def _fuse_weights(self, rows: int = 64) -> bool:
+    def _fuse_weights(self, rows: int = 64, autocast: bool | None = None) -> bool:
         """Concatenate q/k/v and gate/up weights of plain `nn.Linear` layers (LoRA-wrapped ones stay as they are);
         with a sampler dtype (`use_sampler_dtype`) and every projection plain, cast every weight the loop reads to it;
         on the CPU block every plain projection and the head for oneDNN (models/packed.py; `rows`: the loop's row
         count, a layout hint). Kept while the model's parameters are unchanged: a decoder reused for several prefills
-        (the KV engine's continuations) prepares them once. Returns whether they were made (again)."""
+        (the KV engine's continuations) prepares them once. `autocast`: whether the loop runs under autocast (default:
+        whether it is on now), which leaves the weights unblocked. Returns whether they were made (again)."""
         own = self.lm.lm_head.weight.dtype
         want = getattr(self.lm, SAMPLER_DTYPE, None) or own
-        key = (want, torch.is_autocast_enabled(self.lm.lm_head.weight.device.type), *((p.data_ptr(), p._version) for p in self._params))
+        if autocast is None:
+            autocast = torch.is_autocast_enabled(self.lm.lm_head.weight.device.type)
+        key = (want, autocast, *((p.data_ptr(), p._version) for p in self._params))
         if key == self._fused_key:
             return False
         projections = [m for layer in self.body.layers for m in _projections(layer)]
@@ -377,7 +380,7 @@ class FastLlamaDecoder:
         return self._logits(x[:, -1]).repeat_interleave(repeat, 0)
 
     def step(self, token: Tensor) -> Tensor:
-        if not torch.is_grad_enabled() and self._fused_key is not None and self._fuse_weights(self.rows):
+        if not torch.is_grad_enabled() and self._fused_key is not None and self._fuse_weights(self.rows, self._fused_key[1]):
             self.graph = None  # the weights changed mid-rollout (an async worker loaded newer ones): a captured graph reads the old copies
         if self.static:
             return self._static_step(token)

@@ -111,7 +111,8 @@ class KVEngine:
         values = [torch.stack([_right(p.values[i], width) for p in prefixes]) for i in range(layers)]
         mask = torch.stack([_right(p.mask, width) for p in prefixes])  # [n, width]
         decoder = self.decoder
-        decoder.resume(keys, values, mask, max(r.max_new for r in requests))
+        with autocast(self.model):  # as its steps run: the loop's weights are prepared for it
+            decoder.resume(keys, values, mask, max(r.max_new for r in requests))
         alphas = torch.tensor([r.alpha for r in requests], device=self.device)[:, None]
         ladder = torch.tensor(self.ladder, device=self.device)
         token = torch.stack([p.stream[-1] for p in prefixes])
