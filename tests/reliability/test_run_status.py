@@ -173,6 +173,46 @@ def test_sigterm_ends_the_run_killed(tmp_path, stand_in_stage):
     assert signal.getsignal(signal.SIGTERM) is before  # the handler is the CLI's for its run only
 
 
+def test_a_sigterm_that_lands_in_a_finaliser_still_ends_the_command():
+    """Python runs the handler wherever the main thread is; inside a `__del__` its exception would be printed and
+    dropped and the stage would train on (a CI run did, the TERM landing in a regex object's `__del__`). The dropped
+    `Terminated` is raised again once the finaliser has returned; other unraisable exceptions reach the old hook."""
+    import os
+    import sys
+    import time
+
+    from posttrain.cli import sigterm_raises
+    from posttrain.errors import Terminated
+
+    ran = []
+
+    class Finalised:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):  # the handler runs here, inside the finaliser
+                pass
+            ran.append(True)
+
+    hook = sys.unraisablehook
+    with sigterm_raises(), pytest.raises(Terminated):
+        Finalised()
+        time.sleep(10)  # the signal sent again ends this
+    assert ran == [] and sys.unraisablehook is hook  # the finaliser was cut short by the first raise
+
+    seen = []
+    sys.unraisablehook = seen.append
+    try:
+        with sigterm_raises():
+            class Failing:
+                def __del__(self):
+                    raise ValueError("not a signal")
+
+            Failing()
+        assert [type(info.exc_value) for info in seen] == [ValueError]
+    finally:
+        sys.unraisablehook = hook
+
+
 @pytest.mark.slow
 def test_sigterm_of_the_cli_ends_its_run_killed_and_keeps_its_checkpoints(sft_workdir):
     """The installed CLI, SIGTERMed mid-run (as a scheduler stops a job): exit 143 with one line, the MLflow run
