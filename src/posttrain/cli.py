@@ -313,51 +313,14 @@ def _warnings_held():
 def sigterm_raises():
     """SIGTERM raises `Terminated` in this process's main thread, so a stage unwinds as from Ctrl-C: its MLflow run
     ends KILLED (not left RUNNING), its lock is released, a resumable stage keeps its checkpoints. A forked child
-    (a rollout worker) that inherits the handler dies of the signal as before. The old handler is restored after.
-
-    Python runs a signal handler wherever the main thread is, also inside a `__del__` or a weakref callback that the
-    garbage collector calls, and an exception raised there is printed and dropped ("Exception ignored in ..."): the
-    stage would train on. So a dropped `Terminated` has a thread send the signal again, and the handler raises at a
-    point the exception can travel from (a CI run once trained on past a TERM that landed in a regex object's `__del__`)."""
+    (a rollout worker) that inherits the handler dies of the signal as before; a TERM that lands in a finaliser is
+    raised again after it (`runtime.signal_raises`). The old handler is restored after."""
     import signal
-    import threading
 
-    if threading.current_thread() is not threading.main_thread():
+    from posttrain.runtime import signal_raises
+
+    with signal_raises(signal.SIGTERM, lambda: Terminated("terminated by SIGTERM")):
         yield
-        return
-    owner = os.getpid()
-
-    def terminate(signum, frame):
-        if os.getpid() != owner:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
-            return
-        raise Terminated("terminated by SIGTERM")
-
-    unraisable = sys.unraisablehook
-    again, closing = threading.Event(), threading.Event()
-
-    def dropped(info):  # any Python code run here would meet the signal again, so a thread sends it
-        if isinstance(info.exc_value, Terminated) and os.getpid() == owner:
-            again.set()
-        else:
-            unraisable(info)
-
-    def resend():
-        while again.wait() and not closing.is_set():
-            again.clear()
-            os.kill(owner, signal.SIGTERM)
-
-    previous = signal.signal(signal.SIGTERM, terminate)
-    sys.unraisablehook = dropped
-    threading.Thread(target=resend, name="posttrain-sigterm", daemon=True).start()
-    try:
-        yield
-    finally:
-        closing.set()
-        again.set()
-        signal.signal(signal.SIGTERM, previous)
-        sys.unraisablehook = unraisable
 
 
 def main() -> None:

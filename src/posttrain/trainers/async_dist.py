@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from posttrain.errors import UserError
+from posttrain.runtime import signal_raises
 from posttrain.trainers import distributed
 from posttrain.trainers.async_decode import NEWEST, Stopped, decode_jobs, worker_settings
 
@@ -239,15 +240,12 @@ class RolloutRanks:
 @contextmanager
 def trainer_signals():
     """While the trainer runs under torchrun, torchrun's SIGTERM (it stops every rank when one ends) is one line."""
-    def stopped(signum, frame):
-        raise UserError("rl.mode async: torchrun stopped the trainer (SIGTERM): another rank of the job ended first "
-                        "(a rollout rank died or was killed; torchrun's summary names it)")
+    def stopped() -> UserError:
+        return UserError("rl.mode async: torchrun stopped the trainer (SIGTERM): another rank of the job ended first "
+                         "(a rollout rank died or was killed; torchrun's summary names it)")
 
-    previous = signal.signal(signal.SIGTERM, stopped)
-    try:
+    with signal_raises(signal.SIGTERM, stopped):
         yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 # --- a rollout rank -------------------------------------------------------------------------------------------------
