@@ -132,10 +132,13 @@ def sample(
     last = torch.full((n,), max_new_tokens, dtype=torch.long, device=device)  # index of each row's last produced token
     turns = _Turns(env, n, device) if env is not None else None
     steps = 0
-    for t in range(max_new_tokens):
+    numerator = None  # one buffer for every step's softmax numerator: a fresh [N, V] float32 tensor each step was
+    for t in range(max_new_tokens):  # first-touched page by page (64 x 49,152 on 2 threads: 7-13 ms a draw, 3.4-4.7 reused)
         scaled = logits if temperature == 1.0 else logits / temperature
         top = scaled.amax(-1, keepdim=True)
-        weights = torch.sub(scaled, top).exp_()  # softmax's numerator; log-softmax = scaled - top - log(total)
+        if numerator is None or numerator.shape != scaled.shape or numerator.dtype != scaled.dtype:
+            numerator = torch.empty_like(scaled)
+        weights = torch.sub(scaled, top, out=numerator).exp_()  # softmax's numerator; log-softmax = scaled - top - log(total)
         if greedy:
             token, total = scaled.argmax(-1), weights.sum(-1, keepdim=True)
         else:
