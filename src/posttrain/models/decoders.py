@@ -153,11 +153,16 @@ class HFDecoder:
         return [layer.keys[row, :, start:end] for layer in layers], [layer.values[row, :, start:end] for layer in layers]
 
 
+def _unhooked(module: nn.Module) -> bool:
+    """No forward, forward-pre or backward hooks on `module`: code may use its weight without calling it."""
+    return not (module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks)
+
+
 def _plain(*modules: nn.Module) -> bool:
-    """True when every module is an unwrapped `nn.Linear` (a LoRA wrapper is not) without forward hooks, so the decode
-    loop can use a copy of its weight (fused, cast, blocked) instead of calling it: a hooked module (the speed
-    benchmark's EOS-off hook on the head, a user's probe) is called, and its hooks run."""
-    return all(type(m) is nn.Linear and not m._forward_hooks and not m._forward_pre_hooks for m in modules)
+    """True when every module is an unwrapped `nn.Linear` (a LoRA wrapper is not) without hooks, so the decode loop
+    can use a copy of its weight (fused, cast, blocked) instead of calling it: a hooked module (the speed benchmark's
+    EOS-off hook on the head, a user's probe) is called, and its hooks run."""
+    return all(type(m) is nn.Linear and _unhooked(m) for m in modules)
 
 
 def _projections(layer: nn.Module) -> tuple[nn.Module, ...]:
@@ -482,9 +487,10 @@ class FastLlamaDecoder:
     def _tied(self) -> _TiedGradient | None:
         """A carrier for the head's weight gradient when the training forward can route the tied weight's whole
         gradient through the lookup (see `_TiedLookup`): the head a plain bias-free `nn.Linear` tied to a plain
-        embedding, gradients on, no autocast (whose casts the custom backward does not repeat). Else None."""
+        embedding, neither hooked (the two functions do not call the modules, so hooks would not run), gradients on, no
+        autocast (whose casts the custom backward does not repeat). Else None."""
         embed, head = self.body.embed_tokens, self.lm.lm_head
-        tied = type(embed) is nn.Embedding and type(head) is nn.Linear and embed.weight is head.weight and head.bias is None
+        tied = type(embed) is nn.Embedding and _plain(head) and _unhooked(embed) and embed.weight is head.weight and head.bias is None
         plain_lookup = tied and embed.max_norm is None and not embed.scale_grad_by_freq and not embed.sparse
         if not (plain_lookup and torch.is_grad_enabled() and head.weight.requires_grad):
             return None
