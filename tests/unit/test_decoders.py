@@ -337,26 +337,40 @@ def test_grouped_training_forward_matches_forward_with_gradients(model, prompts,
         torch.testing.assert_close(got_grads[name], want_grads[name], atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}: {m}")  # noqa: B023  (called at once)
 
 
-def test_the_training_forward_calls_a_hooked_tied_head_and_lookup(model, prompts):
-    """The shared-prompt training forward routes a tied head's gradient around autograd (`_TiedHead`/`_TiedLookup`)
-    only for an unhooked head and embedding: with a forward hook on either, the module is called and its hook runs, so
-    the trainer's log-probs stay the hooked model's, as the decode loop's are (the speed benchmark's EOS-off hook on
-    the head once ran in the sampler but not in the update: a mismatch of 2.5e-3 per token at its `small` shape)."""
+def test_the_training_forward_runs_the_hooks_of_a_tied_head_and_lookup(model, prompts):
+    """The shared-prompt training forward routes a tied weight's gradient around autograd (`_TiedWeight`/`_TiedLookup`)
+    and still runs the hooks: the head module is called on the tied weight (the fast path kept), a hooked embedding
+    is called itself (the plain path). Log-probs and gradients equal the hooked model's forward, as the decode loop's
+    log-probs do (the speed benchmark's EOS-off hook on the head once ran in the sampler but not in the update: a
+    mismatch of 2.5e-3 per token at its `small` shape; then, skipping the fast path for it, 4 s a step at `smollm2`)."""
     assert model.config.tie_word_embeddings and model.lm_head.weight is model.model.embed_tokens.weight
     ids, mask = prompts
     rows_ids, rows_mask = ids.repeat_interleave(GROUP, 0), mask.repeat_interleave(GROUP, 0)
     completion = torch.randint(4, model.config.vocab_size, (rows_ids.shape[0], NEW))
     completion_mask = torch.ones_like(completion)
-    for module, hook in ((model.lm_head, lambda m, args, out: out.index_fill(-1, completion[0, :1], -30.0)),
-                         (model.model.embed_tokens, lambda m, args, out: 2 * out)):
+    weights = torch.randn(completion.shape)
+
+    def grads(fn):
+        model.zero_grad(set_to_none=True)
+        logp = fn()
+        (logp * weights).sum().backward()
+        return logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    for module, hook, fast in ((model.lm_head, lambda m, args, out: out.index_fill(-1, completion[0, :1], -30.0), True),
+                               (model.model.embed_tokens, lambda m, args, out: 2 * out, False)):
         handle = module.register_forward_hook(hook)
         try:
-            got = completion_logprobs(model, rows_ids, rows_mask, completion, completion_mask)[0]
-            want = reference_logprobs(model, rows_ids, rows_mask, completion, completion_mask)
+            assert (FastLlamaDecoder(model)._tied() is not None) is fast
+            got, got_grads = grads(lambda: completion_logprobs(model, rows_ids, rows_mask, completion, completion_mask)[0])
+            want, want_grads = grads(lambda: reference_logprobs(model, rows_ids, rows_mask, completion, completion_mask))
         finally:
             handle.remove()
+            model.zero_grad(set_to_none=True)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
-        plain = completion_logprobs(model, rows_ids, rows_mask, completion, completion_mask)[0]
+        for name in want_grads:
+            torch.testing.assert_close(got_grads[name], want_grads[name], atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}: {m}")  # noqa: B023
+        with torch.no_grad():
+            plain = completion_logprobs(model, rows_ids, rows_mask, completion, completion_mask)[0]
         assert not torch.allclose(got, plain, atol=1e-3)  # the hook changed the log-probs
 
 

@@ -486,11 +486,11 @@ class FastLlamaDecoder:
 
     def _tied(self) -> _TiedGradient | None:
         """A carrier for the head's weight gradient when the training forward can route the tied weight's whole
-        gradient through the lookup (see `_TiedLookup`): the head a plain bias-free `nn.Linear` tied to a plain
-        embedding, neither hooked (the two functions do not call the modules, so hooks would not run), gradients on, no
-        autocast (whose casts the custom backward does not repeat). Else None."""
+        gradient through the lookup (see `_TiedLookup`): the head a bias-free `nn.Linear` (called, so its hooks run)
+        tied to a plain unhooked embedding (which `_TiedLookup` stands in for), gradients on, no autocast (whose casts
+        the custom backward does not repeat). Else None."""
         embed, head = self.body.embed_tokens, self.lm.lm_head
-        tied = type(embed) is nn.Embedding and _plain(head) and _unhooked(embed) and embed.weight is head.weight and head.bias is None
+        tied = type(embed) is nn.Embedding and type(head) is nn.Linear and _unhooked(embed) and embed.weight is head.weight and head.bias is None
         plain_lookup = tied and embed.max_norm is None and not embed.scale_grad_by_freq and not embed.sparse
         if not (plain_lookup and torch.is_grad_enabled() and head.weight.requires_grad):
             return None
@@ -534,36 +534,38 @@ class FastLlamaDecoder:
         last_prompt = x[:split].unflatten(0, (u, p))[:, -1:].repeat_interleave(counts, 0)
         hidden = torch.cat([last_prompt, x[split:].unflatten(0, (n, width))[:, :-1]], dim=1)
         hidden = self._norm(self.body.norm, hidden)
-        return self.lm.lm_head(hidden) if tied is None else _TiedHead.apply(hidden, self.lm.lm_head.weight, tied)
+        head = self.lm.lm_head
+        if tied is None:
+            return head(hidden)
+        # the head module is called (its hooks run) on the tied weight as `_TiedWeight` passes it on
+        return torch.func.functional_call(head, {"weight": _TiedWeight.apply(head.weight, hidden, tied)}, (hidden,), strict=False)
 
 
 class _TiedGradient:
-    """The head's weight gradient of one training forward, handed from `_TiedHead`'s backward to `_TiedLookup`'s."""
+    """The head's weight gradient of one training forward, handed from `_TiedWeight`'s backward to `_TiedLookup`'s."""
 
     head: Tensor | None = None
 
 
-class _TiedHead(torch.autograd.Function):
-    """logits = hidden @ W^T for a head tied to the input embedding W. Its backward hands d loss / dW (a fresh dense
-    [V, H] matrix) to the lookup's backward instead of to autograd, which runs later: every path from the loss to the
-    lookup passes through the head."""
+class _TiedWeight(torch.autograd.Function):
+    """The tied weight W as the head reads it in a training forward: the identity, whose backward hands d loss / dW
+    from the head (a fresh dense [V, H] matrix) to the lookup's backward instead of to autograd. `hidden`, the head's
+    input, is an input here only to order the two backwards: it gets no gradient from this function, but autograd
+    runs nothing upstream of it (the layers, then the lookup) before this backward has run."""
 
     @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, tied: _TiedGradient) -> Tensor:
-        ctx.save_for_backward(hidden, weight)
+    def forward(ctx, weight: Tensor, hidden: Tensor, tied: _TiedGradient) -> Tensor:
         ctx.tied = tied
-        return F.linear(hidden, weight)
+        return weight.view_as(weight)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, None, None]:
-        hidden, weight = ctx.saved_tensors
-        if ctx.needs_input_grad[1]:
-            ctx.tied.head = grad.reshape(-1, grad.shape[-1]).t().mm(hidden.reshape(-1, hidden.shape[-1]))
-        return (grad @ weight if ctx.needs_input_grad[0] else None), None, None
+    def backward(ctx, grad: Tensor) -> tuple[None, None, None]:
+        ctx.tied.head = grad
+        return None, None, None
 
 
 class _TiedLookup(torch.autograd.Function):
-    """The embedding lookup of a training forward whose head is tied to the same weight (`_TiedHead`): its backward
+    """The embedding lookup of a training forward whose head is tied to the same weight (`_TiedWeight`): its backward
     adds the looked-up rows' gradients into the head's dense gradient in place and returns the sum as the weight's one
     gradient. With the lookup and the head each handing autograd a gradient, autograd summed a dense [V, H] and a
     sparse one into a new dense matrix per backward (at a 49,152 x 576 bf16 head, 60-odd ms of a 900 ms micro-batch
