@@ -314,10 +314,10 @@ def sigterm_raises():
     """SIGTERM raises `Terminated` in this process's main thread, so a stage unwinds as from Ctrl-C: its MLflow run
     ends KILLED (not left RUNNING), its lock is released, a resumable stage keeps its checkpoints. A forked child
     (a rollout worker) that inherits the handler dies of the signal as before; a TERM that lands in a finaliser is
-    raised again after it (`runtime.signal_raises`). The old handler is restored after."""
+    raised again after it (`signals.signal_raises`). The old handler is restored after."""
     import signal
 
-    from posttrain.runtime import signal_raises
+    from posttrain.signals import signal_raises
 
     with signal_raises(signal.SIGTERM, lambda: Terminated("terminated by SIGTERM")):
         yield

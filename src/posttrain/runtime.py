@@ -1,17 +1,13 @@
-"""Process-level helpers every layer may use: seeding the global RNGs, a progress bar on stderr, strict JSON, a
-signal that raises an exception, and the fault-injection points of the crash tests."""
+"""Process-level helpers every layer may use: seeding the global RNGs, a progress bar on stderr, strict JSON, and the
+fault-injection points of the crash tests."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 import random
-import signal
 import sys
-import threading
-from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -34,56 +30,6 @@ def fault_point(name: str) -> None:
     _FAULT_HITS[name] = _FAULT_HITS.get(name, 0) + 1
     if _FAULT_HITS[name] == int(nth or 1):
         os._exit(137)
-
-
-@contextlib.contextmanager
-def signal_raises(signum: int, exception: Callable[[], BaseException]) -> Iterator[None]:
-    """While inside, `signum` raises `exception()` in this process's main thread (outside the main thread, where no
-    handler can be set, nothing changes). A forked child that inherits the handler dies of the signal as by default.
-
-    Python runs a signal handler wherever the main thread is, also inside a `__del__` or a weakref callback that the
-    garbage collector calls, and an exception raised there is printed and dropped ("Exception ignored in ..."): the
-    process would go on as if no signal had come (a CI run's stage trained on past a SIGTERM that landed in a regex
-    object's `__del__`). A dropped exception of this handler has a thread send the signal again, and the handler
-    raises at a point the exception travels from; other unraisable exceptions reach the previous hook. Both the
-    handler and the hook are restored on exit."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    owner, raised = os.getpid(), []
-
-    def handler(number, frame):
-        if os.getpid() != owner:
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
-        raised.append(exception())
-        raise raised[-1]
-
-    unraisable = sys.unraisablehook
-    again, closing = threading.Event(), threading.Event()
-
-    def dropped(info) -> None:  # Python code run from here on would meet a signal sent now: a thread sends it
-        if os.getpid() == owner and any(info.exc_value is e for e in raised):
-            again.set()
-        else:
-            unraisable(info)
-
-    def resend() -> None:
-        while again.wait() and not closing.is_set():
-            again.clear()
-            os.kill(owner, signum)
-
-    previous = signal.signal(signum, handler)
-    sys.unraisablehook = dropped
-    threading.Thread(target=resend, name=f"posttrain-{signal.Signals(signum).name.lower()}", daemon=True).start()
-    try:
-        yield
-    finally:
-        closing.set()
-        again.set()
-        signal.signal(signum, previous)
-        sys.unraisablehook = unraisable
 
 
 def seed_everything(seed: int) -> None:

@@ -17,7 +17,8 @@ PACKAGE = SRC / "posttrain"
 
 # lowest first; a module belongs to the longest prefix listed
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("posttrain.config", "posttrain.markers", "posttrain.settings_help", "posttrain.errors", "posttrain.state", "posttrain.uris", "posttrain"),
+    ("posttrain.config", "posttrain.markers", "posttrain.settings_help", "posttrain.errors", "posttrain.signals", "posttrain.state", "posttrain.uris",
+     "posttrain"),
     ("posttrain.models", "posttrain.registry", "posttrain.tracking", "posttrain.media", "posttrain.storage", "posttrain.runtime", "posttrain.locks"),
     ("posttrain.rollout", "posttrain.objectives", "posttrain.rewards", "posttrain.tasks", "posttrain.envs",
      "posttrain.data", "posttrain.eval"),

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from posttrain.errors import UserError
-from posttrain.runtime import signal_raises
+from posttrain.signals import signal_raises
 from posttrain.trainers import distributed
 from posttrain.trainers.async_decode import NEWEST, Stopped, decode_jobs, worker_settings
 
