@@ -708,6 +708,9 @@ def main(argv: list[str] | None = None) -> int:
         watch.close()
     skip = args.warmup
     ours_step, trl_step = median(callback.ours[skip:]), median(callback.trl[skip:])
+    # each of our measured steps over the TRL step taken right before it: pairs a minute apart, so the box's drift between
+    # the start and the end of a run (TRL's step moved 44 -> 58 s in one) largely cancels; the target reads step_ratio
+    step_ratios = [o / t for o, t in zip(callback.ours[skip:], callback.trl[skip:])]
     peak_flop_s = max(roofline)
     # the update's model FLOPs utilisation: forward + backward (6 x matmul weights per token) over the tokens the
     # step trains on, each distinct prompt once and every completion, against the measured matmul peak; the time is
@@ -730,10 +733,8 @@ def main(argv: list[str] | None = None) -> int:
         "ours_step_s": ours_step,
         "trl_step_s": trl_step,
         "step_ratio": ours_step / trl_step,
-        # each of our measured steps over the TRL step taken right before it: pairs a minute apart, so the box's drift between
-        # the start and the end of a run (TRL's step moved 44 -> 58 s in one) largely cancels; the target reads step_ratio
-        "step_ratios": [o / t for o, t in zip(callback.ours[skip:], callback.trl[skip:])],
-        "step_ratio_paired": median([o / t for o, t in zip(callback.ours[skip:], callback.trl[skip:])]),
+        "step_ratios": step_ratios,
+        "step_ratio_paired": median(step_ratios),
         **rollout,
         "roofline_flop_s": peak_flop_s,
         "roofline_flop_s_before_after": roofline,

@@ -313,6 +313,21 @@ def test_sample_stops_at_eos_and_is_seeded(model, char_tokenizer):
     assert (greedy.completion_ids.view(len(PROMPTS), GROUP, -1) == greedy.completion_ids.view(len(PROMPTS), GROUP, -1)[:, :1]).all()
 
 
+def _logp_and_grads(model, weights: torch.Tensor, forward) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """`forward()`'s log-probs and every parameter's gradient of (log-probs * weights).sum(), from zeroed gradients."""
+    model.zero_grad(set_to_none=True)
+    logp = forward()
+    (logp * weights).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return logp.detach(), grads
+
+
+def _assert_same_grads(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}: {m}")  # noqa: B023  (called at once)
+
+
 def test_grouped_training_forward_matches_forward_with_gradients(model, prompts, char_tokenizer):
     """completion_logprobs encodes each shared prompt once; values and gradients equal the plain forward's."""
     ids, mask = prompts
@@ -320,21 +335,12 @@ def test_grouped_training_forward_matches_forward_with_gradients(model, prompts,
                  pad_id=char_tokenizer.pad_token_id, generator=torch.Generator().manual_seed(5))
     rows_ids, rows_mask = ids.repeat_interleave(GROUP, 0), mask.repeat_interleave(GROUP, 0)
     weights = torch.randn(out.completion_ids.shape) * out.completion_mask
-
-    def grads(fn):
-        model.zero_grad(set_to_none=True)
-        logp = fn()
-        (logp * weights).sum().backward()
-        return logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
-
     assert shared_prompts(rows_ids, rows_mask) is not None
-    got, got_grads = grads(lambda: completion_logprobs(model, rows_ids, rows_mask, out.completion_ids, out.completion_mask)[0])
-    want, want_grads = grads(lambda: reference_logprobs(model, rows_ids, rows_mask, out.completion_ids, out.completion_mask))
-    model.zero_grad(set_to_none=True)
+    got, got_grads = _logp_and_grads(model, weights, lambda: completion_logprobs(model, rows_ids, rows_mask, out.completion_ids, out.completion_mask)[0])
+    want, want_grads = _logp_and_grads(model, weights, lambda: reference_logprobs(model, rows_ids, rows_mask, out.completion_ids, out.completion_mask))
     produced = out.completion_mask.bool()
     torch.testing.assert_close(got[produced], want[produced], atol=1e-5, rtol=0)
-    for name in want_grads:
-        torch.testing.assert_close(got_grads[name], want_grads[name], atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}: {m}")  # noqa: B023  (called at once)
+    _assert_same_grads(got_grads, want_grads)
 
 
 def test_the_training_forward_runs_the_hooks_of_a_tied_head_and_lookup(model, prompts):
@@ -349,26 +355,17 @@ def test_the_training_forward_runs_the_hooks_of_a_tied_head_and_lookup(model, pr
     completion = torch.randint(4, model.config.vocab_size, (rows_ids.shape[0], NEW))
     completion_mask = torch.ones_like(completion)
     weights = torch.randn(completion.shape)
-
-    def grads(fn):
-        model.zero_grad(set_to_none=True)
-        logp = fn()
-        (logp * weights).sum().backward()
-        return logp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
-
     for module, hook, fast in ((model.lm_head, lambda m, args, out: out.index_fill(-1, completion[0, :1], -30.0), True),
                                (model.model.embed_tokens, lambda m, args, out: 2 * out, False)):
         handle = module.register_forward_hook(hook)
         try:
             assert (FastLlamaDecoder(model)._tied() is not None) is fast
-            got, got_grads = grads(lambda: completion_logprobs(model, rows_ids, rows_mask, completion, completion_mask)[0])
-            want, want_grads = grads(lambda: reference_logprobs(model, rows_ids, rows_mask, completion, completion_mask))
+            got, got_grads = _logp_and_grads(model, weights, lambda: completion_logprobs(model, rows_ids, rows_mask, completion, completion_mask)[0])
+            want, want_grads = _logp_and_grads(model, weights, lambda: reference_logprobs(model, rows_ids, rows_mask, completion, completion_mask))
         finally:
             handle.remove()
-            model.zero_grad(set_to_none=True)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
-        for name in want_grads:
-            torch.testing.assert_close(got_grads[name], want_grads[name], atol=1e-4, rtol=1e-4, msg=lambda m: f"{name}: {m}")  # noqa: B023
+        _assert_same_grads(got_grads, want_grads)
         with torch.no_grad():
             plain = completion_logprobs(model, rows_ids, rows_mask, completion, completion_mask)[0]
         assert not torch.allclose(got, plain, atol=1e-3)  # the hook changed the log-probs
